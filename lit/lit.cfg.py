@@ -18,6 +18,7 @@ for tool in ("ppcc-opt", "ppcc"):
     path = os.path.join(bin_dir, tool)
     if not os.path.exists(path):
         lit_config.fatal(f"{path} not found: build with `cargo build` or set PPCC_BIN_DIR")
+    # `%ppcc-opt` must be substituted before `%ppcc`, which is its prefix.
     config.substitutions.append((f"%{tool}", path))
 
 config.environment["PATH"] = os.pathsep.join([llvm_bin, config.environment.get("PATH", "")])

@@ -1,0 +1,8 @@
+//! Frontends: source formats into ppir.
+//!
+//! - [`onnx`]: ONNX models (`.onnx` protobuf files) into a [`ppir::Module`], and the
+//!   conformance runner over ONNX test-data folders ([`onnx::conform`]).
+
+pub mod onnx;
+
+pub use onnx::{import_onnx, import_onnx_file, ImportOptions, OnnxError};

@@ -1,0 +1,480 @@
+//! The conformance runner: ONNX test-data folders run through the importer and the
+//! reference interpreter and compared with their reference outputs.
+//!
+//! Two layouts are understood, as in the onnx package's backend tests
+//! (`onnx/backend/test/runner`):
+//!
+//! - a folder with `model.onnx` and `test_data_set_*/input_K.pb`, `output_K.pb`
+//!   (`TensorProto` files; input K feeds the model's K-th graph input);
+//! - the `light/` layout: `NAME.onnx` next to `NAME_output_0.pb`, with no input files. As
+//!   the onnx runner does, every graph input that is not an initializer is fed
+//!   `arange(n).reshape(shape) / n` as float32, where a dimension without a value counts 1.
+//!
+//! A folder given to [`discover`] may be one test folder, a `light/`-style folder, or a
+//! folder of test folders (one level down).
+//!
+//! Comparison follows `numpy.testing.assert_allclose` as the onnx runner calls it:
+//! `|actual - expected| <= atol + rtol * |expected|` elementwise, NaN equal to NaN, shapes and
+//! element types equal. See [`Tolerance::for_dtype`] for the tolerances.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ppir::interp::{run_function, InterpOptions};
+use ppir::{ArgKind, DType, Tensor};
+use prost::Message;
+
+use super::proto::{DimensionValue, ModelProto, TensorProto, TypeValue};
+use super::tensor::{element_count, tensor_from_proto};
+use super::{import_model, ImportOptions, OnnxError};
+
+/// How close an output must be: `|actual - expected| <= atol + rtol * |expected|`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+impl Tolerance {
+    /// The default tolerance per element type. f32/f64: rtol 1e-3, atol 1e-7, the defaults
+    /// of the onnx package's model tests (`onnx/backend/test/loader`). f16: rtol 1e-3 and atol
+    /// 1e-3 (half an f16 ulp near 1 is 4.9e-4). bf16: rtol 2^-6 (two bf16 ulps, as the onnx
+    /// runner uses), atol 1e-3. Integers and bools: exact.
+    pub fn for_dtype(dtype: DType) -> Tolerance {
+        match dtype {
+            DType::F32 | DType::F64 => Tolerance { rtol: 1e-3, atol: 1e-7 },
+            DType::F16 => Tolerance { rtol: 1e-3, atol: 1e-3 },
+            DType::BF16 => Tolerance { rtol: 1.0 / 64.0, atol: 1e-3 },
+            _ => Tolerance { rtol: 0.0, atol: 0.0 },
+        }
+    }
+}
+
+/// Per-model relative tolerances of the onnx package's `light` model tests
+/// (`onnx/backend/test/case/model`): DenseNet-121 gets 2e-3, the others the default.
+fn light_rtol(model_name: &str) -> Option<f64> {
+    (model_name.contains("densenet121")).then_some(2e-3)
+}
+
+/// Overrides for [`Tolerance::for_dtype`] on float outputs.
+#[derive(Clone, Debug, Default)]
+pub struct ConformOptions {
+    pub rtol: Option<f64>,
+    pub atol: Option<f64>,
+}
+
+/// One model to run.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The test's name: its folder's name, or the model's file stem in the `light` layout.
+    pub name: String,
+    pub model: PathBuf,
+    pub data: CaseData,
+}
+
+#[derive(Clone, Debug)]
+pub enum CaseData {
+    /// `test_data_set_*` folders with `input_K.pb` / `output_K.pb`.
+    DataSets(Vec<PathBuf>),
+    /// Generated inputs; reference outputs `NAME_output_K.pb`.
+    Light(Vec<PathBuf>),
+}
+
+fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let mut v: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Files `PREFIX0SUFFIX`, `PREFIX1SUFFIX`, ... in `dir`, in index order, stopping at the
+/// first gap.
+fn numbered(dir: &Path, prefix: &str, suffix: &str) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for k in 0.. {
+        let p = dir.join(format!("{prefix}{k}{suffix}"));
+        if !p.is_file() {
+            break;
+        }
+        out.push(p);
+    }
+    out
+}
+
+fn cases_in(dir: &Path) -> Result<Vec<Case>, String> {
+    let model = dir.join("model.onnx");
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
+    if model.is_file() {
+        let sets: Vec<PathBuf> = sorted_entries(dir)?
+            .into_iter()
+            .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set")))
+            .collect();
+        return Ok(vec![Case { name, model, data: CaseData::DataSets(sets) }]);
+    }
+    let mut cases = vec![];
+    for p in sorted_entries(dir)? {
+        if p.extension().is_some_and(|e| e == "onnx") && p.is_file() {
+            let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let outputs = numbered(dir, &format!("{stem}_output_"), ".pb");
+            if !outputs.is_empty() {
+                cases.push(Case { name: stem, model: p, data: CaseData::Light(outputs) });
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// The test cases under `dir`: the folder itself, or its sub-folders one level down.
+pub fn discover(dir: &Path) -> Result<Vec<Case>, String> {
+    if !dir.is_dir() {
+        return Err(format!("{} is not a folder", dir.display()));
+    }
+    let here = cases_in(dir)?;
+    if !here.is_empty() {
+        return Ok(here);
+    }
+    let mut cases = vec![];
+    for p in sorted_entries(dir)? {
+        if p.is_dir() {
+            cases.extend(cases_in(&p)?);
+        }
+    }
+    if cases.is_empty() {
+        return Err(format!(
+            "{} holds no ONNX test cases (model.onnx with test_data_set_*, or NAME.onnx with NAME_output_0.pb)",
+            dir.display()
+        ));
+    }
+    Ok(cases)
+}
+
+/// How one case went.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Every output within tolerance; the largest errors seen over all float outputs.
+    Passed { max_abs: f64, max_rel: f64 },
+    /// An output differs (the message names it and the errors).
+    Failed(String),
+    /// The model uses something ppcc does not support.
+    Unsupported(String),
+    /// The case could not be run (broken test data, an interpreter error...).
+    Error(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub name: String,
+    pub outcome: Outcome,
+    pub seconds: f64,
+}
+
+impl fmt::Display for CaseResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = self.seconds;
+        match &self.outcome {
+            Outcome::Passed { max_abs, max_rel } => write!(
+                f,
+                "passed       {:<48} max abs err {max_abs:.2e}, max rel err {max_rel:.2e} ({t:.2}s)",
+                self.name
+            ),
+            Outcome::Failed(m) => write!(f, "failed       {:<48} {m} ({t:.2}s)", self.name),
+            Outcome::Unsupported(m) => write!(f, "unsupported  {:<48} {m}", self.name),
+            Outcome::Error(m) => write!(f, "error        {:<48} {m}", self.name),
+        }
+    }
+}
+
+/// Counts over a run; errors count as failures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub passed: usize,
+    pub failed: usize,
+    pub unsupported: usize,
+}
+
+impl Summary {
+    pub fn add(&mut self, o: &Outcome) {
+        match o {
+            Outcome::Passed { .. } => self.passed += 1,
+            Outcome::Failed(_) | Outcome::Error(_) => self.failed += 1,
+            Outcome::Unsupported(_) => self.unsupported += 1,
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.passed + self.failed + self.unsupported
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} passed, {} failed, {} unsupported", self.passed, self.failed, self.unsupported)
+    }
+}
+
+/// Read a `TensorProto` file.
+pub fn read_tensor_pb(path: &Path) -> Result<Tensor, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let tp = TensorProto::decode(bytes.as_slice()).map_err(|e| format!("{}: not a TensorProto: {e}", path.display()))?;
+    tensor_from_proto(&tp, path.parent()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The generated input of the onnx runner for a `light` model input: `arange(n) / n` as
+/// float32, a dimension without a value counting 1.
+fn dummy_input(model: &ModelProto, name: &str) -> Result<Tensor, String> {
+    let graph = model.graph.as_ref().ok_or("the model has no graph")?;
+    let vi = graph.input.iter().find(|v| v.name == name).ok_or_else(|| format!("no input {name}"))?;
+    let Some(Some(TypeValue::TensorType(tt))) = vi.r#type.as_ref().map(|t| t.value.clone()) else {
+        return Err(format!("input `{name}` is not a tensor"));
+    };
+    if tt.elem_type != super::proto::data_type::FLOAT {
+        return Err(format!("input `{name}`: generated inputs are float32 only, as in the onnx runner"));
+    }
+    let dims: Vec<i64> = tt
+        .shape
+        .map(|s| {
+            s.dim.iter().map(|d| match d.value {
+                Some(DimensionValue::DimValue(v)) if v >= 0 => v,
+                _ => 1,
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    let n = element_count(&dims)?;
+    if n > 1 << 28 {
+        return Err(format!("input `{name}` of shape {dims:?} is too large"));
+    }
+    let data: Vec<f32> = (0..n).map(|i| (i as f64 / n as f64) as f32).collect();
+    Ok(Tensor::from_f32(dims.iter().map(|&d| d as usize).collect(), data))
+}
+
+/// Largest absolute and relative errors, and whether `actual` is within `tol` of `expected`.
+pub fn compare(actual: &Tensor, expected: &Tensor, tol: Tolerance) -> Result<(f64, f64), String> {
+    if actual.dtype != expected.dtype {
+        return Err(format!("element type {} but expected {}", actual.dtype, expected.dtype));
+    }
+    if actual.shape != expected.shape {
+        return Err(format!("shape {:?} but expected {:?}", actual.shape, expected.shape));
+    }
+    let (a, e) = (actual.to_f64_vec(), expected.to_f64_vec());
+    let (mut max_abs, mut max_rel, mut bad, mut first_bad) = (0.0f64, 0.0f64, 0usize, None);
+    for (i, (&x, &y)) in a.iter().zip(&e).enumerate() {
+        let ok = if x.is_nan() || y.is_nan() {
+            x.is_nan() && y.is_nan()
+        } else if x == y {
+            true
+        } else {
+            let d = (x - y).abs();
+            max_abs = max_abs.max(d);
+            if y != 0.0 {
+                max_rel = max_rel.max(d / y.abs());
+            }
+            d <= tol.atol + tol.rtol * y.abs()
+        };
+        if !ok {
+            bad += 1;
+            first_bad.get_or_insert((i, x, y));
+        }
+    }
+    match first_bad {
+        None => Ok((max_abs, max_rel)),
+        Some((i, x, y)) => Err(format!(
+            "{bad} of {} elements differ (first at flat index {i}: {x} vs {y}); max abs err {max_abs:.3e}, max rel err {max_rel:.3e} (rtol {}, atol {})",
+            a.len(),
+            tol.rtol,
+            tol.atol
+        )),
+    }
+}
+
+fn classify(e: &OnnxError) -> Outcome {
+    if e.is_unsupported() {
+        Outcome::Unsupported(e.short())
+    } else {
+        Outcome::Error(e.short())
+    }
+}
+
+/// Run one case (never panics: a panic inside is reported as an error).
+pub fn run_case(case: &Case, opts: &ConformOptions) -> CaseResult {
+    let start = Instant::now();
+    let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case_inner(case, opts))) {
+        Ok(o) => o,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Outcome::Error(format!("panicked: {msg}"))
+        }
+    };
+    CaseResult { name: case.name.clone(), outcome, seconds: start.elapsed().as_secs_f64() }
+}
+
+fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
+    let bytes = match std::fs::read(&case.model) {
+        Ok(b) => b,
+        Err(e) => return Outcome::Error(format!("cannot read {}: {e}", case.model.display())),
+    };
+    let mut model = match super::decode_model(&bytes) {
+        Ok(m) => m,
+        Err(e) => return Outcome::Error(e.to_string()),
+    };
+    let Some(graph) = model.graph.as_ref() else { return Outcome::Error("the model has no graph".into()) };
+    let init_names: std::collections::HashSet<String> = graph.initializer.iter().map(|t| t.name.clone()).collect();
+    let model_name = case.name.clone();
+
+    // (inputs by ONNX name, expected outputs) per data set.
+    let mut sets: Vec<(HashMap<String, Tensor>, Vec<Tensor>)> = vec![];
+    let mut overridden = vec![];
+    match &case.data {
+        CaseData::Light(outputs) => {
+            let mut inputs = HashMap::new();
+            for vi in &graph.input {
+                if init_names.contains(&vi.name) {
+                    continue;
+                }
+                match dummy_input(&model, &vi.name) {
+                    Ok(t) => {
+                        inputs.insert(vi.name.clone(), t);
+                    }
+                    Err(e) => return Outcome::Unsupported(e),
+                }
+            }
+            let expected = match outputs.iter().map(|p| read_tensor_pb(p)).collect::<Result<Vec<_>, _>>() {
+                Ok(v) => v,
+                Err(e) => return Outcome::Error(e),
+            };
+            sets.push((inputs, expected));
+        }
+        CaseData::DataSets(dirs) => {
+            if dirs.is_empty() {
+                return Outcome::Error("no test_data_set_* folders".into());
+            }
+            for d in dirs {
+                let mut inputs = HashMap::new();
+                for (k, p) in numbered(d, "input_", ".pb").iter().enumerate() {
+                    let Some(vi) = graph.input.get(k) else {
+                        return Outcome::Error(format!("{} has no graph input {k}", d.display()));
+                    };
+                    match read_tensor_pb(p) {
+                        Ok(t) => {
+                            if init_names.contains(&vi.name) {
+                                overridden.push(vi.name.clone());
+                            }
+                            inputs.insert(vi.name.clone(), t);
+                        }
+                        Err(e) => return Outcome::Error(e),
+                    }
+                }
+                let expected = match numbered(d, "output_", ".pb").iter().map(|p| read_tensor_pb(p)).collect::<Result<Vec<_>, _>>() {
+                    Ok(v) => v,
+                    Err(e) => return Outcome::Error(e),
+                };
+                sets.push((inputs, expected));
+            }
+        }
+    }
+    // Test data that feeds an initializer overrides it (ONNX IR < 4 semantics).
+    if !overridden.is_empty() {
+        if let Some(g) = model.graph.as_mut() {
+            g.initializer.retain(|t| !overridden.contains(&t.name));
+        }
+    }
+
+    let mut worst = (0.0f64, 0.0f64);
+    for (inputs, expected) in &sets {
+        let mut iopts = ImportOptions {
+            model_dir: case.model.parent().map(Path::to_path_buf),
+            ..Default::default()
+        };
+        for (name, t) in inputs {
+            iopts.input_shapes.insert(name.clone(), t.shape.iter().map(|&d| d as u64).collect());
+        }
+        let imported = match import_model(&model, &iopts) {
+            Ok(m) => m,
+            Err(first) => {
+                // Inputs that only feed shapes (an Expand target...) can be folded when their
+                // values are known, as they are here.
+                let ints: HashMap<String, Tensor> =
+                    inputs.iter().filter(|(_, t)| !t.dtype.is_float()).map(|(k, v)| (k.clone(), v.clone())).collect();
+                if ints.is_empty() || !first.is_unsupported() {
+                    return classify(&first);
+                }
+                iopts.input_values = ints;
+                match import_model(&model, &iopts) {
+                    Ok(m) => m,
+                    Err(_) => return classify(&first),
+                }
+            }
+        };
+        let f = &imported.module.functions[0];
+        let mut args = Vec::with_capacity(f.args().len());
+        let mut next_input = imported.inputs.iter();
+        for &(v, kind) in f.args() {
+            match kind {
+                ArgKind::Input => {
+                    let Some(name) = next_input.next() else { return Outcome::Error("argument mismatch".into()) };
+                    match inputs.get(name) {
+                        Some(t) => args.push(t.clone()),
+                        None => return Outcome::Error(format!("no test data for input `{name}`")),
+                    }
+                }
+                ArgKind::Param | ArgKind::State => {
+                    let name = &f.value(v).name;
+                    match imported.module.weights.get(name) {
+                        Some(t) => args.push(t.clone()),
+                        None => return Outcome::Error(format!("no weight `{name}`")),
+                    }
+                }
+            }
+        }
+        let outs = match run_function(f, args, &InterpOptions::default(), None) {
+            Ok(o) => o,
+            Err(e) => return Outcome::Error(format!("interpreter: {e}")),
+        };
+        if outs.len() < expected.len() {
+            return Outcome::Error(format!("{} outputs, {} expected", outs.len(), expected.len()));
+        }
+        for (k, (got, want)) in outs.iter().zip(expected).enumerate() {
+            let mut tol = Tolerance::for_dtype(want.dtype);
+            if want.dtype.is_float() {
+                if let Some(r) = light_rtol(&model_name).filter(|_| matches!(case.data, CaseData::Light(_))) {
+                    tol.rtol = r;
+                }
+                tol.rtol = opts.rtol.unwrap_or(tol.rtol);
+                tol.atol = opts.atol.unwrap_or(tol.atol);
+            }
+            match compare(got, want, tol) {
+                Ok((a, r)) => worst = (worst.0.max(a), worst.1.max(r)),
+                Err(m) => {
+                    let name = imported.outputs.get(k).map(String::as_str).unwrap_or("?");
+                    return Outcome::Failed(format!("output {k} `{name}`: {m}"));
+                }
+            }
+        }
+    }
+    Outcome::Passed { max_abs: worst.0, max_rel: worst.1 }
+}
+
+/// Discover and run every case under each of `dirs`, calling `report` after each case.
+pub fn run_dirs(
+    dirs: &[PathBuf],
+    opts: &ConformOptions,
+    mut report: impl FnMut(&CaseResult),
+) -> Result<(Vec<CaseResult>, Summary), String> {
+    let mut results = vec![];
+    let mut summary = Summary::default();
+    for d in dirs {
+        for case in discover(d)? {
+            let r = run_case(&case, opts);
+            summary.add(&r.outcome);
+            report(&r);
+            results.push(r);
+        }
+    }
+    Ok((results, summary))
+}

@@ -1,0 +1,90 @@
+//! What can go wrong while importing an ONNX model. Every message names the place (node,
+//! input, tensor, file) and what was expected.
+
+use std::path::PathBuf;
+
+use super::lower::{supported_ops_list, MAX_OPSET, MIN_OPSET};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OnnxError {
+    /// The bytes are not a protobuf `ModelProto`.
+    #[error("not a valid ONNX model: {0}")]
+    Decode(#[from] prost::DecodeError),
+
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The model decodes but breaks a rule of the ONNX spec (missing graph, undefined value...).
+    #[error("invalid model: {0}")]
+    Invalid(String),
+
+    #[error("model imports opset {opset} of the default ONNX domain; ppcc supports opsets {MIN_OPSET} to {MAX_OPSET}")]
+    UnsupportedOpset { opset: i64 },
+
+    /// An op type ppcc does not map.
+    #[error(
+        "node {node:?} ({}, opset {opset}): unsupported op; ppcc supports opsets {MIN_OPSET} to {MAX_OPSET} of the default domain and these ops: {}",
+        qualified(domain, op_type), supported_ops_list()
+    )]
+    UnsupportedOp { node: String, op_type: String, domain: String, opset: i64 },
+
+    /// A supported op used in a way ppcc does not map (an attribute value, a non-constant
+    /// input that must be static, a sequence type...).
+    #[error("node {node:?} ({op_type}, opset {opset}): unsupported: {message}")]
+    Unsupported { node: String, op_type: String, opset: i64, message: String },
+
+    /// A node that breaks its op's rules (wrong input count, inconsistent shapes...).
+    #[error("node {node:?} ({op_type}, opset {opset}): {message}")]
+    Node { node: String, op_type: String, opset: i64, message: String },
+
+    /// A graph input whose shape is not fully known.
+    #[error("input `{input}`: {message}")]
+    InputShape { input: String, message: String },
+
+    /// A graph input or output ppcc cannot represent (sequence, map, string...).
+    #[error("{what} `{name}`: unsupported: {message}")]
+    UnsupportedValue { what: &'static str, name: String, message: String },
+
+    /// An initializer or constant tensor that cannot be decoded.
+    #[error("tensor `{tensor}`: {message}")]
+    Tensor { tensor: String, message: String },
+
+    #[error("external data of tensor `{tensor}`: {message}")]
+    ExternalData { tensor: String, message: String },
+}
+
+fn qualified(domain: &str, op_type: &str) -> String {
+    if domain.is_empty() || domain == "ai.onnx" {
+        op_type.to_string()
+    } else {
+        format!("{domain}.{op_type}")
+    }
+}
+
+impl OnnxError {
+    /// Whether the model is valid but uses something ppcc does not support (as opposed to a
+    /// broken model or an I/O failure). `ppcc conform` reports these as `unsupported`.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(
+            self,
+            OnnxError::UnsupportedOpset { .. }
+                | OnnxError::UnsupportedOp { .. }
+                | OnnxError::Unsupported { .. }
+                | OnnxError::UnsupportedValue { .. }
+        )
+    }
+
+    /// A one-line reason without the long list of supported ops (for tables).
+    pub fn short(&self) -> String {
+        match self {
+            OnnxError::UnsupportedOp { node, op_type, domain, opset } => {
+                format!("node {node:?} ({}, opset {opset}): unsupported op", qualified(domain, op_type))
+            }
+            e => e.to_string(),
+        }
+    }
+}

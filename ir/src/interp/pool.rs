@@ -1,0 +1,168 @@
+//! Pooling: max and average over windows (1 to 3 spatial dimensions), and the global forms.
+//!
+//! Output size per spatial dimension, with `span = (k - 1) · dilation + 1`:
+//! `floor((in + pads - span) / stride) + 1`, or with `ceil_mode` the ceiling, dropping the
+//! last window when it would start past the input and the begin padding (the ONNX and
+//! PyTorch rule). Padded cells never win a max. For averages the divisor is the number of
+//! cells inside the input (`count_include_pad = 0`) or inside the explicitly padded input
+//! (`count_include_pad = 1`); cells of a `ceil_mode` window beyond the padding never count.
+//! `dilations` apply to both (average pooling has them since opset 19).
+
+use super::conv::{split_nc, to3, Window};
+use super::util::{fail, float_tensor, floats, max_nan, valid_range, OpResult};
+use crate::attr::Attrs;
+use crate::ops::OpKind;
+use crate::tensor::Tensor;
+
+/// Taps of one window along one dimension: `lo..hi` are the taps inside the input, `padded`
+/// counts those inside the padded input.
+#[derive(Clone, Copy)]
+struct Taps {
+    lo: usize,
+    hi: usize,
+    padded: usize,
+}
+
+/// `max_pool` and `avg_pool`.
+pub(super) fn pool(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+    let xv = floats(x, "x")?;
+    let (n, c, in_sp) = split_nc(&x.shape, "x")?;
+    let nsp = in_sp.len();
+    let Some(kernel) = attrs.ints("kernel_shape")? else {
+        fail!("missing required attribute `kernel_shape`");
+    };
+    if kernel.len() != nsp || kernel.iter().any(|&k| k < 1) {
+        fail!("`kernel_shape` must be {nsp} positive integers, got {kernel:?}");
+    }
+    let kernel: Vec<usize> = kernel.iter().map(|&k| k as usize).collect();
+    let win = Window::from_attrs(attrs, nsp)?;
+    let ceil_mode = attrs.int_or("ceil_mode", 0)? != 0;
+    let include_pad = attrs.int_or("count_include_pad", 0)? != 0;
+
+    // Per dimension and output position: which taps fall inside the input.
+    let mut taps: Vec<Vec<Taps>> = Vec::with_capacity(nsp);
+    let mut out_sp = Vec::with_capacity(nsp);
+    for i in 0..nsp {
+        let (k, s, d) = (kernel[i], win.strides[i], win.dilations[i]);
+        let (pb, pe) = (win.pads[i], win.pads[nsp + i]);
+        let span = (k - 1) * d + 1;
+        let padded = in_sp[i] + pb + pe;
+        if padded < span {
+            fail!("spatial dimension {i}: window of span {span} does not fit the padded input of size {padded}");
+        }
+        let mut out = if ceil_mode {
+            (padded - span).div_ceil(s) + 1
+        } else {
+            (padded - span) / s + 1
+        };
+        if ceil_mode && (out - 1) * s >= in_sp[i] + pb {
+            out -= 1;
+        }
+        out_sp.push(out);
+        taps.push(
+            (0..out)
+                .map(|z| {
+                    let start = (z * s) as i64 - pb as i64;
+                    let (lo, hi) = valid_range(k, in_sp[i], d, start);
+                    let (plo, phi) = valid_range(k, padded, d, start + pb as i64);
+                    Taps {
+                        lo,
+                        hi,
+                        padded: phi - plo,
+                    }
+                })
+                .collect(),
+        );
+    }
+    let full = Taps {
+        lo: 0,
+        hi: 1,
+        padded: 1,
+    };
+    let unit = vec![full];
+    let pad3 = |v: &[Vec<Taps>]| -> [Vec<Taps>; 3] {
+        let mut out = [unit.clone(), unit.clone(), unit.clone()];
+        for (i, t) in v.iter().enumerate() {
+            out[3 - v.len() + i] = t.clone();
+        }
+        out
+    };
+    let [td, th, tw] = pad3(&taps);
+    let [id, ih, iw] = to3(&in_sp, 1);
+    let [sd, sh, sw] = to3(&win.strides, 1);
+    let [dd, dh, dw] = to3(&win.dilations, 1);
+    let [pd, ph, pw] = to3(&win.pads[..nsp], 0);
+    let (isz, osz) = (id * ih * iw, td.len() * th.len() * tw.len());
+
+    let mut out = Vec::with_capacity(n * c * osz);
+    for plane in 0..n * c {
+        let xp = &xv[plane * isz..(plane + 1) * isz];
+        for (zd, a) in td.iter().enumerate() {
+            for (zh, e) in th.iter().enumerate() {
+                for (zw, f) in tw.iter().enumerate() {
+                    // Input coordinate of tap j: z·stride - pad + j·dilation (in range by `Taps`).
+                    let xd = |j: usize| zd * sd + j * dd - pd;
+                    let xh = |j: usize| zh * sh + j * dh - ph;
+                    let xw = |j: usize| zw * sw + j * dw - pw;
+                    let v = if kind == OpKind::MaxPool {
+                        let mut m = f64::NEG_INFINITY;
+                        for jd in a.lo..a.hi {
+                            for jh in e.lo..e.hi {
+                                let row = &xp[(xd(jd) * ih + xh(jh)) * iw..];
+                                for jw in f.lo..f.hi {
+                                    m = max_nan(m, row[xw(jw)]);
+                                }
+                            }
+                        }
+                        m
+                    } else {
+                        let mut sum = 0.0;
+                        for jd in a.lo..a.hi {
+                            for jh in e.lo..e.hi {
+                                let row = &xp[(xd(jd) * ih + xh(jh)) * iw..];
+                                for jw in f.lo..f.hi {
+                                    sum += row[xw(jw)];
+                                }
+                            }
+                        }
+                        let count = if include_pad {
+                            a.padded * e.padded * f.padded
+                        } else {
+                            (a.hi - a.lo) * (e.hi - e.lo) * (f.hi - f.lo)
+                        };
+                        sum / count as f64
+                    };
+                    out.push(v);
+                }
+            }
+        }
+    }
+    let mut shape = vec![n, c];
+    shape.extend(out_sp);
+    Ok(float_tensor(x.dtype, shape, out))
+}
+
+/// `global_avg_pool` and `global_max_pool`: every spatial dimension becomes 1.
+pub(super) fn global_pool(kind: OpKind, x: &Tensor) -> OpResult<Tensor> {
+    let xv = floats(x, "x")?;
+    if x.shape.len() < 2 {
+        fail!("x must have shape [N, C, spatial..], got {:?}", x.shape);
+    }
+    let planes = x.shape[0] * x.shape[1];
+    let size: usize = x.shape[2..].iter().product();
+    let out: Vec<f64> = (0..planes)
+        .map(|p| {
+            let v = &xv[p * size..(p + 1) * size];
+            if kind == OpKind::GlobalMaxPool {
+                v.iter().copied().fold(f64::NEG_INFINITY, max_nan)
+            } else {
+                v.iter().sum::<f64>() / size as f64
+            }
+        })
+        .collect();
+    let mut shape = x.shape.clone();
+    for d in &mut shape[2..] {
+        *d = 1;
+    }
+    Ok(float_tensor(x.dtype, shape, out))
+}

@@ -1,0 +1,99 @@
+//! Reductions: reduce_sum, reduce_mean, reduce_max, reduce_min over `axes` (empty = all),
+//! keeping the reduced dimensions as 1s when `keepdims` = 1.
+
+use super::util::{
+    fail, float_tensor, for_each_broadcast, int_tensor, max_nan, min_nan, norm_axes, OpResult,
+};
+use crate::attr::Attrs;
+use crate::ops::OpKind;
+use crate::tensor::{Tensor, TensorData};
+
+pub(super) fn reduce(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+    let rank = x.shape.len();
+    let axes = attrs.ints_or("axes", vec![])?;
+    let axes = if axes.is_empty() {
+        (0..rank).collect()
+    } else {
+        norm_axes(&axes, rank)?
+    };
+    let keepdims = attrs.int_or("keepdims", 1)? != 0;
+    // The result with reduced dimensions kept as 1: every input element adds into the
+    // result element at its own index with the reduced coordinates set to 0, which is
+    // exactly how the kept shape broadcasts to the input shape.
+    let kept: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+        .collect();
+    let out_len: usize = kept.iter().product();
+    let count: usize = axes.iter().map(|&a| x.shape[a]).product();
+    let shape: Vec<usize> = if keepdims {
+        kept.clone()
+    } else {
+        x.shape
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &d)| d)
+            .collect()
+    };
+    let data = match &x.data {
+        TensorData::Float(v) if x.dtype.is_float() => {
+            let mut acc = match kind {
+                OpKind::ReduceSum | OpKind::ReduceMean => {
+                    fold(v, &x.shape, &kept, 0.0, |a, b| a + b)
+                }
+                OpKind::ReduceMax => fold(v, &x.shape, &kept, f64::NEG_INFINITY, max_nan),
+                OpKind::ReduceMin => fold(v, &x.shape, &kept, f64::INFINITY, min_nan),
+                _ => unreachable!("{kind} is not a reduction"),
+            };
+            if kind == OpKind::ReduceMean {
+                for a in &mut acc {
+                    *a /= count as f64;
+                }
+            }
+            return Ok(float_tensor(x.dtype, shape, acc));
+        }
+        TensorData::Int(v) if x.dtype.is_int() => v,
+        _ => fail!("{kind} needs a numeric operand, got {}", x.dtype),
+    };
+    if count == 0
+        && out_len > 0
+        && matches!(
+            kind,
+            OpKind::ReduceMax | OpKind::ReduceMin | OpKind::ReduceMean
+        )
+    {
+        fail!("{kind} of integers over an empty set of elements");
+    }
+    let mut acc = match kind {
+        OpKind::ReduceSum | OpKind::ReduceMean => fold(data, &x.shape, &kept, 0, i64::wrapping_add),
+        OpKind::ReduceMax => fold(data, &x.shape, &kept, i64::MIN, i64::max),
+        OpKind::ReduceMin => fold(data, &x.shape, &kept, i64::MAX, i64::min),
+        _ => unreachable!("{kind} is not a reduction"),
+    };
+    if kind == OpKind::ReduceMean {
+        for a in &mut acc {
+            *a /= count as i64;
+        }
+    }
+    Ok(int_tensor(x.dtype, shape, acc))
+}
+
+/// Fold every element of `v` (shape `shape`) into the result element it reduces to.
+fn fold<T: Copy>(
+    v: &[T],
+    shape: &[usize],
+    kept: &[usize],
+    init: T,
+    f: impl Fn(T, T) -> T,
+) -> Vec<T> {
+    let mut acc = vec![init; kept.iter().product()];
+    let mut i = 0;
+    for_each_broadcast(shape, [kept], |[j]| {
+        acc[j] = f(acc[j], v[i]);
+        i += 1;
+    });
+    acc
+}

@@ -1,0 +1,72 @@
+//! Send/recv pairing across the module: every send (stage s, peer p, channel c) needs
+//! exactly one recv on stage p from peer s on channel c, receiving the type that was sent.
+
+use std::collections::BTreeMap;
+
+use super::{describe_op, Endpoint, Sink, VerifyErrorKind};
+use crate::module::Module;
+
+/// Sends and recvs of one (from, to, channel) link, as indices into the endpoint list.
+#[derive(Default)]
+struct Link {
+    sends: Vec<usize>,
+    recvs: Vec<usize>,
+}
+
+pub(super) fn pair(m: &Module, endpoints: &[Endpoint], sink: &mut Sink) {
+    let mut links: BTreeMap<(i64, i64, i64), Link> = BTreeMap::new();
+    for (i, e) in endpoints.iter().enumerate() {
+        let link = links.entry((e.from, e.to, e.channel)).or_default();
+        if e.is_send {
+            link.sends.push(i);
+        } else {
+            link.recvs.push(i);
+        }
+    }
+    // `@f: op #2 "pp.send"`, naming another endpoint in a message.
+    let name = |i: usize| {
+        let e = &endpoints[i];
+        let f = &m.functions[e.fi];
+        format!("@{}: {}", f.name, describe_op(f, e.op))
+    };
+    for (i, e) in endpoints.iter().enumerate() {
+        let f = &m.functions[e.fi];
+        let link = &links[&(e.from, e.to, e.channel)];
+        let (from, to, c) = (e.from, e.to, e.channel);
+        let mut report =
+            |kind: VerifyErrorKind, msg: String| sink.op(e.fi, e.pos, f, e.op, kind, msg);
+        if e.is_send {
+            let first = link.sends[0];
+            if first != i {
+                let msg = format!("duplicate send from stage {from} to stage {to} on channel {c}; the first is {}", name(first));
+                report(VerifyErrorKind::DuplicateSend, msg);
+            } else if link.recvs.is_empty() {
+                let msg = format!(
+                    "unmatched send: no recv on stage {to} from stage {from} on channel {c}"
+                );
+                report(VerifyErrorKind::UnmatchedSend, msg);
+            }
+        } else {
+            let first = link.recvs[0];
+            if first != i {
+                let msg = format!("duplicate recv on stage {to} from stage {from} on channel {c}; the first is {}", name(first));
+                report(VerifyErrorKind::DuplicateRecv, msg);
+            } else if let Some(&s) = link.sends.first() {
+                if let (Some(sent), Some(got)) = (&endpoints[s].ty, &e.ty) {
+                    if sent != got {
+                        let msg = format!(
+                            "recv type {got} differs from the sent type {sent} ({})",
+                            name(s)
+                        );
+                        report(VerifyErrorKind::CommTypeMismatch, msg);
+                    }
+                }
+            } else {
+                let msg = format!(
+                    "unmatched recv: no send from stage {from} to stage {to} on channel {c}"
+                );
+                report(VerifyErrorKind::UnmatchedRecv, msg);
+            }
+        }
+    }
+}
