@@ -82,7 +82,11 @@ impl Attrs {
     }
 
     fn err(name: &str, expected: &'static str, found: &Attr) -> AttrError {
-        AttrError { name: name.to_string(), expected, found: found.kind_name().to_string() }
+        AttrError {
+            name: name.to_string(),
+            expected,
+            found: found.kind_name().to_string(),
+        }
     }
 
     pub fn int(&self, name: &str) -> Result<Option<i64>, AttrError> {

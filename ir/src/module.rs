@@ -187,7 +187,10 @@ pub struct Function {
 
 impl Function {
     pub fn new(name: impl Into<String>) -> Self {
-        Function { name: name.into(), ..Default::default() }
+        Function {
+            name: name.into(),
+            ..Default::default()
+        }
     }
 
     // ---- reading ----
@@ -208,7 +211,10 @@ impl Function {
 
     /// Result types, in order.
     pub fn result_types(&self) -> Vec<TensorType> {
-        self.results.iter().map(|&v| self.value(v).ty.clone()).collect()
+        self.results
+            .iter()
+            .map(|&v| self.value(v).ty.clone())
+            .collect()
     }
 
     pub fn value(&self, v: ValueId) -> &ValueData {
@@ -254,7 +260,10 @@ impl Function {
     }
 
     pub fn find_value(&self, name: &str) -> Option<ValueId> {
-        self.values.iter().position(|v| v.name == name).map(|i| ValueId(i as u32))
+        self.values
+            .iter()
+            .position(|v| v.name == name)
+            .map(|i| ValueId(i as u32))
     }
 
     // ---- building ----
@@ -275,7 +284,12 @@ impl Function {
             _ => self.fresh_name(),
         };
         let id = ValueId(self.values.len() as u32);
-        self.values.push(ValueData { name, ty, def, uses: vec![] });
+        self.values.push(ValueData {
+            name,
+            ty,
+            def,
+            uses: vec![],
+        });
         id
     }
 
@@ -323,7 +337,11 @@ impl Function {
 
     /// Insert an op before `before` in the body.
     pub fn insert_op_before(&mut self, before: OpId, new: NewOp) -> OpId {
-        let pos = self.layout.iter().position(|&o| o == before).unwrap_or(self.layout.len());
+        let pos = self
+            .layout
+            .iter()
+            .position(|&o| o == before)
+            .unwrap_or(self.layout.len());
         let id = self.create_op(new);
         self.layout.insert(pos, id);
         id
@@ -331,7 +349,11 @@ impl Function {
 
     /// Insert an op after `after` in the body.
     pub fn insert_op_after(&mut self, after: OpId, new: NewOp) -> OpId {
-        let pos = self.layout.iter().position(|&o| o == after).map_or(self.layout.len(), |p| p + 1);
+        let pos = self
+            .layout
+            .iter()
+            .position(|&o| o == after)
+            .map_or(self.layout.len(), |p| p + 1);
         let id = self.create_op(new);
         self.layout.insert(pos, id);
         id
@@ -440,7 +462,10 @@ impl Module {
 
 impl fmt::Display for Module {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::text::print_module(self, &crate::text::PrintOptions::default()))
+        f.write_str(&crate::text::print_module(
+            self,
+            &crate::text::PrintOptions::default(),
+        ))
     }
 }
 

@@ -206,7 +206,10 @@ impl OpKind {
 
     /// Whether an op is elementwise (result shape is the broadcast of its operands).
     pub fn is_elementwise(self) -> bool {
-        matches!(self.class(), OpClass::Unary | OpClass::Binary | OpClass::Compare | OpClass::Ternary)
+        matches!(
+            self.class(),
+            OpClass::Unary | OpClass::Binary | OpClass::Compare | OpClass::Ternary
+        )
     }
 }
 

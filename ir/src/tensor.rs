@@ -57,30 +57,64 @@ impl Tensor {
     /// A float tensor; values are rounded to `dtype`. Panics if sizes disagree or dtype
     /// is not a float type (programming error, not user input).
     pub fn from_f64(dtype: DType, shape: Vec<usize>, data: Vec<f64>) -> Tensor {
-        assert!(dtype.is_float(), "from_f64 needs a float dtype, got {dtype}");
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "shape/data size mismatch");
+        assert!(
+            dtype.is_float(),
+            "from_f64 needs a float dtype, got {dtype}"
+        );
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "shape/data size mismatch"
+        );
         let data = data.into_iter().map(|x| round_to(dtype, x)).collect();
-        Tensor { dtype, shape, data: TensorData::Float(data) }
+        Tensor {
+            dtype,
+            shape,
+            data: TensorData::Float(data),
+        }
     }
 
     pub fn from_f32(shape: Vec<usize>, data: Vec<f32>) -> Tensor {
-        Tensor::from_f64(DType::F32, shape, data.into_iter().map(|x| x as f64).collect())
+        Tensor::from_f64(
+            DType::F32,
+            shape,
+            data.into_iter().map(|x| x as f64).collect(),
+        )
     }
 
     /// An integer or bool tensor; values are wrapped to `dtype`.
     pub fn from_i64(dtype: DType, shape: Vec<usize>, data: Vec<i64>) -> Tensor {
-        assert!(!dtype.is_float(), "from_i64 needs an integer/bool dtype, got {dtype}");
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "shape/data size mismatch");
+        assert!(
+            !dtype.is_float(),
+            "from_i64 needs an integer/bool dtype, got {dtype}"
+        );
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "shape/data size mismatch"
+        );
         let data = data.into_iter().map(|x| wrap_int(dtype, x)).collect();
-        Tensor { dtype, shape, data: TensorData::Int(data) }
+        Tensor {
+            dtype,
+            shape,
+            data: TensorData::Int(data),
+        }
     }
 
     pub fn zeros(dtype: DType, shape: Vec<usize>) -> Tensor {
         let n = shape.iter().product();
         if dtype.is_float() {
-            Tensor { dtype, shape, data: TensorData::Float(vec![0.0; n]) }
+            Tensor {
+                dtype,
+                shape,
+                data: TensorData::Float(vec![0.0; n]),
+            }
         } else {
-            Tensor { dtype, shape, data: TensorData::Int(vec![0; n]) }
+            Tensor {
+                dtype,
+                shape,
+                data: TensorData::Int(vec![0; n]),
+            }
         }
     }
 
@@ -93,7 +127,10 @@ impl Tensor {
     }
 
     pub fn tensor_type(&self) -> TensorType {
-        TensorType::of(self.dtype, &self.shape.iter().map(|&d| d as u64).collect::<Vec<_>>())
+        TensorType::of(
+            self.dtype,
+            &self.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+        )
     }
 
     /// Elements as f64 (integers converted).

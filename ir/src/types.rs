@@ -129,11 +129,17 @@ impl TensorType {
 
     /// A fully static type from a shape.
     pub fn of(dtype: DType, shape: &[u64]) -> Self {
-        TensorType { dtype, dims: shape.iter().map(|&n| Dim::Known(n)).collect() }
+        TensorType {
+            dtype,
+            dims: shape.iter().map(|&n| Dim::Known(n)).collect(),
+        }
     }
 
     pub fn scalar(dtype: DType) -> Self {
-        TensorType { dtype, dims: vec![] }
+        TensorType {
+            dtype,
+            dims: vec![],
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -156,14 +162,19 @@ impl TensorType {
 
     /// Size in bytes, if static.
     pub fn size_bytes(&self) -> Option<u64> {
-        self.num_elements().map(|n| n * self.dtype.size_bytes() as u64)
+        self.num_elements()
+            .map(|n| n * self.dtype.size_bytes() as u64)
     }
 
     /// Same dtype, same rank, and every pair of dimensions compatible.
     pub fn compatible(&self, other: &TensorType) -> bool {
         self.dtype == other.dtype
             && self.dims.len() == other.dims.len()
-            && self.dims.iter().zip(&other.dims).all(|(a, b)| a.compatible(*b))
+            && self
+                .dims
+                .iter()
+                .zip(&other.dims)
+                .all(|(a, b)| a.compatible(*b))
     }
 
     /// Replace the symbolic batch dimension by `n`.

@@ -22,7 +22,9 @@ pub struct Canonicalize {
 
 impl Default for Canonicalize {
     fn default() -> Self {
-        Canonicalize { max_fold_elements: 1 << 16 }
+        Canonicalize {
+            max_fold_elements: 1 << 16,
+        }
     }
 }
 
@@ -130,8 +132,13 @@ impl Canonicalize {
         }
         // An op that fails to evaluate is left alone: running it would fail the same way,
         // and that error belongs to run time with the op's location.
-        let Ok(values) = eval_op(data.kind, &data.attrs, &inputs, &types, &InterpOptions::default())
-        else {
+        let Ok(values) = eval_op(
+            data.kind,
+            &data.attrs,
+            &inputs,
+            &types,
+            &InterpOptions::default(),
+        ) else {
             return false;
         };
         let (stage, phase, loc) = (data.stage, data.phase, data.loc.clone());

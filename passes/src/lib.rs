@@ -27,7 +27,10 @@ use ppir::Module;
 pub enum PassError {
     /// The IR handed to a pass, or produced by it, does not verify.
     #[error("{}", format_verify(.context, .errors))]
-    Verify { context: String, errors: Vec<VerifyError> },
+    Verify {
+        context: String,
+        errors: Vec<VerifyError>,
+    },
     /// A pass could not do its work on this input.
     #[error("pass `{pass}`: {message}")]
     Failed { pass: String, message: String },
@@ -47,7 +50,10 @@ fn format_verify(context: &str, errors: &[VerifyError]) -> String {
 
 impl PassError {
     pub fn failed(pass: &str, message: impl Into<String>) -> Self {
-        PassError::Failed { pass: pass.to_string(), message: message.into() }
+        PassError::Failed {
+            pass: pass.to_string(),
+            message: message.into(),
+        }
     }
 }
 
@@ -73,7 +79,10 @@ impl Default for PassManager {
 
 impl PassManager {
     pub fn new() -> Self {
-        PassManager { passes: vec![], verify_each: true }
+        PassManager {
+            passes: vec![],
+            verify_each: true,
+        }
     }
 
     /// Whether to run the verifier around every pass (on by default).
@@ -94,7 +103,10 @@ impl PassManager {
         for pass in &self.passes {
             pass.run(module)?;
             if self.verify_each {
-                verify(module, &format!("IR after pass `{}` does not verify", pass.name()))?;
+                verify(
+                    module,
+                    &format!("IR after pass `{}` does not verify", pass.name()),
+                )?;
             }
         }
         Ok(())
@@ -102,8 +114,10 @@ impl PassManager {
 }
 
 fn verify(module: &Module, context: &str) -> Result<(), PassError> {
-    ppir::verify::verify_module(module)
-        .map_err(|errors| PassError::Verify { context: context.to_string(), errors })
+    ppir::verify::verify_module(module).map_err(|errors| PassError::Verify {
+        context: context.to_string(),
+        errors,
+    })
 }
 
 /// `verify`: check the module and fail with every verifier error.

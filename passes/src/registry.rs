@@ -39,7 +39,11 @@ impl PassOptions {
     pub fn expect_only(&self, pass: &str, known: &[&str]) -> Result<(), PassError> {
         for k in self.keys() {
             if !known.contains(&k) {
-                let list = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+                let list = if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                };
                 return Err(PassError::Usage(format!(
                     "pass `{pass}` has no option `{k}` (options: {list})"
                 )));
@@ -58,14 +62,18 @@ pub fn parse_pass_spec(spec: &str) -> Result<(String, PassOptions), PassError> {
     };
     let mut options = PassOptions::default();
     if let Some(rest) = rest {
-        let body = rest.strip_suffix('}').ok_or_else(|| {
-            PassError::Usage(format!("pass spec `{spec}`: missing closing `}}`"))
-        })?;
+        let body = rest
+            .strip_suffix('}')
+            .ok_or_else(|| PassError::Usage(format!("pass spec `{spec}`: missing closing `}}`")))?;
         for item in body.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (k, v) = item.split_once('=').ok_or_else(|| {
-                PassError::Usage(format!("pass spec `{spec}`: expected key=value, found `{item}`"))
+                PassError::Usage(format!(
+                    "pass spec `{spec}`: expected key=value, found `{item}`"
+                ))
             })?;
-            options.values.insert(k.trim().to_string(), v.trim().to_string());
+            options
+                .values
+                .insert(k.trim().to_string(), v.trim().to_string());
         }
     }
     if name.is_empty() {
@@ -98,10 +106,14 @@ impl PassRegistry {
     /// Every pass that ships with ppcc.
     pub fn builtin() -> Self {
         let mut r = PassRegistry::empty();
-        r.register("verify", "check the module; fail with every verifier error", |o| {
-            o.expect_only("verify", &[])?;
-            Ok(Box::new(VerifyPass))
-        });
+        r.register(
+            "verify",
+            "check the module; fail with every verifier error",
+            |o| {
+                o.expect_only("verify", &[])?;
+                Ok(Box::new(VerifyPass))
+            },
+        );
         r.register(
             "infer-shapes",
             "recompute every op's result types from its operands, in order",
@@ -137,7 +149,14 @@ impl PassRegistry {
     }
 
     pub fn register(&mut self, name: &'static str, description: &'static str, create: Constructor) {
-        self.passes.insert(name, PassInfo { name, description, create });
+        self.passes.insert(
+            name,
+            PassInfo {
+                name,
+                description,
+                create,
+            },
+        );
     }
 
     pub fn get(&self, name: &str) -> Option<&PassInfo> {
@@ -153,7 +172,10 @@ impl PassRegistry {
         let (name, options) = parse_pass_spec(spec)?;
         let info = self.passes.get(name.as_str()).ok_or_else(|| {
             let names: Vec<&str> = self.passes.keys().copied().collect();
-            PassError::Usage(format!("unknown pass `{name}` (passes: {})", names.join(", ")))
+            PassError::Usage(format!(
+                "unknown pass `{name}` (passes: {})",
+                names.join(", ")
+            ))
         })?;
         (info.create)(&options)
     }
@@ -177,7 +199,10 @@ mod tests {
     fn registry_errors_name_the_problem() {
         let r = PassRegistry::builtin();
         let e = r.create("nope").err().unwrap().to_string();
-        assert!(e.contains("unknown pass `nope`") && e.contains("canonicalize"), "{e}");
+        assert!(
+            e.contains("unknown pass `nope`") && e.contains("canonicalize"),
+            "{e}"
+        );
         let e = r.create("bind-batch").err().unwrap().to_string();
         assert!(e.contains("size=N"), "{e}");
         let e = r.create("verify{x=1}").err().unwrap().to_string();

@@ -72,7 +72,9 @@ fn run(args: Args) -> Result<(), String> {
     let display = path.display().to_string();
     let src = if display == "-" {
         let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).map_err(|e| format!("error: stdin: {e}"))?;
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| format!("error: stdin: {e}"))?;
         s
     } else {
         std::fs::read_to_string(&path).map_err(|e| format!("error: {display}: {e}"))?
@@ -84,13 +86,21 @@ fn run(args: Args) -> Result<(), String> {
     for spec in &args.passes {
         pm.add(registry.create(spec).map_err(|e| format!("error: {e}"))?);
     }
-    pm.run(&mut module).map_err(|e| format!("{display}: error: {e}"))?;
+    pm.run(&mut module)
+        .map_err(|e| format!("{display}: error: {e}"))?;
     if args.verify_only {
         return Ok(());
     }
-    let text = print_module(&module, &PrintOptions { elide_weights_over: args.elide_weights });
+    let text = print_module(
+        &module,
+        &PrintOptions {
+            elide_weights_over: args.elide_weights,
+        },
+    );
     match args.output {
-        Some(out) => std::fs::write(&out, text).map_err(|e| format!("error: {}: {e}", out.display())),
+        Some(out) => {
+            std::fs::write(&out, text).map_err(|e| format!("error: {}: {e}", out.display()))
+        }
         None => {
             print!("{text}");
             Ok(())
