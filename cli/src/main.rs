@@ -4,7 +4,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod npz;
 mod onnx_cmds;
+mod train_cmd;
 
 /// ppcc — a pipeline-parallel training compiler.
 ///
@@ -25,6 +27,8 @@ enum Command {
     Eval(onnx_cmds::EvalArgs),
     /// Run ONNX test-data folders against their reference outputs.
     Conform(onnx_cmds::ConformArgs),
+    /// Train a model on one device with the reference interpreter.
+    Train(train_cmd::TrainArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +37,7 @@ fn main() -> ExitCode {
         Command::Import(a) => onnx_cmds::import(a),
         Command::Eval(a) => onnx_cmds::eval(a),
         Command::Conform(a) => onnx_cmds::conform(a),
+        Command::Train(a) => train_cmd::train(a),
     };
     match result {
         Ok(code) => code,

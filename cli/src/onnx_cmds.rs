@@ -1,20 +1,372 @@
-//! `ppcc import`, `ppcc eval`, `ppcc conform`. (Being written.)
+//! `ppcc import`, `ppcc eval`, `ppcc conform`: the ONNX frontend on the command line.
 
+use crate::npz;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct ImportArgs {}
-#[derive(clap::Args)]
-pub struct EvalArgs {}
-#[derive(clap::Args)]
-pub struct ConformArgs {}
+use anyhow::{bail, Context, Result};
+use ppcc_frontends::onnx::conform::{compare, run_dirs, ConformOptions, Tolerance};
+use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions, Imported};
+use ppir::interp::{run_function, InterpOptions, Precision};
+use ppir::text::{print_module, PrintOptions};
+use ppir::ArgKind;
 
-pub fn import(_a: ImportArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("not implemented yet")
+/// Shape options shared by `import` and `eval`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ShapeArgs {
+    /// Bind the symbolic first (batch) dimension of every input to N. Without it, that
+    /// dimension stays symbolic (`?`).
+    #[arg(long, value_name = "N")]
+    batch: Option<u64>,
+    /// The full static shape of input NAME, e.g. `--input-shape tokens=1x128`. Needed for
+    /// symbolic dimensions other than the first. Repeatable.
+    #[arg(long = "input-shape", value_name = "NAME=DIMS", value_parser = parse_input_shape)]
+    input_shape: Vec<(String, Vec<u64>)>,
 }
-pub fn eval(_a: EvalArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("not implemented yet")
+
+fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), String> {
+    let (name, dims) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("expected NAME=DIMS (e.g. x=1x3x224x224), got {s:?}"))?;
+    if name.is_empty() {
+        return Err(format!("expected NAME=DIMS, got {s:?}"));
+    }
+    let dims = if dims.is_empty() || dims == "scalar" {
+        vec![]
+    } else {
+        dims.split(['x', 'X', ','])
+            .map(|d| {
+                d.trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("bad dimension {d:?} in {s:?}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    Ok((name.to_string(), dims))
 }
-pub fn conform(_a: ConformArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("not implemented yet")
+
+impl ShapeArgs {
+    fn options(&self) -> ImportOptions {
+        ImportOptions {
+            batch: self.batch,
+            input_shapes: self.input_shape.iter().cloned().collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Import an ONNX model and print (or write) its ppir.
+///
+/// Printed to standard output, weights with more than 16 elements are shown as `elided`
+/// (the text is for reading); with `-o` every weight is written in full, so the file
+/// parses back into the same module.
+#[derive(clap::Args)]
+#[command(after_help = "\
+Printed to standard output, weights with more than 16 elements show as `elided` (the text
+is for reading); with -o every weight is written in full, so the file parses back into the
+same module. Only the first dimension of an input may stay symbolic (`?`, the batch);
+bind it with --batch, and give other symbolic dimensions with --input-shape.
+
+Examples:
+  ppcc import model.onnx                      print the IR, large weights elided
+  ppcc import model.onnx -o model.ppir        write the IR with all weights
+  ppcc import model.onnx --batch 8            bind the symbolic batch dimension
+  ppcc import bert.onnx --input-shape input_ids=1x128 --input-shape attention_mask=1x128")]
+pub struct ImportArgs {
+    /// The ONNX model (external data files are read from its folder).
+    model: PathBuf,
+    /// Write the IR to this file (all weights in full) instead of printing it.
+    #[arg(short, long, value_name = "OUT.ppir")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    shapes: ShapeArgs,
+    /// Print weights with more than N elements as `elided` (lossy). Default: 16 when
+    /// printing to standard output, none with -o.
+    #[arg(long, value_name = "N")]
+    elide_weights: Option<usize>,
+}
+
+pub fn import(a: ImportArgs) -> Result<ExitCode> {
+    let imported = import_onnx_file_full(&a.model, &a.shapes.options())?;
+    let module = &imported.module;
+    if let Err(errors) = ppir::verify::verify_module(module) {
+        eprintln!("warning: the imported module does not verify:");
+        for e in errors.iter().take(20) {
+            eprintln!("  {e}");
+        }
+    }
+    let elide = match (&a.output, a.elide_weights) {
+        (_, Some(n)) => Some(n),
+        (None, None) => Some(16),
+        (Some(_), None) => None,
+    };
+    let text = print_module(
+        module,
+        &PrintOptions {
+            elide_weights_over: elide,
+        },
+    );
+    match &a.output {
+        Some(path) => std::fs::write(path, text)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Run a model's forward pass with the reference interpreter.
+///
+/// Inputs come from an `.npz` file whose keys are the model's input names (f32, f64, f16,
+/// i64, i32, i8 or bool arrays); outputs are written to an `.npz` keyed by the model's
+/// output names. Input shapes are taken from the arrays; inputs that only feed shapes
+/// (e.g. an Expand target) are folded into the model when needed.
+#[derive(clap::Args)]
+#[command(after_help = "\
+Input arrays are keyed by the model's input names (f32, f64, f16, i64, i32, i8 or bool);
+their shapes bind the model's symbolic dimensions. Outputs are keyed by output names.
+Integer inputs that only feed shapes (e.g. an Expand target) are folded into the model.
+With --reference, outputs must satisfy |out - ref| <= atol + rtol * |ref| elementwise.
+
+Examples:
+  ppcc eval model.onnx --inputs in.npz -o out.npz
+  ppcc eval gpt.onnx --inputs tokens.npz -o logits.npz --batch 2
+  ppcc eval examples/gpt.onnx --inputs examples/gpt_io.npz -o out.npz --reference examples/gpt_io.npz
+
+Make inputs with numpy: np.savez('in.npz', x=np.random.rand(1, 784).astype(np.float32))")]
+pub struct EvalArgs {
+    /// The ONNX model.
+    model: PathBuf,
+    /// The inputs, an `.npz` keyed by input name.
+    #[arg(long, value_name = "IN.npz")]
+    inputs: PathBuf,
+    /// Where to write the outputs (`.npz` keyed by output name).
+    #[arg(short, long, value_name = "OUT.npz")]
+    output: PathBuf,
+    #[command(flatten)]
+    shapes: ShapeArgs,
+    /// Keep every float in f64 instead of rounding to each value's type after each op.
+    #[arg(long)]
+    f64: bool,
+    /// Compare the outputs with the arrays of the same names in this `.npz` (e.g.
+    /// onnxruntime's outputs) and fail if any element differs by more than
+    /// `atol + rtol * |reference|`.
+    #[arg(long, value_name = "REF.npz")]
+    reference: Option<PathBuf>,
+    /// Relative tolerance for --reference.
+    #[arg(long, default_value_t = 1e-4, requires = "reference")]
+    rtol: f64,
+    /// Absolute tolerance for --reference.
+    #[arg(long, default_value_t = 1e-5, requires = "reference")]
+    atol: f64,
+}
+
+fn bind_inputs(
+    imported: &Imported,
+    inputs: &HashMap<String, ppir::Tensor>,
+) -> Result<Vec<ppir::Tensor>> {
+    let f = &imported.module.functions[0];
+    let mut next_input = imported.inputs.iter();
+    let mut args = vec![];
+    for &(v, kind) in f.args() {
+        match kind {
+            ArgKind::Input => {
+                let name = next_input
+                    .next()
+                    .context("argument list does not match the model's inputs")?;
+                let t = inputs.get(name).with_context(|| {
+                    format!(
+                        "the inputs have no array `{name}` (the model's inputs: {})",
+                        imported.inputs.join(", ")
+                    )
+                })?;
+                args.push(t.clone());
+            }
+            ArgKind::Param | ArgKind::State => {
+                let name = &f.value(v).name;
+                args.push(
+                    imported
+                        .module
+                        .weights
+                        .get(name)
+                        .with_context(|| format!("no weight `{name}`"))?
+                        .clone(),
+                );
+            }
+        }
+    }
+    Ok(args)
+}
+
+pub fn eval(a: EvalArgs) -> Result<ExitCode> {
+    let arrays = npz::read_npz(&a.inputs)?;
+    let inputs: HashMap<String, ppir::Tensor> = arrays.into_iter().collect();
+    let mut opts = a.shapes.options();
+    for (name, t) in &inputs {
+        opts.input_shapes
+            .entry(name.clone())
+            .or_insert_with(|| t.shape.iter().map(|&d| d as u64).collect());
+    }
+    // Arrays for names the model does not have would be reported as unknown inputs.
+    let model_inputs = {
+        let bytes = std::fs::read(&a.model)
+            .with_context(|| format!("cannot read {}", a.model.display()))?;
+        let m = ppcc_frontends::onnx::decode_model(&bytes)?;
+        m.graph
+            .map(|g| g.input.into_iter().map(|v| v.name).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    opts.input_shapes.retain(|k, _| model_inputs.contains(k));
+    let imported = match import_onnx_file_full(&a.model, &opts) {
+        Ok(m) => m,
+        Err(e) if e.is_unsupported() => {
+            let ints: HashMap<_, _> = inputs
+                .iter()
+                .filter(|(k, t)| !t.dtype.is_float() && model_inputs.contains(k))
+                .map(|(k, t)| (k.clone(), t.clone()))
+                .collect();
+            if ints.is_empty() {
+                return Err(e.into());
+            }
+            opts.input_values = ints;
+            let m = import_onnx_file_full(&a.model, &opts).map_err(|_| e)?;
+            eprintln!("note: integer inputs were folded into the model as constants");
+            m
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let args = bind_inputs(&imported, &inputs)?;
+    let precision = if a.f64 {
+        Precision::F64
+    } else {
+        Precision::Typed
+    };
+    let f = &imported.module.functions[0];
+    let outs = run_function(f, args, &InterpOptions { precision }, None)?;
+    let named: Vec<(String, ppir::Tensor)> = imported.outputs.iter().cloned().zip(outs).collect();
+    npz::write_npz(&a.output, &named)?;
+    let Some(reference) = &a.reference else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let refs: HashMap<String, ppir::Tensor> = npz::read_npz(reference)?.into_iter().collect();
+    let tol = Tolerance {
+        rtol: a.rtol,
+        atol: a.atol,
+    };
+    let mut ok = true;
+    for (name, got) in &named {
+        let want = refs
+            .get(name)
+            .with_context(|| format!("{} has no array `{name}`", reference.display()))?;
+        // Compare in the reference's element type (npz has no bf16; f16 may come back as f32).
+        let got = if got.dtype != want.dtype && got.dtype.is_float() && want.dtype.is_float() {
+            ppir::Tensor {
+                dtype: want.dtype,
+                ..got.clone()
+            }
+        } else {
+            got.clone()
+        };
+        match compare(&got, want, tol) {
+            Ok((abs, rel)) => println!("output `{name}`: matches the reference (max abs err {abs:.2e}, max rel err {rel:.2e}; rtol {}, atol {})", tol.rtol, tol.atol),
+            Err(m) => {
+                ok = false;
+                println!("output `{name}`: DIFFERS from the reference: {m}");
+            }
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Run ONNX test-data folders against their reference outputs.
+///
+/// Each DIR is a test folder (`model.onnx` with `test_data_set_*/input_K.pb` and
+/// `output_K.pb`), a folder in the onnx package's `light/` layout (`NAME.onnx` with
+/// `NAME_output_0.pb`; inputs are generated as the onnx runner does:
+/// `arange(n).reshape(shape) / n` in float32), or a folder of test folders.
+///
+/// Prints one row per model — `passed` (with the largest errors), `failed` (which output,
+/// how far off), `unsupported` (the op or feature) or `error` (why it could not run) —
+/// and ends with `N passed, N failed, N unsupported` (errors count as failed). Exits
+/// non-zero if any model failed.
+///
+/// Tolerances (`|actual - expected| <= atol + rtol * |expected|`, per output dtype, as
+/// numpy.testing.assert_allclose in the onnx backend tests): f32/f64 rtol 1e-3, atol 1e-7
+/// (light DenseNet-121: rtol 2e-3, as in onnx); f16 rtol 1e-3, atol 1e-3; bf16 rtol 2^-6,
+/// atol 1e-3; integers and bools exact.
+#[derive(clap::Args)]
+#[command(after_help = "\
+Layouts: DIR/model.onnx with DIR/test_data_set_*/input_K.pb and output_K.pb (TensorProto
+files); or the onnx package's light/ layout, NAME.onnx with NAME_output_0.pb, whose inputs
+are generated as the onnx runner does (arange(n).reshape(shape) / n, float32). A DIR may
+also hold test folders one level down.
+
+Output: one row per model, `passed` (largest errors), `failed` (which output, how far
+off), `unsupported` (the op or feature) or `error` (why it could not run), then the line
+`N passed, N failed, N unsupported` (errors count as failed). Exit status 1 if any failed.
+
+Tolerances, per output element type, |actual - expected| <= atol + rtol * |expected| as
+numpy.testing.assert_allclose in the onnx backend tests:
+  f32, f64   rtol 1e-3, atol 1e-7   (light DenseNet-121: rtol 2e-3, as in onnx)
+  f16        rtol 1e-3, atol 1e-3
+  bf16       rtol 2^-6, atol 1e-3
+  integers, bool: exact
+--rtol/--atol override them for float outputs.
+
+Examples:
+  ppcc conform $(python -c 'import onnx,os;print(os.path.dirname(onnx.__file__))')/backend/test/data/light
+  ppcc conform data/pytorch-converted data/pytorch-operator data/simple
+  ppcc conform my_test_dir --rtol 1e-4")]
+pub struct ConformArgs {
+    /// Test folders (or folders of test folders).
+    #[arg(required = true, value_name = "DIR")]
+    dirs: Vec<PathBuf>,
+    /// Relative tolerance for float outputs (overrides the per-dtype default).
+    #[arg(long)]
+    rtol: Option<f64>,
+    /// Absolute tolerance for float outputs (overrides the per-dtype default).
+    #[arg(long)]
+    atol: Option<f64>,
+}
+
+pub fn conform(a: ConformArgs) -> Result<ExitCode> {
+    let opts = ConformOptions {
+        rtol: a.rtol,
+        atol: a.atol,
+    };
+    let (_, summary) = run_dirs(&a.dirs, &opts, |r| println!("{r}")).map_err(anyhow::Error::msg)?;
+    println!("{summary}");
+    if summary.total() == 0 {
+        bail!("no test cases found");
+    }
+    Ok(if summary.failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_shape_syntax() {
+        assert_eq!(
+            parse_input_shape("x=1x3x224x224").unwrap(),
+            ("x".into(), vec![1, 3, 224, 224])
+        );
+        assert_eq!(
+            parse_input_shape("a/b:0=2,5").unwrap(),
+            ("a/b:0".into(), vec![2, 5])
+        );
+        assert_eq!(parse_input_shape("s=").unwrap(), ("s".into(), vec![]));
+        assert!(parse_input_shape("x").is_err());
+        assert!(parse_input_shape("x=1xq").is_err());
+    }
 }

@@ -4,5 +4,6 @@
 //!   conformance runner over ONNX test-data folders ([`onnx::conform`]).
 
 pub mod onnx;
+pub mod onnx_export;
 
 pub use onnx::{import_onnx, import_onnx_file, ImportOptions, OnnxError};

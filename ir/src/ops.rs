@@ -16,7 +16,7 @@
 //! | `shrink` | x | `bias` = 0.0, `lambd` = 0.5 |
 //! | `clip` | x | `min` = -inf, `max` = +inf |
 //! | `cast` | x | `to` *required* (element type) |
-//! | `dropout` | x | `ratio` = 0.5; identity unless `training` = 1 (then `seed` selects the mask) |
+//! | `dropout` | x, [key `tensor<2xi64>` = (step, micro-batch)] | `ratio` = 0.5, `training` = 0, `seed` = 0; identity unless `training` = 1, then `x · mask / (1 - ratio)` with the mask of [`crate::interp::dropout_keep`] (training needs the key) |
 //! | binary, numpy broadcasting: `add sub mul div pow max min prelu` | a, b | — |
 //! | comparisons → i1: `equal less greater less_equal greater_equal` | a, b | — |
 //! | logical on i1: `and or` | a, b | — |
@@ -26,9 +26,9 @@
 //! | `conv` | x `[N,C,spatial..]`, w `[M,C/group,k..]`, [bias `[M]`] | `strides`, `pads` (all begins then all ends), `dilations`, `group` = 1 |
 //! | `conv_transpose` | x `[N,C,spatial..]`, w `[C,M/group,k..]`, [bias `[M]`] | `strides`, `pads`, `dilations`, `output_padding`, `group` = 1 |
 //! | `max_pool` | x | `kernel_shape` *required*, `strides`, `pads`, `dilations`, `ceil_mode` = 0 |
-//! | `avg_pool` | x | `kernel_shape` *required*, `strides`, `pads`, `ceil_mode` = 0, `count_include_pad` = 0 |
+//! | `avg_pool` | x | `kernel_shape` *required*, `strides`, `pads`, `dilations`, `ceil_mode` = 0, `count_include_pad` = 0 |
 //! | `global_avg_pool`, `global_max_pool` | x | — (spatial dims become 1) |
-//! | `batch_norm` | x, scale, bias, mean, var | `epsilon` = 1e-5 (inference form) |
+//! | `batch_norm` | x, scale, bias, mean, var | `epsilon` = 1e-5, `momentum` = 0.9 (ONNX's: the running statistics' weight in training, which autodiff's training mode applies; the op itself is the inference form) |
 //! | `instance_norm` | x, scale, bias | `epsilon` = 1e-5 |
 //! | `layer_norm` | x, scale, [bias] | `axis` = -1 (normalise over axis..rank), `epsilon` = 1e-5 |
 //! | `lrn` | x | `size` *required*, `alpha` = 1e-4, `beta` = 0.75, `bias` = 1.0 |
@@ -47,6 +47,13 @@
 //! | `unsqueeze` | x | `axes` *required* (positions in the result) |
 //! | `flatten` | x | `axis` = 1 (result is 2-D) |
 //! | `constant` | — | `value` *required* (tensor) |
+//! | `softmax_cross_entropy` | logits `[.., C]` (float), labels `[..]` (integer, logits' shape without the last axis) | `ignore_index` (labels equal to it count neither in the sum nor in the mean); result: the scalar mean over positions of `-log_softmax(logits)[label]` (0 if every position is ignored) |
+//! | `softmax_cross_entropy_grad` | logits, labels, dloss (scalar) | `ignore_index`; result: `(softmax(logits) - onehot(labels)) · dloss / count`, 0 on ignored positions |
+//! | `max_pool_grad` | x, dy (the max_pool result's shape) | as `max_pool`; result: dx, each dy routed to the first maximum of its window |
+//! | `avg_pool_grad` | dy | as `avg_pool`, plus `input_shape` *required* (x's full shape); result: dx |
+//! | `conv_grad_weight` | x, dy (the conv result's shape) | `strides`, `pads`, `dilations`, `group` as `conv`, plus `kernel_shape` *required* (spatial); result: dw `[M, C/group, k..]` |
+//! | `gather_grad` | indices (integer), dy | `axis` = 0, `data_shape` *required*; result: `zeros(data_shape)` with dy added at the gathered positions (negative indices wrap) |
+//! | `slice_grad` | dy | `starts`, `ends`, `axes`, `steps` as `slice`, plus `input_shape` *required*; result: `zeros(input_shape)` with dy written where the slice read |
 //! | `send` | x | `peer` *required* (stage), `channel` *required*; no results |
 //! | `recv` | — | `peer` *required* (stage), `channel` *required*; one result |
 
@@ -105,6 +112,11 @@ op_kinds! {
     Slice => "slice", Gather => "gather", Expand => "expand", Pad => "pad", Tile => "tile",
     Squeeze => "squeeze", Unsqueeze => "unsqueeze", Flatten => "flatten",
     Constant => "constant",
+    // losses and gradient helpers (made by autodiff)
+    SoftmaxCrossEntropy => "softmax_cross_entropy",
+    SoftmaxCrossEntropyGrad => "softmax_cross_entropy_grad",
+    MaxPoolGrad => "max_pool_grad", AvgPoolGrad => "avg_pool_grad",
+    ConvGradWeight => "conv_grad_weight", GatherGrad => "gather_grad", SliceGrad => "slice_grad",
     // communication between pipeline stages
     Send => "send", Recv => "recv",
 }
@@ -164,12 +176,21 @@ impl OpKind {
             Add | Sub | Mul | Div | Pow | Max | Min | PRelu | And | Or => OpClass::Binary,
             Equal | Less | Greater | LessEqual | GreaterEqual => OpClass::Compare,
             Where => OpClass::Ternary,
-            MatMul | Gemm | Conv | ConvTranspose => OpClass::Contraction,
-            MaxPool | AvgPool | GlobalAvgPool | GlobalMaxPool => OpClass::Pool,
-            BatchNorm | InstanceNorm | LayerNorm | Lrn | Softmax | LogSoftmax => OpClass::Norm,
+            MatMul | Gemm | Conv | ConvTranspose | ConvGradWeight => OpClass::Contraction,
+            MaxPool | AvgPool | GlobalAvgPool | GlobalMaxPool | MaxPoolGrad | AvgPoolGrad => {
+                OpClass::Pool
+            }
+            BatchNorm
+            | InstanceNorm
+            | LayerNorm
+            | Lrn
+            | Softmax
+            | LogSoftmax
+            | SoftmaxCrossEntropy
+            | SoftmaxCrossEntropyGrad => OpClass::Norm,
             ReduceSum | ReduceMean | ReduceMax | ReduceMin => OpClass::Reduce,
             Reshape | Transpose | Concat | Split | Slice | Gather | Expand | Pad | Tile
-            | Squeeze | Unsqueeze | Flatten => OpClass::DataMovement,
+            | Squeeze | Unsqueeze | Flatten | GatherGrad | SliceGrad => OpClass::DataMovement,
             Constant => OpClass::Constant,
             Send | Recv => OpClass::Comm,
         }
@@ -178,6 +199,14 @@ impl OpKind {
     /// Number of operands the op accepts.
     pub fn arity(self) -> Arity {
         use OpKind::*;
+        match self {
+            Dropout => return Arity::Range(1, 2),
+            MaxPoolGrad | ConvGradWeight | GatherGrad | SoftmaxCrossEntropy => {
+                return Arity::Exact(2)
+            }
+            SoftmaxCrossEntropyGrad => return Arity::Exact(3),
+            _ => {}
+        }
         match self.class() {
             OpClass::Unary | OpClass::Pool | OpClass::Reduce => Arity::Exact(1),
             OpClass::Binary | OpClass::Compare => Arity::Exact(2),

@@ -14,7 +14,9 @@
 //! pm.run(&mut module).unwrap();
 //! ```
 
+pub mod autodiff;
 pub mod canonicalize;
+pub mod optim;
 mod registry;
 
 pub use registry::{PassInfo, PassOptions, PassRegistry};

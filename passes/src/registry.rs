@@ -134,6 +134,11 @@ impl PassRegistry {
             },
         );
         r.register(
+            "autodiff",
+            "add @grad (loss, parameter gradients split into bwd_input/bwd_weight, new states): autodiff{loss=auto|cross-entropy|mse|output,function=main,train=1|0}",
+            |o| Ok(Box::new(crate::autodiff::AutodiffPass::from_options(o)?)),
+        );
+        r.register(
             "canonicalize",
             "fold constants (with the reference interpreter), drop identities, remove dead code",
             |o| {
@@ -144,6 +149,11 @@ impl PassRegistry {
                 }
                 Ok(Box::new(p))
             },
+        );
+        r.register(
+            "optimizer",
+            "add @optim (SGD/AdamW step) and @accumulate: optimizer{kind=sgd|adamw,lr=..,momentum=..,weight_decay=..,microbatches=M}",
+            |o| Ok(Box::new(crate::optim::OptimizerPass::from_options(o)?)),
         );
         r
     }

@@ -11,7 +11,9 @@ pub struct NodeAttrs<'a> {
 
 impl<'a> NodeAttrs<'a> {
     pub fn new(node: &'a NodeProto) -> Self {
-        NodeAttrs { attrs: &node.attribute }
+        NodeAttrs {
+            attrs: &node.attribute,
+        }
     }
 
     fn get(&self, name: &str) -> Option<&'a AttributeProto> {
@@ -52,7 +54,10 @@ impl<'a> NodeAttrs<'a> {
     }
 
     fn wrong(a: &AttributeProto, expected: &str) -> String {
-        format!("attribute `{}` must be {expected} (attribute type {})", a.name, a.r#type)
+        format!(
+            "attribute `{}` must be {expected} (attribute type {})",
+            a.name, a.r#type
+        )
     }
 
     pub fn int(&self, name: &str) -> Result<Option<i64>, String> {
@@ -84,7 +89,9 @@ impl<'a> NodeAttrs<'a> {
     pub fn string(&self, name: &str) -> Result<Option<String>, String> {
         match self.get(name) {
             None => Ok(None),
-            Some(a) if Self::kind(a) == at::STRING || (a.r#type == at::UNDEFINED && a.s.is_empty()) => {
+            Some(a)
+                if Self::kind(a) == at::STRING || (a.r#type == at::UNDEFINED && a.s.is_empty()) =>
+            {
                 String::from_utf8(a.s.clone())
                     .map(Some)
                     .map_err(|_| format!("attribute `{name}` is not UTF-8"))
@@ -102,7 +109,9 @@ impl<'a> NodeAttrs<'a> {
         match self.get(name) {
             None => Ok(None),
             Some(a) if Self::kind(a) == at::INTS => Ok(Some(a.ints.clone())),
-            Some(a) if a.r#type == at::UNDEFINED && a.ints.is_empty() && a.floats.is_empty() => Ok(Some(vec![])),
+            Some(a) if a.r#type == at::UNDEFINED && a.ints.is_empty() && a.floats.is_empty() => {
+                Ok(Some(vec![]))
+            }
             Some(a) => Err(Self::wrong(a, "an integer list")),
         }
     }
@@ -110,8 +119,12 @@ impl<'a> NodeAttrs<'a> {
     pub fn floats(&self, name: &str) -> Result<Option<Vec<f64>>, String> {
         match self.get(name) {
             None => Ok(None),
-            Some(a) if Self::kind(a) == at::FLOATS => Ok(Some(a.floats.iter().map(|&x| x as f64).collect())),
-            Some(a) if Self::kind(a) == at::INTS => Ok(Some(a.ints.iter().map(|&x| x as f64).collect())),
+            Some(a) if Self::kind(a) == at::FLOATS => {
+                Ok(Some(a.floats.iter().map(|&x| x as f64).collect()))
+            }
+            Some(a) if Self::kind(a) == at::INTS => {
+                Ok(Some(a.ints.iter().map(|&x| x as f64).collect()))
+            }
             Some(a) => Err(Self::wrong(a, "a float list")),
         }
     }
@@ -122,7 +135,10 @@ impl<'a> NodeAttrs<'a> {
             Some(a) if Self::kind(a) == at::STRINGS => a
                 .strings
                 .iter()
-                .map(|s| String::from_utf8(s.clone()).map_err(|_| format!("attribute `{name}` is not UTF-8")))
+                .map(|s| {
+                    String::from_utf8(s.clone())
+                        .map_err(|_| format!("attribute `{name}` is not UTF-8"))
+                })
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some),
             Some(a) => Err(Self::wrong(a, "a string list")),
@@ -133,7 +149,9 @@ impl<'a> NodeAttrs<'a> {
         match self.get(name) {
             None => Ok(None),
             Some(a) if Self::kind(a) == at::TENSOR => {
-                a.t.as_ref().map(Some).ok_or_else(|| format!("attribute `{name}` has no tensor"))
+                a.t.as_ref()
+                    .map(Some)
+                    .ok_or_else(|| format!("attribute `{name}` has no tensor"))
             }
             Some(a) => Err(Self::wrong(a, "a tensor")),
         }
@@ -141,6 +159,9 @@ impl<'a> NodeAttrs<'a> {
 
     /// Whether the attribute refers to an enclosing function's attribute (unsupported).
     pub fn any_ref_attr(&self) -> Option<&'a str> {
-        self.attrs.iter().find(|a| !a.ref_attr_name.is_empty()).map(|a| a.name.as_str())
+        self.attrs
+            .iter()
+            .find(|a| !a.ref_attr_name.is_empty())
+            .map(|a| a.name.as_str())
     }
 }

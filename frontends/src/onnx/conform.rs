@@ -44,10 +44,22 @@ impl Tolerance {
     /// runner uses), atol 1e-3. Integers and bools: exact.
     pub fn for_dtype(dtype: DType) -> Tolerance {
         match dtype {
-            DType::F32 | DType::F64 => Tolerance { rtol: 1e-3, atol: 1e-7 },
-            DType::F16 => Tolerance { rtol: 1e-3, atol: 1e-3 },
-            DType::BF16 => Tolerance { rtol: 1.0 / 64.0, atol: 1e-3 },
-            _ => Tolerance { rtol: 0.0, atol: 0.0 },
+            DType::F32 | DType::F64 => Tolerance {
+                rtol: 1e-3,
+                atol: 1e-7,
+            },
+            DType::F16 => Tolerance {
+                rtol: 1e-3,
+                atol: 1e-3,
+            },
+            DType::BF16 => Tolerance {
+                rtol: 1.0 / 64.0,
+                atol: 1e-3,
+            },
+            _ => Tolerance {
+                rtol: 0.0,
+                atol: 0.0,
+            },
         }
     }
 }
@@ -105,13 +117,24 @@ fn numbered(dir: &Path, prefix: &str, suffix: &str) -> Vec<PathBuf> {
 
 fn cases_in(dir: &Path) -> Result<Vec<Case>, String> {
     let model = dir.join("model.onnx");
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| dir.display().to_string());
     if model.is_file() {
         let sets: Vec<PathBuf> = sorted_entries(dir)?
             .into_iter()
-            .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set")))
+            .filter(|p| {
+                p.is_dir()
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("test_data_set"))
+            })
             .collect();
-        return Ok(vec![Case { name, model, data: CaseData::DataSets(sets) }]);
+        return Ok(vec![Case {
+            name,
+            model,
+            data: CaseData::DataSets(sets),
+        }]);
     }
     let mut cases = vec![];
     for p in sorted_entries(dir)? {
@@ -119,7 +142,11 @@ fn cases_in(dir: &Path) -> Result<Vec<Case>, String> {
             let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
             let outputs = numbered(dir, &format!("{stem}_output_"), ".pb");
             if !outputs.is_empty() {
-                cases.push(Case { name: stem, model: p, data: CaseData::Light(outputs) });
+                cases.push(Case {
+                    name: stem,
+                    model: p,
+                    data: CaseData::Light(outputs),
+                });
             }
         }
     }
@@ -210,36 +237,80 @@ impl Summary {
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} passed, {} failed, {} unsupported", self.passed, self.failed, self.unsupported)
+        write!(
+            f,
+            "{} passed, {} failed, {} unsupported",
+            self.passed, self.failed, self.unsupported
+        )
     }
 }
 
 /// Read a `TensorProto` file.
 pub fn read_tensor_pb(path: &Path) -> Result<Tensor, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let tp = TensorProto::decode(bytes.as_slice()).map_err(|e| format!("{}: not a TensorProto: {e}", path.display()))?;
-    tensor_from_proto(&tp, path.parent()).map_err(|e| format!("{}: {e}", path.display()))
+    read_pb(path).map_err(|e| e.message)
+}
+
+/// Why test data could not be read; `unsupported` when it is valid but of an element type
+/// ppir lacks (strings...).
+struct DataError {
+    message: String,
+    unsupported: bool,
+}
+
+fn read_pb(path: &Path) -> Result<Tensor, DataError> {
+    let plain = |message: String| DataError {
+        message,
+        unsupported: false,
+    };
+    let bytes =
+        std::fs::read(path).map_err(|e| plain(format!("cannot read {}: {e}", path.display())))?;
+    let tp = TensorProto::decode(bytes.as_slice())
+        .map_err(|e| plain(format!("{}: not a TensorProto: {e}", path.display())))?;
+    tensor_from_proto(&tp, path.parent()).map_err(|e| DataError {
+        message: format!("{}: {e}", path.display()),
+        unsupported: super::tensor::dtype_from_onnx(tp.data_type).is_none(),
+    })
+}
+
+/// The outcome for unreadable test data: the model's own unsupported feature when it has
+/// one (more telling than the data's element type), else the data's problem.
+fn data_outcome(model: &ModelProto, e: DataError) -> Outcome {
+    if !e.unsupported {
+        return Outcome::Error(e.message);
+    }
+    match import_model(model, &ImportOptions::default()) {
+        Err(ie) if ie.is_unsupported() => Outcome::Unsupported(ie.short()),
+        _ => Outcome::Unsupported(e.message),
+    }
 }
 
 /// The generated input of the onnx runner for a `light` model input: `arange(n) / n` as
 /// float32, a dimension without a value counting 1.
 fn dummy_input(model: &ModelProto, name: &str) -> Result<Tensor, String> {
     let graph = model.graph.as_ref().ok_or("the model has no graph")?;
-    let vi = graph.input.iter().find(|v| v.name == name).ok_or_else(|| format!("no input {name}"))?;
+    let vi = graph
+        .input
+        .iter()
+        .find(|v| v.name == name)
+        .ok_or_else(|| format!("no input {name}"))?;
     let Some(Some(TypeValue::TensorType(tt))) = vi.r#type.as_ref().map(|t| t.value.clone()) else {
         return Err(format!("input `{name}` is not a tensor"));
     };
     if tt.elem_type != super::proto::data_type::FLOAT {
-        return Err(format!("input `{name}`: generated inputs are float32 only, as in the onnx runner"));
+        return Err(format!(
+            "input `{name}`: generated inputs are float32 only, as in the onnx runner"
+        ));
     }
     let dims: Vec<i64> = tt
         .shape
         .map(|s| {
-            s.dim.iter().map(|d| match d.value {
-                Some(DimensionValue::DimValue(v)) if v >= 0 => v,
-                _ => 1,
-            })
-            .collect()
+            s.dim
+                .iter()
+                .map(|d| match d.value {
+                    Some(DimensionValue::DimValue(v)) if v >= 0 => v,
+                    _ => 1,
+                })
+                .collect()
         })
         .unwrap_or_default();
     let n = element_count(&dims)?;
@@ -247,16 +318,25 @@ fn dummy_input(model: &ModelProto, name: &str) -> Result<Tensor, String> {
         return Err(format!("input `{name}` of shape {dims:?} is too large"));
     }
     let data: Vec<f32> = (0..n).map(|i| (i as f64 / n as f64) as f32).collect();
-    Ok(Tensor::from_f32(dims.iter().map(|&d| d as usize).collect(), data))
+    Ok(Tensor::from_f32(
+        dims.iter().map(|&d| d as usize).collect(),
+        data,
+    ))
 }
 
 /// Largest absolute and relative errors, and whether `actual` is within `tol` of `expected`.
 pub fn compare(actual: &Tensor, expected: &Tensor, tol: Tolerance) -> Result<(f64, f64), String> {
     if actual.dtype != expected.dtype {
-        return Err(format!("element type {} but expected {}", actual.dtype, expected.dtype));
+        return Err(format!(
+            "element type {} but expected {}",
+            actual.dtype, expected.dtype
+        ));
     }
     if actual.shape != expected.shape {
-        return Err(format!("shape {:?} but expected {:?}", actual.shape, expected.shape));
+        return Err(format!(
+            "shape {:?} but expected {:?}",
+            actual.shape, expected.shape
+        ));
     }
     let (a, e) = (actual.to_f64_vec(), expected.to_f64_vec());
     let (mut max_abs, mut max_rel, mut bad, mut first_bad) = (0.0f64, 0.0f64, 0usize, None);
@@ -300,18 +380,24 @@ fn classify(e: &OnnxError) -> Outcome {
 /// Run one case (never panics: a panic inside is reported as an error).
 pub fn run_case(case: &Case, opts: &ConformOptions) -> CaseResult {
     let start = Instant::now();
-    let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case_inner(case, opts))) {
-        Ok(o) => o,
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "unknown panic".into());
-            Outcome::Error(format!("panicked: {msg}"))
-        }
-    };
-    CaseResult { name: case.name.clone(), outcome, seconds: start.elapsed().as_secs_f64() }
+    let outcome =
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case_inner(case, opts)))
+        {
+            Ok(o) => o,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                Outcome::Error(format!("panicked: {msg}"))
+            }
+        };
+    CaseResult {
+        name: case.name.clone(),
+        outcome,
+        seconds: start.elapsed().as_secs_f64(),
+    }
 }
 
 fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
@@ -323,8 +409,11 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
         Ok(m) => m,
         Err(e) => return Outcome::Error(e.to_string()),
     };
-    let Some(graph) = model.graph.as_ref() else { return Outcome::Error("the model has no graph".into()) };
-    let init_names: std::collections::HashSet<String> = graph.initializer.iter().map(|t| t.name.clone()).collect();
+    let Some(graph) = model.graph.as_ref() else {
+        return Outcome::Error("the model has no graph".into());
+    };
+    let init_names: std::collections::HashSet<String> =
+        graph.initializer.iter().map(|t| t.name.clone()).collect();
     let model_name = case.name.clone();
 
     // (inputs by ONNX name, expected outputs) per data set.
@@ -344,9 +433,13 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
                     Err(e) => return Outcome::Unsupported(e),
                 }
             }
-            let expected = match outputs.iter().map(|p| read_tensor_pb(p)).collect::<Result<Vec<_>, _>>() {
+            let expected = match outputs
+                .iter()
+                .map(|p| read_pb(p))
+                .collect::<Result<Vec<_>, _>>()
+            {
                 Ok(v) => v,
-                Err(e) => return Outcome::Error(e),
+                Err(e) => return data_outcome(&model, e),
             };
             sets.push((inputs, expected));
         }
@@ -360,19 +453,23 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
                     let Some(vi) = graph.input.get(k) else {
                         return Outcome::Error(format!("{} has no graph input {k}", d.display()));
                     };
-                    match read_tensor_pb(p) {
+                    match read_pb(p) {
                         Ok(t) => {
                             if init_names.contains(&vi.name) {
                                 overridden.push(vi.name.clone());
                             }
                             inputs.insert(vi.name.clone(), t);
                         }
-                        Err(e) => return Outcome::Error(e),
+                        Err(e) => return data_outcome(&model, e),
                     }
                 }
-                let expected = match numbered(d, "output_", ".pb").iter().map(|p| read_tensor_pb(p)).collect::<Result<Vec<_>, _>>() {
+                let expected = match numbered(d, "output_", ".pb")
+                    .iter()
+                    .map(|p| read_pb(p))
+                    .collect::<Result<Vec<_>, _>>()
+                {
                     Ok(v) => v,
-                    Err(e) => return Outcome::Error(e),
+                    Err(e) => return data_outcome(&model, e),
                 };
                 sets.push((inputs, expected));
             }
@@ -392,15 +489,20 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
             ..Default::default()
         };
         for (name, t) in inputs {
-            iopts.input_shapes.insert(name.clone(), t.shape.iter().map(|&d| d as u64).collect());
+            iopts
+                .input_shapes
+                .insert(name.clone(), t.shape.iter().map(|&d| d as u64).collect());
         }
         let imported = match import_model(&model, &iopts) {
             Ok(m) => m,
             Err(first) => {
                 // Inputs that only feed shapes (an Expand target...) can be folded when their
                 // values are known, as they are here.
-                let ints: HashMap<String, Tensor> =
-                    inputs.iter().filter(|(_, t)| !t.dtype.is_float()).map(|(k, v)| (k.clone(), v.clone())).collect();
+                let ints: HashMap<String, Tensor> = inputs
+                    .iter()
+                    .filter(|(_, t)| !t.dtype.is_float())
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
                 if ints.is_empty() || !first.is_unsupported() {
                     return classify(&first);
                 }
@@ -417,7 +519,9 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
         for &(v, kind) in f.args() {
             match kind {
                 ArgKind::Input => {
-                    let Some(name) = next_input.next() else { return Outcome::Error("argument mismatch".into()) };
+                    let Some(name) = next_input.next() else {
+                        return Outcome::Error("argument mismatch".into());
+                    };
                     match inputs.get(name) {
                         Some(t) => args.push(t.clone()),
                         None => return Outcome::Error(format!("no test data for input `{name}`")),
@@ -437,12 +541,18 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
             Err(e) => return Outcome::Error(format!("interpreter: {e}")),
         };
         if outs.len() < expected.len() {
-            return Outcome::Error(format!("{} outputs, {} expected", outs.len(), expected.len()));
+            return Outcome::Error(format!(
+                "{} outputs, {} expected",
+                outs.len(),
+                expected.len()
+            ));
         }
         for (k, (got, want)) in outs.iter().zip(expected).enumerate() {
             let mut tol = Tolerance::for_dtype(want.dtype);
             if want.dtype.is_float() {
-                if let Some(r) = light_rtol(&model_name).filter(|_| matches!(case.data, CaseData::Light(_))) {
+                if let Some(r) =
+                    light_rtol(&model_name).filter(|_| matches!(case.data, CaseData::Light(_)))
+                {
                     tol.rtol = r;
                 }
                 tol.rtol = opts.rtol.unwrap_or(tol.rtol);
@@ -457,7 +567,10 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
             }
         }
     }
-    Outcome::Passed { max_abs: worst.0, max_rel: worst.1 }
+    Outcome::Passed {
+        max_abs: worst.0,
+        max_rel: worst.1,
+    }
 }
 
 /// Discover and run every case under each of `dirs`, calling `report` after each case.

@@ -30,16 +30,31 @@ pub enum OnnxError {
         "node {node:?} ({}, opset {opset}): unsupported op; ppcc supports opsets {MIN_OPSET} to {MAX_OPSET} of the default domain and these ops: {}",
         qualified(domain, op_type), supported_ops_list()
     )]
-    UnsupportedOp { node: String, op_type: String, domain: String, opset: i64 },
+    UnsupportedOp {
+        node: String,
+        op_type: String,
+        domain: String,
+        opset: i64,
+    },
 
     /// A supported op used in a way ppcc does not map (an attribute value, a non-constant
     /// input that must be static, a sequence type...).
     #[error("node {node:?} ({op_type}, opset {opset}): unsupported: {message}")]
-    Unsupported { node: String, op_type: String, opset: i64, message: String },
+    Unsupported {
+        node: String,
+        op_type: String,
+        opset: i64,
+        message: String,
+    },
 
     /// A node that breaks its op's rules (wrong input count, inconsistent shapes...).
     #[error("node {node:?} ({op_type}, opset {opset}): {message}")]
-    Node { node: String, op_type: String, opset: i64, message: String },
+    Node {
+        node: String,
+        op_type: String,
+        opset: i64,
+        message: String,
+    },
 
     /// A graph input whose shape is not fully known.
     #[error("input `{input}`: {message}")]
@@ -47,7 +62,11 @@ pub enum OnnxError {
 
     /// A graph input or output ppcc cannot represent (sequence, map, string...).
     #[error("{what} `{name}`: unsupported: {message}")]
-    UnsupportedValue { what: &'static str, name: String, message: String },
+    UnsupportedValue {
+        what: &'static str,
+        name: String,
+        message: String,
+    },
 
     /// An initializer or constant tensor that cannot be decoded.
     #[error("tensor `{tensor}`: {message}")]
@@ -81,8 +100,16 @@ impl OnnxError {
     /// A one-line reason without the long list of supported ops (for tables).
     pub fn short(&self) -> String {
         match self {
-            OnnxError::UnsupportedOp { node, op_type, domain, opset } => {
-                format!("node {node:?} ({}, opset {opset}): unsupported op", qualified(domain, op_type))
+            OnnxError::UnsupportedOp {
+                node,
+                op_type,
+                domain,
+                opset,
+            } => {
+                format!(
+                    "node {node:?} ({}, opset {opset}): unsupported op",
+                    qualified(domain, op_type)
+                )
             }
             e => e.to_string(),
         }

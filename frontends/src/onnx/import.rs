@@ -18,12 +18,16 @@ use std::path::Path;
 use std::rc::Rc;
 
 use ppir::interp::{eval_op, InterpOptions};
-use ppir::{ArgKind, Attr, Attrs, DType, Dim, Function, Module, NewOp, OpKind, Tensor, TensorData, TensorType, ValueId};
+use ppir::{
+    ArgKind, Attr, Attrs, DType, Dim, Function, Module, NewOp, OpKind, Tensor, TensorData,
+    TensorType, ValueId,
+};
 
 use super::error::OnnxError;
-use super::lower::{MAX_OPSET, MIN_OPSET};
+use super::lower::{MAX_OPSET, MIN_OPSET, SUPPORTED_OPS};
 use super::proto::{
-    DimensionValue, GraphProto, ModelProto, SparseTensorProto, TypeProto, TypeValue, ValueInfoProto,
+    DimensionValue, GraphProto, ModelProto, SparseTensorProto, TypeProto, TypeTensor, TypeValue,
+    ValueInfoProto,
 };
 use super::tensor::{dtype_from_onnx, element_count, tensor_from_proto};
 use super::ImportOptions;
@@ -38,6 +42,20 @@ pub(super) const BATCH_B: i64 = 1_000_033;
 /// instead, so the IR does not carry huge dense constants).
 pub(super) const FOLD_MAX_ELEMENTS: usize = 1 << 16;
 
+/// The largest constant built at import time from a smaller description (a splat used as a
+/// static input, a sparse initializer): larger ones would let a tiny file allocate gigabytes.
+pub(super) const MATERIALIZE_MAX_ELEMENTS: usize = 1 << 24;
+
+/// Element count of a static type, `None` if symbolic or overflowing (types come from
+/// the model and may be absurd).
+pub(super) fn static_elements(t: &TensorType) -> Option<usize> {
+    t.dims.iter().try_fold(1usize, |n, d| {
+        d.known()
+            .and_then(|d| usize::try_from(d).ok())
+            .and_then(|d| n.checked_mul(d))
+    })
+}
+
 /// What an ONNX value name stands for during import.
 #[derive(Clone, Debug)]
 pub(super) enum Val {
@@ -46,7 +64,10 @@ pub(super) enum Val {
     /// Known at import time.
     Const(Rc<Tensor>),
     /// Known at import time: every element is `value` (a one-element tensor).
-    Splat { value: Rc<Tensor>, shape: Vec<usize> },
+    Splat {
+        value: Rc<Tensor>,
+        shape: Vec<usize>,
+    },
     /// A float initializer: a trainable parameter (its value is known for static inputs).
     Param(usize),
     /// A shape computation that involves the symbolic batch size, evaluated with the batch
@@ -116,6 +137,9 @@ pub struct Imported {
     pub inputs: Vec<String>,
     /// ONNX names of the graph outputs, in the order of the function's results.
     pub outputs: Vec<String>,
+    /// IR weight name → the ONNX initializer it came from (IR names are sanitised and made
+    /// unique, so the two can differ); what `--save-onnx` uses to write weights back.
+    pub weight_sources: BTreeMap<String, String>,
     /// The model's opset of the default domain.
     pub opset: i64,
 }
@@ -135,6 +159,9 @@ pub(super) struct Importer<'a> {
     const_cache: HashMap<(usize, Option<Vec<usize>>), ValueId>,
     /// Keeps the tensors behind `const_cache` keys alive.
     const_keep: Vec<Rc<Tensor>>,
+    /// Where import-time constants came from (by tensor address): the defining node's
+    /// location and ONNX value name, used when a constant is materialised as an op.
+    origins: HashMap<usize, (String, String, Rc<Tensor>)>,
     /// The node being lowered: its location and the prefix of helper value names.
     pub loc: String,
     name_prefix: String,
@@ -147,7 +174,13 @@ pub(super) struct Importer<'a> {
 fn sanitize(name: &str) -> String {
     let s: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$' | '/' | '-') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$' | '/' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if s.is_empty() {
         "v".to_string()
@@ -171,6 +204,7 @@ impl<'a> Importer<'a> {
             used_names: HashSet::new(),
             const_cache: HashMap::new(),
             const_keep: vec![],
+            origins: HashMap::new(),
             loc: String::new(),
             name_prefix: String::new(),
             temp_counter: 0,
@@ -221,9 +255,10 @@ impl<'a> Importer<'a> {
         Ok(match v {
             Val::Ir(id) => self.f.ty(*id).clone(),
             Val::Const(t) => t.tensor_type(),
-            Val::Splat { value, shape } => {
-                TensorType::of(value.dtype, &shape.iter().map(|&d| d as u64).collect::<Vec<_>>())
-            }
+            Val::Splat { value, shape } => TensorType::of(
+                value.dtype,
+                &shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+            ),
             Val::Param(i) => self.params[*i].tensor.tensor_type(),
             Val::Sym { a, .. } => a.tensor_type(),
             Val::Seq(_) => unsupported!("a sequence is used where a tensor is expected"),
@@ -266,7 +301,9 @@ impl<'a> Importer<'a> {
                 .collect::<R<Vec<_>>>()
                 .map(Some);
         }
-        Ok(self.static_tensor(v)?.map(|t| t.to_i64_vec().into_iter().map(SymInt::Known).collect()))
+        Ok(self
+            .static_tensor(v)?
+            .map(|t| t.to_i64_vec().into_iter().map(SymInt::Known).collect()))
     }
 
     // ---- making IR values ----
@@ -303,7 +340,12 @@ impl<'a> Importer<'a> {
                 if let Some(&id) = self.const_cache.get(&key) {
                     return Ok(id);
                 }
-                let id = self.constant_op((**t).clone())?;
+                let origin = self
+                    .origins
+                    .get(&key.0)
+                    .map(|(l, n, _)| (l.clone(), n.clone()));
+                let id =
+                    self.with_origin(origin, |this, name| this.constant_op((**t).clone(), name))?;
                 self.const_keep.push(t.clone());
                 self.const_cache.insert(key, id);
                 Ok(id)
@@ -313,15 +355,28 @@ impl<'a> Importer<'a> {
                 if let Some(&id) = self.const_cache.get(&key) {
                     return Ok(id);
                 }
-                let scalar = Tensor { dtype: value.dtype, shape: vec![], data: value.data.clone() };
-                let c = self.constant_op(scalar)?;
-                let id = if shape.is_empty() {
-                    c
-                } else {
+                let origin = self
+                    .origins
+                    .get(&key.0)
+                    .map(|(l, n, _)| (l.clone(), n.clone()));
+                let scalar = Tensor {
+                    dtype: value.dtype,
+                    shape: vec![],
+                    data: value.data.clone(),
+                };
+                let id = self.with_origin(origin, |this, name| {
+                    if shape.is_empty() {
+                        return this.constant_op(scalar, name);
+                    }
+                    let c =
+                        this.constant_op(scalar, name.as_ref().map(|n| format!("{n}.value")))?;
                     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
                     let attrs = Attrs::new().with("shape", Attr::Ints(dims));
-                    self.push_ir(OpKind::Expand, attrs, vec![c])?[0]
-                };
+                    Ok(
+                        this.push_ir_named(OpKind::Expand, attrs, vec![c], name.map(|n| vec![n]))?
+                            [0],
+                    )
+                })?;
                 self.const_keep.push(value.clone());
                 self.const_cache.insert(key, id);
                 Ok(id)
@@ -333,21 +388,64 @@ impl<'a> Importer<'a> {
         }
     }
 
-    fn constant_op(&mut self, t: Tensor) -> R<ValueId> {
+    /// Run `make` with the location and value name of a constant's origin (the node that
+    /// defined it), so a constant materialised later still points at its source.
+    fn with_origin<T>(
+        &mut self,
+        origin: Option<(String, String)>,
+        make: impl FnOnce(&mut Self, Option<String>) -> R<T>,
+    ) -> R<T> {
+        let Some((loc, onnx_name)) = origin else {
+            return make(self, None);
+        };
+        let saved = std::mem::replace(&mut self.loc, loc);
+        let name = self.unique_name(&onnx_name);
+        let r = make(self, Some(name));
+        self.loc = saved;
+        r
+    }
+
+    fn constant_op(&mut self, t: Tensor, name: Option<String>) -> R<ValueId> {
         let attrs = Attrs::new().with("value", Attr::Tensor(t));
-        Ok(self.push_ir(OpKind::Constant, attrs, vec![])?[0])
+        Ok(self.push_ir_named(OpKind::Constant, attrs, vec![], name.map(|n| vec![n]))?[0])
     }
 
     /// Append an IR op (no folding) and return its results.
-    pub fn push_ir(&mut self, kind: OpKind, attrs: Attrs, operands: Vec<ValueId>) -> R<Vec<ValueId>> {
+    pub fn push_ir(
+        &mut self,
+        kind: OpKind,
+        attrs: Attrs,
+        operands: Vec<ValueId>,
+    ) -> R<Vec<ValueId>> {
+        self.push_ir_named(kind, attrs, operands, None)
+    }
+
+    /// [`Importer::push_ir`] with given result names (else fresh helper names, renamed
+    /// after the ONNX output if the value ends up as one).
+    fn push_ir_named(
+        &mut self,
+        kind: OpKind,
+        attrs: Attrs,
+        operands: Vec<ValueId>,
+        names: Option<Vec<String>>,
+    ) -> R<Vec<ValueId>> {
         let types: Vec<TensorType> = operands.iter().map(|&v| self.f.ty(v).clone()).collect();
         let result_types = ppir::shape::infer(kind, &attrs, &types)
             .map_err(|e| Fail::Invalid(format!("{kind}: {e}")))?;
-        let names = (0..result_types.len()).map(|_| self.temp_name()).collect();
-        let op = NewOp::new(kind, operands, result_types).attrs(attrs).names(names).loc(self.loc.clone());
+        let named = names.is_some();
+        let names = match names {
+            Some(n) => n,
+            None => (0..result_types.len()).map(|_| self.temp_name()).collect(),
+        };
+        let op = NewOp::new(kind, operands, result_types)
+            .attrs(attrs)
+            .names(names)
+            .loc(self.loc.clone());
         let id = self.f.push_op(op);
         let results = self.f.op(id).results().to_vec();
-        self.node_values.extend(&results);
+        if !named {
+            self.node_values.extend(&results);
+        }
         Ok(results)
     }
 
@@ -364,29 +462,58 @@ impl<'a> Importer<'a> {
         if result_types.len() < n {
             invalid!("{kind} gives {} results, {n} needed", result_types.len());
         }
+        // Folding materialises splat operands; a huge one is left to run time instead.
+        let splat_too_big = operands.iter().any(|v| match v {
+            Val::Splat { shape, .. } => shape
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .is_none_or(|n| n > MATERIALIZE_MAX_ELEMENTS),
+            _ => false,
+        });
         if operands.iter().all(Val::is_foldable) && kind != OpKind::Dropout {
             if let Some(v) = self.fold_splat(kind, &attrs, operands, &result_types)? {
                 return Ok(v);
             }
-            let small = result_types.iter().all(|t| t.num_elements().is_some_and(|n| n as usize <= FOLD_MAX_ELEMENTS));
-            if small {
+            let small = result_types
+                .iter()
+                .all(|t| static_elements(t).is_some_and(|n| n <= FOLD_MAX_ELEMENTS));
+            if small && !splat_too_big {
                 return self.fold(kind, &attrs, operands, &result_types);
             }
-            if operands.iter().any(|v| matches!(v, Val::Sym { a, b } if a != b)) {
+            if operands
+                .iter()
+                .any(|v| matches!(v, Val::Sym { a, b } if a != b))
+            {
                 unsupported!("{}", BATCH_NEEDED);
             }
         }
         let ids = operands.iter().map(|v| self.ir(v)).collect::<R<Vec<_>>>()?;
-        Ok(self.push_ir(kind, attrs, ids)?.into_iter().map(Val::Ir).collect())
+        Ok(self
+            .push_ir(kind, attrs, ids)?
+            .into_iter()
+            .map(Val::Ir)
+            .collect())
     }
 
-    fn eval(&self, kind: OpKind, attrs: &Attrs, inputs: &[&Tensor], result_types: &[TensorType]) -> R<Vec<Tensor>> {
+    fn eval(
+        &self,
+        kind: OpKind,
+        attrs: &Attrs,
+        inputs: &[&Tensor],
+        result_types: &[TensorType],
+    ) -> R<Vec<Tensor>> {
         eval_op(kind, attrs, inputs, result_types, &self.interp)
             .map_err(|e| Fail::Invalid(format!("evaluating at import time: {e}")))
     }
 
     /// Evaluate an op on known operands. With batch-dependent operands, evaluate twice.
-    fn fold(&mut self, kind: OpKind, attrs: &Attrs, operands: &[Val], result_types: &[TensorType]) -> R<Vec<Val>> {
+    fn fold(
+        &mut self,
+        kind: OpKind,
+        attrs: &Attrs,
+        operands: &[Val],
+        result_types: &[TensorType],
+    ) -> R<Vec<Val>> {
         let mut side_a = Vec::with_capacity(operands.len());
         let mut side_b = Vec::with_capacity(operands.len());
         let mut symbolic = false;
@@ -411,7 +538,8 @@ impl<'a> Importer<'a> {
         }
         // Result shapes may differ between the two runs; re-infer them for the second one.
         let types_b: Vec<TensorType> = side_b.iter().map(|t| t.tensor_type()).collect();
-        let result_types_b = ppir::shape::infer(kind, attrs, &types_b).map_err(|e| Fail::Invalid(e.to_string()))?;
+        let result_types_b =
+            ppir::shape::infer(kind, attrs, &types_b).map_err(|e| Fail::Invalid(e.to_string()))?;
         let refs_b: Vec<&Tensor> = side_b.iter().map(|t| &**t).collect();
         let outs_b = self.eval(kind, attrs, &refs_b, &result_types_b)?;
         outs_a
@@ -421,18 +549,33 @@ impl<'a> Importer<'a> {
                 if a.shape != b.shape {
                     unsupported!("{}", BATCH_NEEDED);
                 }
-                Ok(if a == b { Val::konst(a) } else { Val::Sym { a: Rc::new(a), b: Rc::new(b) } })
+                Ok(if a == b {
+                    Val::konst(a)
+                } else {
+                    Val::Sym {
+                        a: Rc::new(a),
+                        b: Rc::new(b),
+                    }
+                })
             })
             .collect()
     }
 
     /// Fold ops on splats without materialising them: elementwise ops on one-element
     /// operands, and data movement of a splat (which only changes its shape).
-    fn fold_splat(&mut self, kind: OpKind, attrs: &Attrs, operands: &[Val], result_types: &[TensorType]) -> R<Option<Vec<Val>>> {
+    fn fold_splat(
+        &mut self,
+        kind: OpKind,
+        attrs: &Attrs,
+        operands: &[Val],
+        result_types: &[TensorType],
+    ) -> R<Option<Vec<Val>>> {
         if !operands.iter().any(|v| matches!(v, Val::Splat { .. })) || result_types.len() != 1 {
             return Ok(None);
         }
-        let Some(out_shape) = result_types[0].static_shape() else { return Ok(None) };
+        let Some(out_shape) = result_types[0].static_shape() else {
+            return Ok(None);
+        };
         let out_shape: Vec<usize> = out_shape.iter().map(|&d| d as usize).collect();
         let scalar_of = |v: &Val| -> Option<Rc<Tensor>> {
             match v {
@@ -446,30 +589,61 @@ impl<'a> Importer<'a> {
             let Some(scalars) = operands.iter().map(scalar_of).collect::<Option<Vec<_>>>() else {
                 return Ok(None);
             };
-            let scalars: Vec<Tensor> =
-                scalars.iter().map(|t| Tensor { dtype: t.dtype, shape: vec![], data: t.data.clone() }).collect();
+            let scalars: Vec<Tensor> = scalars
+                .iter()
+                .map(|t| Tensor {
+                    dtype: t.dtype,
+                    shape: vec![],
+                    data: t.data.clone(),
+                })
+                .collect();
             let types: Vec<TensorType> = scalars.iter().map(|t| t.tensor_type()).collect();
-            let rt = ppir::shape::infer(kind, attrs, &types).map_err(|e| Fail::Invalid(e.to_string()))?;
+            let rt = ppir::shape::infer(kind, attrs, &types)
+                .map_err(|e| Fail::Invalid(e.to_string()))?;
             let refs: Vec<&Tensor> = scalars.iter().collect();
             self.eval(kind, attrs, &refs, &rt)?.remove(0)
         } else if kind.class() == OpClass::DataMovement && kind != OpKind::Pad {
-            let Some(first) = scalar_of(&operands[0]) else { return Ok(None) };
-            if kind == OpKind::Concat && !operands.iter().all(|v| scalar_of(v).is_some_and(|s| s.data == first.data)) {
+            let Some(first) = scalar_of(&operands[0]) else {
+                return Ok(None);
+            };
+            if kind == OpKind::Concat
+                && !operands
+                    .iter()
+                    .all(|v| scalar_of(v).is_some_and(|s| s.data == first.data))
+            {
                 return Ok(None);
             }
-            Tensor { dtype: first.dtype, shape: vec![], data: first.data.clone() }
+            Tensor {
+                dtype: first.dtype,
+                shape: vec![],
+                data: first.data.clone(),
+            }
         } else {
             return Ok(None);
         };
         if value.dtype != result_types[0].dtype {
             return Ok(None);
         }
-        Ok(Some(vec![Val::Splat { value: Rc::new(value), shape: out_shape }]))
+        Ok(Some(vec![Val::Splat {
+            value: Rc::new(value),
+            shape: out_shape,
+        }]))
     }
 
     /// Record a node's result under its ONNX name; the IR value it names is renamed after
     /// the ONNX output when this node created it.
     fn define(&mut self, onnx_name: &str, v: Val) {
+        let known = match &v {
+            Val::Const(t) => Some(t.clone()),
+            Val::Splat { value, .. } => Some(value.clone()),
+            _ => None,
+        };
+        if let Some(t) = known {
+            let loc = self.loc.clone();
+            self.origins
+                .entry(Rc::as_ptr(&t) as usize)
+                .or_insert_with(|| (loc, onnx_name.to_string(), t));
+        }
         if let Val::Ir(id) = v {
             if self.node_values.contains(&id) {
                 let name = self.unique_name(onnx_name);
@@ -485,24 +659,45 @@ impl<'a> Importer<'a> {
     fn add_initializer(&mut self, name: &str, t: Tensor) {
         if t.dtype.is_float() {
             let idx = self.params.len();
-            self.params.push(ParamSlot { onnx_name: name.to_string(), tensor: Rc::new(t), arg: None });
+            self.params.push(ParamSlot {
+                onnx_name: name.to_string(),
+                tensor: Rc::new(t),
+                arg: None,
+            });
             self.vals.insert(name.to_string(), Val::Param(idx));
         } else {
-            self.vals.insert(name.to_string(), Val::konst(t));
+            self.loc = name.to_string();
+            self.define(name, Val::konst(t));
         }
     }
 
     fn input_type(&self, vi: &ValueInfoProto) -> Result<TensorType, OnnxError> {
         let name = &vi.name;
-        let unsupported_value = |message: String| OnnxError::UnsupportedValue { what: "graph input", name: name.clone(), message };
-        let Some(TypeProto { value: Some(value), .. }) = &vi.r#type else {
-            return Err(OnnxError::InputShape { input: name.clone(), message: "has no type".into() });
+        let unsupported_value = |message: String| OnnxError::UnsupportedValue {
+            what: "graph input",
+            name: name.clone(),
+            message,
+        };
+        let Some(TypeProto {
+            value: Some(value), ..
+        }) = &vi.r#type
+        else {
+            return Err(OnnxError::InputShape {
+                input: name.clone(),
+                message: "has no type".into(),
+            });
         };
         let TypeValue::TensorType(tt) = value else {
-            return Err(unsupported_value(format!("{} values are unsupported; ppcc imports tensors only", type_kind(value))));
+            return Err(unsupported_value(format!(
+                "{} values are unsupported; ppcc imports tensors only",
+                type_kind(value)
+            )));
         };
         let dtype = dtype_from_onnx(tt.elem_type).ok_or_else(|| {
-            unsupported_value(format!("element type {} is unsupported", super::proto::data_type::name(tt.elem_type)))
+            unsupported_value(format!(
+                "element type {} is unsupported",
+                super::proto::data_type::name(tt.elem_type)
+            ))
         })?;
         let given = self.opts.input_shapes.get(name);
         let Some(shape) = &tt.shape else {
@@ -518,7 +713,11 @@ impl<'a> Importer<'a> {
             if dims.len() != shape.dim.len() {
                 return Err(OnnxError::InputShape {
                     input: name.clone(),
-                    message: format!("--input-shape gives {} dimensions, the model declares {}", dims.len(), shape.dim.len()),
+                    message: format!(
+                        "--input-shape gives {} dimensions, the model declares {}",
+                        dims.len(),
+                        shape.dim.len()
+                    ),
                 });
             }
             for (k, (d, &g)) in shape.dim.iter().zip(dims).enumerate() {
@@ -526,7 +725,9 @@ impl<'a> Importer<'a> {
                     if v >= 0 && v as u64 != g {
                         return Err(OnnxError::InputShape {
                             input: name.clone(),
-                            message: format!("--input-shape gives {g} for dimension {k}, the model declares {v}"),
+                            message: format!(
+                                "--input-shape gives {g} for dimension {k}, the model declares {v}"
+                            ),
                         });
                     }
                 }
@@ -570,21 +771,94 @@ impl<'a> Importer<'a> {
         Ok(TensorType::new(dtype, dims))
     }
 
+    /// Check a node result against its `value_info` declaration: the element type, the
+    /// rank and every dimension both sides know must agree (a symbolic batch dimension
+    /// agrees with anything).
+    fn check_declared(&self, name: &str, v: &Val, declared: &TypeTensor) -> Result<(), String> {
+        let Ok(ty) = self.ty(v) else { return Ok(()) };
+        let mismatch = || {
+            let dims: Vec<String> = declared
+                .shape
+                .iter()
+                .flat_map(|s| &s.dim)
+                .map(|d| match &d.value {
+                    Some(DimensionValue::DimValue(v)) => v.to_string(),
+                    Some(DimensionValue::DimParam(p)) => p.clone(),
+                    None => "?".into(),
+                })
+                .collect();
+            format!(
+                "value_info declares `{name}` as {} [{}], but it computes {ty}",
+                super::proto::data_type::name(declared.elem_type),
+                dims.join(", ")
+            )
+        };
+        if let Some(d) = dtype_from_onnx(declared.elem_type) {
+            if d != ty.dtype {
+                return Err(mismatch());
+            }
+        }
+        if let Some(shape) = &declared.shape {
+            if shape.dim.len() != ty.rank() {
+                return Err(mismatch());
+            }
+            for (d, have) in shape.dim.iter().zip(&ty.dims) {
+                if let (Some(DimensionValue::DimValue(v)), Dim::Known(n)) = (&d.value, have) {
+                    if *v >= 0 && *v as u64 != *n {
+                        return Err(mismatch());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn lower_all(&mut self, graph: &GraphProto) -> Result<(), OnnxError> {
+        let declared: HashMap<&str, &TypeTensor> = graph
+            .value_info
+            .iter()
+            .filter_map(|vi| match &vi.r#type {
+                Some(TypeProto {
+                    value: Some(TypeValue::TensorType(tt)),
+                    ..
+                }) => Some((vi.name.as_str(), tt)),
+                _ => None,
+            })
+            .collect();
         let order = topological_order(graph)?;
         for i in order {
             let node = &graph.node[i];
-            self.loc = if node.name.is_empty() { format!("{}_{i}", node.op_type) } else { node.name.clone() };
-            let first_out = node.output.iter().find(|o| !o.is_empty()).cloned().unwrap_or_else(|| self.loc.clone());
+            self.loc = if node.name.is_empty() {
+                format!("{}_{i}", node.op_type)
+            } else {
+                node.name.clone()
+            };
+            let first_out = node
+                .output
+                .iter()
+                .find(|o| !o.is_empty())
+                .cloned()
+                .unwrap_or_else(|| self.loc.clone());
             self.name_prefix = sanitize(&first_out);
             self.temp_counter = 0;
             self.node_values.clear();
             let wrap = |this: &Self, f: Fail| -> OnnxError {
-                let (node_name, op_type, opset) = (this.loc.clone(), node.op_type.clone(), this.opset);
+                let (node_name, op_type, opset) =
+                    (this.loc.clone(), node.op_type.clone(), this.opset);
                 match f {
                     Fail::Onnx(e) => e,
-                    Fail::Invalid(message) => OnnxError::Node { node: node_name, op_type, opset, message },
-                    Fail::Unsupported(message) => OnnxError::Unsupported { node: node_name, op_type, opset, message },
+                    Fail::Invalid(message) => OnnxError::Node {
+                        node: node_name,
+                        op_type,
+                        opset,
+                        message,
+                    },
+                    Fail::Unsupported(message) => OnnxError::Unsupported {
+                        node: node_name,
+                        op_type,
+                        opset,
+                        message,
+                    },
                 }
             };
             if !(node.domain.is_empty() || node.domain == "ai.onnx") {
@@ -604,11 +878,21 @@ impl<'a> Importer<'a> {
                     continue;
                 }
                 match outs.get(k) {
-                    Some(v) => self.define(name, v.clone()),
+                    Some(v) => {
+                        if let Some(tt) = declared.get(name.as_str()) {
+                            if let Err(message) = self.check_declared(name, v, tt) {
+                                return Err(wrap(self, Fail::Invalid(message)));
+                            }
+                        }
+                        self.define(name, v.clone())
+                    }
                     None => {
                         self.unavailable.insert(
                             name.clone(),
-                            format!("ppcc does not produce output {k} of node {:?} ({})", self.loc, node.op_type),
+                            format!(
+                                "ppcc does not produce output {k} of node {:?} ({})",
+                                self.loc, node.op_type
+                            ),
                         );
                     }
                 }
@@ -636,15 +920,20 @@ fn type_kind(v: &TypeValue) -> &'static str {
 
 /// A tensor with every element equal to the one element of `value`.
 pub(super) fn splat_tensor(value: &Tensor, shape: &[usize]) -> R<Tensor> {
-    let n = element_count(&shape.iter().map(|&d| d as i64).collect::<Vec<_>>()).map_err(Fail::Invalid)?;
-    if n > 1 << 28 {
+    let n = element_count(&shape.iter().map(|&d| d as i64).collect::<Vec<_>>())
+        .map_err(Fail::Invalid)?;
+    if n > MATERIALIZE_MAX_ELEMENTS {
         unsupported!("a constant of shape {shape:?} is too large to fold at import time");
     }
     let data = match &value.data {
         TensorData::Float(v) => TensorData::Float(vec![v[0]; n]),
         TensorData::Int(v) => TensorData::Int(vec![v[0]; n]),
     };
-    Ok(Tensor { dtype: value.dtype, shape: shape.to_vec(), data })
+    Ok(Tensor {
+        dtype: value.dtype,
+        shape: shape.to_vec(),
+        data,
+    })
 }
 
 /// Node indices in an order where every value is defined before use (the file's order when
@@ -698,14 +987,26 @@ fn topological_order(graph: &GraphProto) -> Result<Vec<usize>, OnnxError> {
 }
 
 /// Densify a sparse initializer.
-fn sparse_to_dense(sp: &SparseTensorProto, model_dir: Option<&Path>) -> Result<(String, Tensor), OnnxError> {
-    let values = sp.values.as_ref().ok_or_else(|| OnnxError::Invalid("sparse initializer without values".into()))?;
+fn sparse_to_dense(
+    sp: &SparseTensorProto,
+    model_dir: Option<&Path>,
+) -> Result<(String, Tensor), OnnxError> {
+    let values = sp
+        .values
+        .as_ref()
+        .ok_or_else(|| OnnxError::Invalid("sparse initializer without values".into()))?;
     let name = values.name.clone();
-    let err = |m: String| OnnxError::Tensor { tensor: name.clone(), message: m };
+    let err = |m: String| OnnxError::Tensor {
+        tensor: name.clone(),
+        message: m,
+    };
     let vals = tensor_from_proto(values, model_dir)?;
     let n = element_count(&sp.dims).map_err(err)?;
-    if n > 1 << 28 {
-        return Err(err(format!("sparse tensor of shape {:?} is too large", sp.dims)));
+    if n > MATERIALIZE_MAX_ELEMENTS {
+        return Err(err(format!(
+            "sparse tensor of shape {:?} is too large",
+            sp.dims
+        )));
     }
     let shape: Vec<usize> = sp.dims.iter().map(|&d| d as usize).collect();
     let nnz = vals.num_elements();
@@ -718,18 +1019,31 @@ fn sparse_to_dense(sp: &SparseTensorProto, model_dir: Option<&Path>) -> Result<(
         idx.iter().map(|&i| i as usize).collect()
     } else if idx.len() == nnz * shape.len() && !shape.is_empty() {
         idx.chunks(shape.len())
-            .map(|c| c.iter().zip(&strides).map(|(&i, &s)| (i as usize).wrapping_mul(s)).fold(0usize, usize::wrapping_add))
+            .map(|c| {
+                c.iter()
+                    .zip(&strides)
+                    .map(|(&i, &s)| (i as usize).wrapping_mul(s))
+                    .fold(0usize, usize::wrapping_add)
+            })
             .collect()
     } else {
-        return Err(err(format!("{} indices for {nnz} values of shape {:?}", idx.len(), sp.dims)));
+        return Err(err(format!(
+            "{} indices for {nnz} values of shape {:?}",
+            idx.len(),
+            sp.dims
+        )));
     };
     if linear.iter().any(|&i| i >= n) {
         return Err(err("sparse index out of range".into()));
     }
     let mut dense = Tensor::zeros(vals.dtype, shape);
     match (&mut dense.data, &vals.data) {
-        (TensorData::Float(d), TensorData::Float(v)) => linear.iter().zip(v).for_each(|(&i, &x)| d[i] = x),
-        (TensorData::Int(d), TensorData::Int(v)) => linear.iter().zip(v).for_each(|(&i, &x)| d[i] = x),
+        (TensorData::Float(d), TensorData::Float(v)) => {
+            linear.iter().zip(v).for_each(|(&i, &x)| d[i] = x)
+        }
+        (TensorData::Int(d), TensorData::Int(v)) => {
+            linear.iter().zip(v).for_each(|(&i, &x)| d[i] = x)
+        }
         _ => return Err(err("inconsistent sparse values".into())),
     }
     Ok((name, dense))
@@ -748,14 +1062,35 @@ pub fn model_opset(model: &ModelProto) -> Result<i64, OnnxError> {
         Some(v) => Err(OnnxError::UnsupportedOpset { opset: v }),
         // IR version 3 and later must list it; before that opset 1 was implied.
         None if model.ir_version < 3 => Err(OnnxError::UnsupportedOpset { opset: 1 }),
-        None => Err(OnnxError::Invalid("the model imports no opset of the default ONNX domain".into())),
+        None => Err(OnnxError::Invalid(
+            "the model imports no opset of the default ONNX domain".into(),
+        )),
     }
 }
 
 /// Import a decoded model.
 pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported, OnnxError> {
-    let graph = model.graph.as_ref().ok_or_else(|| OnnxError::Invalid("the model has no graph".into()))?;
+    let graph = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| OnnxError::Invalid("the model has no graph".into()))?;
     let opset = model_opset(model)?;
+    // An op ppcc cannot map is the most telling error; report it before anything else.
+    for (i, node) in graph.node.iter().enumerate() {
+        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        if !default_domain || !SUPPORTED_OPS.contains(&node.op_type.as_str()) {
+            return Err(OnnxError::UnsupportedOp {
+                node: if node.name.is_empty() {
+                    format!("{}_{i}", node.op_type)
+                } else {
+                    node.name.clone()
+                },
+                op_type: node.op_type.clone(),
+                domain: node.domain.clone(),
+                opset,
+            });
+        }
+    }
     let model_dir = opts.model_dir.as_deref();
     let mut im = Importer::new(opts, opset, model_dir);
 
@@ -783,7 +1118,8 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
             return Err(OnnxError::Invalid("a graph input has no name".into()));
         }
         if let Some(t) = opts.input_values.get(&vi.name) {
-            im.vals.insert(vi.name.clone(), Val::konst(t.clone()));
+            im.loc = vi.name.clone();
+            im.define(&vi.name, Val::konst(t.clone()));
             continue;
         }
         let ty = im.input_type(vi)?;
@@ -798,7 +1134,10 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
             let known: Vec<&str> = inputs.iter().map(String::as_str).collect();
             return Err(OnnxError::InputShape {
                 input: name.clone(),
-                message: format!("the model has no such input (its inputs: {})", known.join(", ")),
+                message: format!(
+                    "the model has no such input (its inputs: {})",
+                    known.join(", ")
+                ),
             });
         }
     }
@@ -820,9 +1159,17 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
         let id = val.map_err(|f| match f {
             Fail::Onnx(e) => e,
             Fail::Invalid(m) => OnnxError::Invalid(format!("graph output `{}`: {m}", vi.name)),
-            Fail::Unsupported(m) => OnnxError::UnsupportedValue { what: "graph output", name: vi.name.clone(), message: m },
+            Fail::Unsupported(m) => OnnxError::UnsupportedValue {
+                what: "graph output",
+                name: vi.name.clone(),
+                message: m,
+            },
         })?;
-        if let Some(TypeProto { value: Some(TypeValue::TensorType(tt)), .. }) = &vi.r#type {
+        if let Some(TypeProto {
+            value: Some(TypeValue::TensorType(tt)),
+            ..
+        }) = &vi.r#type
+        {
             let got = im.f.ty(id).dtype;
             if let Some(want) = dtype_from_onnx(tt.elem_type) {
                 if want != got {
@@ -832,7 +1179,10 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
                     )));
                 }
             }
-        } else if let Some(TypeProto { value: Some(other), .. }) = &vi.r#type {
+        } else if let Some(TypeProto {
+            value: Some(other), ..
+        }) = &vi.r#type
+        {
             return Err(OnnxError::UnsupportedValue {
                 what: "graph output",
                 name: vi.name.clone(),
@@ -845,10 +1195,29 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
     im.f.set_results(results);
 
     let mut module = Module::new();
-    module.name = if graph.name.is_empty() { None } else { Some(sanitize(&graph.name)) };
+    module.name = if graph.name.is_empty() {
+        None
+    } else {
+        Some(sanitize(&graph.name))
+    };
     module.functions.push(std::mem::take(&mut im.f));
     module.weights = std::mem::take(&mut im.weights);
-    Ok(Imported { module, inputs, outputs, opset })
+    let weight_sources = im
+        .params
+        .iter()
+        .filter_map(|slot| {
+            let (index, _) = slot.arg?;
+            let ir = module.functions[0].value(module.functions[0].args()[index].0).name.clone();
+            Some((ir, slot.onnx_name.clone()))
+        })
+        .collect();
+    Ok(Imported {
+        module,
+        inputs,
+        outputs,
+        weight_sources,
+        opset,
+    })
 }
 
 /// A one-element tensor of `dtype` holding `x`.

@@ -19,19 +19,108 @@ pub const MIN_OPSET: i64 = 6;
 /// Newest opset ppcc imports. Opsets 22–25 only widened type constraints of the ops below.
 pub const MAX_OPSET: i64 = 25;
 
+/// The longest sequence ppcc unrolls at import time.
+const MAX_SEQUENCE: usize = 4096;
+
 /// ONNX op types ppcc maps (default domain).
 pub const SUPPORTED_OPS: &[&str] = &[
-    "Abs", "Add", "And", "AveragePool", "BatchNormalization", "Cast", "CastLike", "Ceil", "Clip", "Concat",
-    "ConcatFromSequence", "Constant", "ConstantOfShape", "Conv", "ConvTranspose", "Cos", "Div", "Dropout", "Elu",
-    "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "Gelu", "Gemm", "GlobalAveragePool",
-    "GlobalMaxPool", "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish", "Identity",
-    "InstanceNormalization", "LRN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log",
-    "LogSoftmax", "MatMul", "Max", "MaxPool", "Mean", "Min", "Mish", "Mul", "Neg", "Not", "Or", "PRelu", "Pad",
-    "Pow", "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax",
-    "ReduceMean", "ReduceMin", "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Selu", "SequenceAt",
-    "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength", "Shape",
-    "Shrink", "Sigmoid", "Sign", "Sin", "Size", "Slice", "Softmax", "Softplus", "Softsign", "Split",
-    "SplitToSequence", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Trilu", "Unsqueeze",
+    "Abs",
+    "Add",
+    "And",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "CastLike",
+    "Ceil",
+    "Clip",
+    "Concat",
+    "ConcatFromSequence",
+    "Constant",
+    "ConstantOfShape",
+    "Conv",
+    "ConvTranspose",
+    "Cos",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Equal",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Floor",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Greater",
+    "GreaterOrEqual",
+    "HardSigmoid",
+    "HardSwish",
+    "Identity",
+    "InstanceNormalization",
+    "LRN",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Less",
+    "LessOrEqual",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Mean",
+    "Min",
+    "Mish",
+    "Mul",
+    "Neg",
+    "Not",
+    "Or",
+    "PRelu",
+    "Pad",
+    "Pow",
+    "Range",
+    "Reciprocal",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "Relu",
+    "Reshape",
+    "Selu",
+    "SequenceAt",
+    "SequenceConstruct",
+    "SequenceEmpty",
+    "SequenceErase",
+    "SequenceInsert",
+    "SequenceLength",
+    "Shape",
+    "Shrink",
+    "Sigmoid",
+    "Sign",
+    "Sin",
+    "Size",
+    "Slice",
+    "Softmax",
+    "Softplus",
+    "Softsign",
+    "Split",
+    "SplitToSequence",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tanh",
+    "Tile",
+    "Transpose",
+    "Trilu",
+    "Unsqueeze",
     "Where",
 ];
 
@@ -54,7 +143,8 @@ fn ints_attr(v: Vec<i64>) -> Attr {
 }
 
 fn usize_dims(t: &TensorType) -> Option<Vec<i64>> {
-    t.static_shape().map(|s| s.iter().map(|&d| d as i64).collect())
+    t.static_shape()
+        .map(|s| s.iter().map(|&d| d as i64).collect())
 }
 
 /// Normalise a possibly negative axis against `rank`.
@@ -63,17 +153,35 @@ fn norm_axis(axis: i64, rank: usize) -> R<usize> {
     if axis < -r || axis >= r {
         invalid!("axis {axis} is out of range for rank {rank}");
     }
-    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+    Ok(if axis < 0 {
+        (axis + r) as usize
+    } else {
+        axis as usize
+    })
 }
 
 /// Explicit `[begins.., ends..]` pads for `auto_pad` = SAME_UPPER / SAME_LOWER.
-fn same_pads(input: &[i64], kernel: &[i64], strides: &[i64], dilations: &[i64], upper: bool) -> Vec<i64> {
+fn same_pads(
+    input: &[i64],
+    kernel: &[i64],
+    strides: &[i64],
+    dilations: &[i64],
+    upper: bool,
+) -> Vec<i64> {
     let n = input.len();
     let mut pads = vec![0; 2 * n];
     for i in 0..n {
-        let out = (input[i] + strides[i] - 1) / strides[i];
-        let eff = (kernel[i] - 1) * dilations[i] + 1;
-        let total = ((out - 1) * strides[i] + eff - input[i]).max(0);
+        // Saturating: the sizes come from the model and may be absurd.
+        let out = input[i].saturating_add(strides[i] - 1) / strides[i];
+        let eff = kernel[i]
+            .saturating_sub(1)
+            .saturating_mul(dilations[i])
+            .saturating_add(1);
+        let total = (out - 1)
+            .saturating_mul(strides[i])
+            .saturating_add(eff)
+            .saturating_sub(input[i])
+            .max(0);
         let (small, big) = (total / 2, total - total / 2);
         if upper {
             pads[i] = small;
@@ -110,12 +218,16 @@ impl Importer<'_> {
         } else {
             format!(" (`{name}` is computed at run time)")
         };
-        Fail::Unsupported(format!("{what} (input {i}) must be known at import time{origin}"))
+        Fail::Unsupported(format!(
+            "{what} (input {i}) must be known at import time{origin}"
+        ))
     }
 
     /// A static input, `None` when omitted.
     fn static_input(&self, node: &NodeProto, i: usize, what: &str) -> R<Option<Rc<Tensor>>> {
-        let Some(v) = self.input(node, i)? else { return Ok(None) };
+        let Some(v) = self.input(node, i)? else {
+            return Ok(None);
+        };
         match self.static_tensor(&v)? {
             Some(t) => Ok(Some(t)),
             None => Err(self.runtime_input_error(node, i, what)),
@@ -136,9 +248,14 @@ impl Importer<'_> {
     }
 
     fn static_scalar_f64(&self, node: &NodeProto, i: usize, what: &str) -> R<Option<f64>> {
-        let Some(t) = self.static_input(node, i, what)? else { return Ok(None) };
+        let Some(t) = self.static_input(node, i, what)? else {
+            return Ok(None);
+        };
         if t.num_elements() != 1 {
-            invalid!("{what} (input {i}) must hold one value, it has shape {:?}", t.shape);
+            invalid!(
+                "{what} (input {i}) must hold one value, it has shape {:?}",
+                t.shape
+            );
         }
         Ok(Some(t.to_f64_vec()[0]))
     }
@@ -163,13 +280,18 @@ impl Importer<'_> {
     fn spatial_sizes(&self, x: &Val) -> R<Vec<i64>> {
         let dims = self.dims_of(x)?;
         if dims.len() < 3 {
-            invalid!("expects an input of rank at least 3, got rank {}", dims.len());
+            invalid!(
+                "expects an input of rank at least 3, got rank {}",
+                dims.len()
+            );
         }
         dims[2..]
             .iter()
             .map(|d| match d {
                 Dim::Known(n) => Ok(*n as i64),
-                Dim::Batch => unsupported!("auto_pad needs the spatial size, which is the symbolic batch size here"),
+                Dim::Batch => unsupported!(
+                    "auto_pad needs the spatial size, which is the symbolic batch size here"
+                ),
             })
             .collect()
     }
@@ -236,19 +358,27 @@ impl Importer<'_> {
             "Identity" => self.req(node, 0)?,
             "LeakyRelu" => {
                 let x = self.req(node, 0)?;
-                let attrs = Attrs::new().with("alpha", Attr::Float(a.float_or("alpha", 0.01).inv()?));
+                let attrs =
+                    Attrs::new().with("alpha", Attr::Float(a.float_or("alpha", 0.01).inv()?));
                 self.op(K::LeakyRelu, attrs, &[x])?
             }
             "Elu" => {
                 let x = self.req(node, 0)?;
-                let attrs = Attrs::new().with("alpha", Attr::Float(a.float_or("alpha", 1.0).inv()?));
+                let attrs =
+                    Attrs::new().with("alpha", Attr::Float(a.float_or("alpha", 1.0).inv()?));
                 self.op(K::Elu, attrs, &[x])?
             }
             "Selu" => {
                 let x = self.req(node, 0)?;
                 let attrs = Attrs::new()
-                    .with("alpha", Attr::Float(a.float_or("alpha", 1.673_263_192_176_818_8).inv()?))
-                    .with("gamma", Attr::Float(a.float_or("gamma", 1.050_701_022_148_132_3).inv()?));
+                    .with(
+                        "alpha",
+                        Attr::Float(a.float_or("alpha", 1.673_263_192_176_818_8).inv()?),
+                    )
+                    .with(
+                        "gamma",
+                        Attr::Float(a.float_or("gamma", 1.050_701_022_148_132_3).inv()?),
+                    );
                 self.op(K::Selu, attrs, &[x])?
             }
             "HardSigmoid" => {
@@ -260,13 +390,15 @@ impl Importer<'_> {
             }
             "HardSwish" => {
                 let x = self.req(node, 0)?;
-                let attrs = Attrs::new().with("alpha", Attr::Float(1.0 / 6.0)).with("beta", Attr::Float(0.5));
-                let hs = self.op(K::HardSigmoid, attrs, &[x.clone()])?;
+                let attrs = Attrs::new()
+                    .with("alpha", Attr::Float(1.0 / 6.0))
+                    .with("beta", Attr::Float(0.5));
+                let hs = self.op(K::HardSigmoid, attrs, std::slice::from_ref(&x))?;
                 self.op(K::Mul, Attrs::new(), &[x, hs])?
             }
             "Mish" => {
                 let x = self.req(node, 0)?;
-                let sp = self.op(K::Softplus, Attrs::new(), &[x.clone()])?;
+                let sp = self.op(K::Softplus, Attrs::new(), std::slice::from_ref(&x))?;
                 let t = self.op(K::Tanh, Attrs::new(), &[sp])?;
                 self.op(K::Mul, Attrs::new(), &[x, t])?
             }
@@ -283,7 +415,11 @@ impl Importer<'_> {
                 if approx != "none" && approx != "tanh" {
                     invalid!("approximate must be \"none\" or \"tanh\", got {approx:?}");
                 }
-                self.op(K::Gelu, Attrs::new().with("approximate", Attr::Str(approx)), &[x])?
+                self.op(
+                    K::Gelu,
+                    Attrs::new().with("approximate", Attr::Str(approx)),
+                    &[x],
+                )?
             }
             "Clip" => self.lower_clip(node, &a)?,
             "Cast" | "CastLike" => {
@@ -296,7 +432,7 @@ impl Importer<'_> {
                 self.op(K::Cast, Attrs::new().with("to", Attr::DType(to)), &[x])?
             }
             "Dropout" => return self.lower_dropout(node, &a),
-            "Sum" | "Mean" | "Max" | "Min" => self.lower_variadic(node, &a, op)?,
+            "Sum" | "Mean" | "Max" | "Min" => self.lower_variadic(node, op)?,
             "PRelu" => {
                 let x = self.req(node, 0)?;
                 let mut slope = self.req(node, 1)?;
@@ -305,7 +441,11 @@ impl Importer<'_> {
                 if opset < 7 && st.rank() == 1 && xr >= 2 && st.dims[0] != Dim::Known(1) {
                     let mut shape = vec![-1i64];
                     shape.extend(std::iter::repeat_n(1, xr - 2));
-                    slope = self.op(K::Reshape, Attrs::new().with("shape", ints_attr(shape)), &[slope])?;
+                    slope = self.op(
+                        K::Reshape,
+                        Attrs::new().with("shape", ints_attr(shape)),
+                        &[slope],
+                    )?;
                 }
                 self.op(K::PRelu, Attrs::new(), &[x, slope])?
             }
@@ -333,7 +473,11 @@ impl Importer<'_> {
             "ConvTranspose" => self.lower_conv_transpose(node, &a)?,
             "MaxPool" | "AveragePool" => {
                 // MaxPool's indices output is not produced: an error only if something reads it.
-                let k = if op == "MaxPool" { K::MaxPool } else { K::AvgPool };
+                let k = if op == "MaxPool" {
+                    K::MaxPool
+                } else {
+                    K::AvgPool
+                };
                 self.lower_pool(node, &a, k)?
             }
             "GlobalAveragePool" => {
@@ -347,7 +491,8 @@ impl Importer<'_> {
             "BatchNormalization" => self.lower_batch_norm(node, &a)?,
             "InstanceNormalization" => {
                 let (x, s, b) = (self.req(node, 0)?, self.req(node, 1)?, self.req(node, 2)?);
-                let attrs = Attrs::new().with("epsilon", Attr::Float(a.float_or("epsilon", 1e-5).inv()?));
+                let attrs =
+                    Attrs::new().with("epsilon", Attr::Float(a.float_or("epsilon", 1e-5).inv()?));
                 self.op(K::InstanceNorm, attrs, &[x, s, b])?
             }
             "LayerNormalization" => {
@@ -362,7 +507,9 @@ impl Importer<'_> {
             }
             "LRN" => {
                 let x = self.req(node, 0)?;
-                let Some(size) = a.int("size").inv()? else { invalid!("attribute `size` is required") };
+                let Some(size) = a.int("size").inv()? else {
+                    invalid!("attribute `size` is required")
+                };
                 let attrs = Attrs::new()
                     .with("size", Attr::Int(size))
                     .with("alpha", Attr::Float(a.float_or("alpha", 1e-4).inv()?))
@@ -371,11 +518,17 @@ impl Importer<'_> {
                 self.op(K::Lrn, attrs, &[x])?
             }
             "Softmax" | "LogSoftmax" => {
-                let k = if op == "Softmax" { K::Softmax } else { K::LogSoftmax };
+                let k = if op == "Softmax" {
+                    K::Softmax
+                } else {
+                    K::LogSoftmax
+                };
                 self.lower_softmax(node, &a, k)?
             }
-            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
-            | "ReduceLogSum" | "ReduceLogSumExp" => self.lower_reduce(node, &a, op)?,
+            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2"
+            | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
+                self.lower_reduce(node, &a, op)?
+            }
             "Reshape" => self.lower_reshape(node, &a)?,
             "Flatten" => {
                 let x = self.req(node, 0)?;
@@ -385,12 +538,23 @@ impl Importer<'_> {
             "Transpose" => {
                 let x = self.req(node, 0)?;
                 let rank = self.rank_of(&x)?;
-                let perm = a.ints("perm").inv()?.unwrap_or_else(|| (0..rank as i64).rev().collect());
-                self.op(K::Transpose, Attrs::new().with("perm", ints_attr(perm)), &[x])?
+                let perm = a
+                    .ints("perm")
+                    .inv()?
+                    .unwrap_or_else(|| (0..rank as i64).rev().collect());
+                self.op(
+                    K::Transpose,
+                    Attrs::new().with("perm", ints_attr(perm)),
+                    &[x],
+                )?
             }
             "Concat" => {
-                let Some(axis) = a.int("axis").inv()? else { invalid!("attribute `axis` is required") };
-                let xs = (0..node.input.len()).map(|i| self.req(node, i)).collect::<R<Vec<_>>>()?;
+                let Some(axis) = a.int("axis").inv()? else {
+                    invalid!("attribute `axis` is required")
+                };
+                let xs = (0..node.input.len())
+                    .map(|i| self.req(node, i))
+                    .collect::<R<Vec<_>>>()?;
                 if xs.is_empty() {
                     invalid!("needs at least one input");
                 }
@@ -407,24 +571,46 @@ impl Importer<'_> {
             "Pad" => self.lower_pad(node, &a)?,
             "Tile" => {
                 let x = self.req(node, 0)?;
-                let Some(repeats) = self.static_ints(node, 1, "repeats")? else { invalid!("input 1 (repeats) is missing") };
-                self.op(K::Tile, Attrs::new().with("repeats", ints_attr(repeats)), &[x])?
+                let Some(repeats) = self.static_ints(node, 1, "repeats")? else {
+                    invalid!("input 1 (repeats) is missing")
+                };
+                self.op(
+                    K::Tile,
+                    Attrs::new().with("repeats", ints_attr(repeats)),
+                    &[x],
+                )?
             }
             "Squeeze" => {
                 let x = self.req(node, 0)?;
-                let axes = if opset < 13 { a.ints("axes").inv()? } else { self.static_ints(node, 1, "axes")? };
+                let axes = if opset < 13 {
+                    a.ints("axes").inv()?
+                } else {
+                    self.static_ints(node, 1, "axes")?
+                };
                 let dims = self.dims_of(&x)?;
                 let axes = match axes {
                     Some(ax) => ax,
-                    None => (0..dims.len() as i64).filter(|&i| dims[i as usize] == Dim::Known(1)).collect(),
+                    None => (0..dims.len() as i64)
+                        .filter(|&i| dims[i as usize] == Dim::Known(1))
+                        .collect(),
                 };
                 self.op(K::Squeeze, Attrs::new().with("axes", ints_attr(axes)), &[x])?
             }
             "Unsqueeze" => {
                 let x = self.req(node, 0)?;
-                let axes = if opset < 13 { a.ints("axes").inv()? } else { self.static_ints(node, 1, "axes")? };
-                let Some(axes) = axes else { invalid!("`axes` is required") };
-                self.op(K::Unsqueeze, Attrs::new().with("axes", ints_attr(axes)), &[x])?
+                let axes = if opset < 13 {
+                    a.ints("axes").inv()?
+                } else {
+                    self.static_ints(node, 1, "axes")?
+                };
+                let Some(axes) = axes else {
+                    invalid!("`axes` is required")
+                };
+                self.op(
+                    K::Unsqueeze,
+                    Attrs::new().with("axes", ints_attr(axes)),
+                    &[x],
+                )?
             }
             "Constant" => self.lower_constant(&a)?,
             "ConstantOfShape" => {
@@ -444,11 +630,18 @@ impl Importer<'_> {
                         if t.num_elements() != 1 {
                             invalid!("`value` must hold one element, it has {}", t.num_elements());
                         }
-                        Tensor { dtype: t.dtype, shape: vec![], data: t.data }
+                        Tensor {
+                            dtype: t.dtype,
+                            shape: vec![],
+                            data: t.data,
+                        }
                     }
                     None => scalar(DType::F32, 0.0),
                 };
-                Val::Splat { value: Rc::new(value), shape }
+                Val::Splat {
+                    value: Rc::new(value),
+                    shape,
+                }
             }
             "Shape" => {
                 let x = self.req(node, 0)?;
@@ -457,16 +650,35 @@ impl Importer<'_> {
                 let clamp = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) };
                 let start = clamp(a.int_or("start", 0).inv()?);
                 let end = clamp(a.int("end").inv()?.unwrap_or(r));
-                let dims = if start < end { &dims[start as usize..end as usize] } else { &dims[0..0] };
+                let dims = if start < end {
+                    &dims[start as usize..end as usize]
+                } else {
+                    &dims[0..0]
+                };
                 self.shape_val(dims, vec![dims.len()])
             }
             "Size" => {
                 let x = self.req(node, 0)?;
                 let dims = self.dims_of(&x)?;
-                let size = |b: i64| dims.iter().map(|d| d.known().map_or(b, |n| n as i64)).product::<i64>();
-                let (ta, tb) = (size(super::import::BATCH_A), size(super::import::BATCH_B));
+                let size = |b: i64| {
+                    dims.iter().try_fold(1i64, |acc, d| {
+                        acc.checked_mul(d.known().map_or(b, |n| n as i64))
+                    })
+                };
+                let (Some(ta), Some(tb)) =
+                    (size(super::import::BATCH_A), size(super::import::BATCH_B))
+                else {
+                    invalid!(
+                        "the element count of a {}-dimensional tensor overflows",
+                        dims.len()
+                    )
+                };
                 let t = |v: i64| Rc::new(Tensor::from_i64(DType::I64, vec![], vec![v]));
-                if ta == tb { Val::Const(t(ta)) } else { Val::Sym { a: t(ta), b: t(tb) } }
+                if ta == tb {
+                    Val::Const(t(ta))
+                } else {
+                    Val::Sym { a: t(ta), b: t(tb) }
+                }
             }
             "Range" => {
                 let what = ["start", "limit", "delta"];
@@ -495,52 +707,88 @@ impl Importer<'_> {
                 let t = if dtype.is_float() {
                     Tensor::from_f64(dtype, vec![vals.len()], vals)
                 } else {
-                    Tensor::from_i64(dtype, vec![vals.len()], vals.iter().map(|&x| x as i64).collect())
+                    Tensor::from_i64(
+                        dtype,
+                        vec![vals.len()],
+                        vals.iter().map(|&x| x as i64).collect(),
+                    )
                 };
                 self.constant_val(t)
             }
             "Trilu" => {
-                let Some(x) = self.static_input(node, 0, "the input")? else { invalid!("input 0 is missing") };
-                let k = self.static_ints(node, 1, "k")?.and_then(|v| v.first().copied()).unwrap_or(0);
+                let Some(x) = self.static_input(node, 0, "the input")? else {
+                    invalid!("input 0 is missing")
+                };
+                let k = self
+                    .static_ints(node, 1, "k")?
+                    .and_then(|v| v.first().copied())
+                    .unwrap_or(0);
                 let upper = a.int_or("upper", 1).inv()? != 0;
                 self.constant_val(trilu(&x, k, upper)?)
             }
             // Sequences are lists of values at import time.
             "SequenceEmpty" => Val::Seq(vec![]),
-            "SequenceConstruct" => {
-                Val::Seq((0..node.input.len()).map(|i| self.req(node, i)).collect::<R<Vec<_>>>()?)
-            }
+            "SequenceConstruct" => Val::Seq(
+                (0..node.input.len())
+                    .map(|i| self.req(node, i))
+                    .collect::<R<Vec<_>>>()?,
+            ),
             "SequenceInsert" => {
                 let mut items = self.seq(node, 0)?;
                 let x = self.req(node, 1)?;
                 let n = items.len() as i64;
-                let pos = self.static_ints(node, 2, "position")?.and_then(|v| v.first().copied()).unwrap_or(n);
+                let pos = self
+                    .static_ints(node, 2, "position")?
+                    .and_then(|v| v.first().copied())
+                    .unwrap_or(n);
                 if pos < -n || pos > n {
                     invalid!("position {pos} is out of range for a sequence of {n}");
                 }
-                items.insert(if pos < 0 { (pos + n) as usize } else { pos as usize }, x);
+                items.insert(
+                    if pos < 0 {
+                        (pos + n) as usize
+                    } else {
+                        pos as usize
+                    },
+                    x,
+                );
                 Val::Seq(items)
             }
             "SequenceErase" => {
                 let mut items = self.seq(node, 0)?;
                 let n = items.len() as i64;
-                let pos = self.static_ints(node, 1, "position")?.and_then(|v| v.first().copied()).unwrap_or(-1);
+                let pos = self
+                    .static_ints(node, 1, "position")?
+                    .and_then(|v| v.first().copied())
+                    .unwrap_or(-1);
                 if pos < -n || pos >= n {
                     invalid!("position {pos} is out of range for a sequence of {n}");
                 }
-                items.remove(if pos < 0 { (pos + n) as usize } else { pos as usize });
+                items.remove(if pos < 0 {
+                    (pos + n) as usize
+                } else {
+                    pos as usize
+                });
                 Val::Seq(items)
             }
             "SequenceAt" => {
                 let items = self.seq(node, 0)?;
                 let n = items.len() as i64;
-                let Some(pos) = self.static_ints(node, 1, "position")?.and_then(|v| v.first().copied()) else {
+                let Some(pos) = self
+                    .static_ints(node, 1, "position")?
+                    .and_then(|v| v.first().copied())
+                else {
                     invalid!("input 1 (position) is missing")
                 };
                 if pos < -n || pos >= n {
                     invalid!("position {pos} is out of range for a sequence of {n}");
                 }
-                items[if pos < 0 { (pos + n) as usize } else { pos as usize }].clone()
+                items[if pos < 0 {
+                    (pos + n) as usize
+                } else {
+                    pos as usize
+                }]
+                .clone()
             }
             "SequenceLength" => {
                 let n = self.seq(node, 0)?.len() as i64;
@@ -551,18 +799,30 @@ impl Importer<'_> {
                 if items.is_empty() {
                     invalid!("the sequence is empty");
                 }
-                let Some(axis) = a.int("axis").inv()? else { invalid!("attribute `axis` is required") };
+                let Some(axis) = a.int("axis").inv()? else {
+                    invalid!("attribute `axis` is required")
+                };
                 let items = if a.int_or("new_axis", 0).inv()? != 0 {
                     let r = self.rank_of(&items[0])? as i64 + 1;
                     let ax = if axis < 0 { axis + r } else { axis };
                     items
                         .iter()
-                        .map(|v| self.op(K::Unsqueeze, Attrs::new().with("axes", ints_attr(vec![ax])), &[v.clone()]))
+                        .map(|v| {
+                            self.op(
+                                K::Unsqueeze,
+                                Attrs::new().with("axes", ints_attr(vec![ax])),
+                                std::slice::from_ref(v),
+                            )
+                        })
                         .collect::<R<Vec<_>>>()?
                 } else {
                     items
                 };
-                self.op(K::Concat, Attrs::new().with("axis", Attr::Int(axis)), &items)?
+                self.op(
+                    K::Concat,
+                    Attrs::new().with("axis", Attr::Int(axis)),
+                    &items,
+                )?
             }
             "SplitToSequence" => self.lower_split_to_sequence(node, &a)?,
             _ => {
@@ -579,11 +839,22 @@ impl Importer<'_> {
 
     /// `Shape`'s result: constant, or symbolic when a dimension is the batch size.
     fn shape_val(&self, dims: &[Dim], shape: Vec<usize>) -> Val {
-        let with = |b: i64| Rc::new(Tensor::from_i64(DType::I64, shape.clone(), dims.iter().map(|d| d.known().map_or(b, |n| n as i64)).collect()));
+        let with = |b: i64| {
+            Rc::new(Tensor::from_i64(
+                DType::I64,
+                shape.clone(),
+                dims.iter()
+                    .map(|d| d.known().map_or(b, |n| n as i64))
+                    .collect(),
+            ))
+        };
         if dims.iter().all(|d| d.known().is_some()) {
             Val::Const(with(0))
         } else {
-            Val::Sym { a: with(super::import::BATCH_A), b: with(super::import::BATCH_B) }
+            Val::Sym {
+                a: with(super::import::BATCH_A),
+                b: with(super::import::BATCH_B),
+            }
         }
     }
 
@@ -597,8 +868,14 @@ impl Importer<'_> {
                 let axis = norm_axis(axis, ra.max(1))?;
                 let trailing = ra.saturating_sub(axis + yt.rank());
                 if trailing > 0 && yt.rank() > 0 {
-                    let axes: Vec<i64> = (yt.rank()..yt.rank() + trailing).map(|i| i as i64).collect();
-                    y = self.op(OpKind::Unsqueeze, Attrs::new().with("axes", ints_attr(axes)), &[y])?;
+                    let axes: Vec<i64> = (yt.rank()..yt.rank() + trailing)
+                        .map(|i| i as i64)
+                        .collect();
+                    y = self.op(
+                        OpKind::Unsqueeze,
+                        Attrs::new().with("axes", ints_attr(axes)),
+                        &[y],
+                    )?;
                 }
             }
         }
@@ -612,8 +889,10 @@ impl Importer<'_> {
         self.op(kind, Attrs::new(), &[x, y])
     }
 
-    fn lower_variadic(&mut self, node: &NodeProto, _a: &NodeAttrs, op: &str) -> R<Val> {
-        let xs = (0..node.input.len()).map(|i| self.req(node, i)).collect::<R<Vec<_>>>()?;
+    fn lower_variadic(&mut self, node: &NodeProto, op: &str) -> R<Val> {
+        let xs = (0..node.input.len())
+            .map(|i| self.req(node, i))
+            .collect::<R<Vec<_>>>()?;
         if xs.is_empty() {
             invalid!("needs at least one input");
         }
@@ -639,13 +918,17 @@ impl Importer<'_> {
         if self.opset < 11 {
             let lo = a.float_or("min", f64::NEG_INFINITY).inv()?;
             let hi = a.float_or("max", f64::INFINITY).inv()?;
-            let attrs = Attrs::new().with("min", Attr::Float(lo)).with("max", Attr::Float(hi));
+            let attrs = Attrs::new()
+                .with("min", Attr::Float(lo))
+                .with("max", Attr::Float(hi));
             return self.op(OpKind::Clip, attrs, &[x]);
         }
         let mut attrs = Attrs::new();
         let mut runtime = vec![];
         for (i, name) in [(1, "min"), (2, "max")] {
-            let Some(v) = self.input(node, i)? else { continue };
+            let Some(v) = self.input(node, i)? else {
+                continue;
+            };
             match self.static_tensor(&v)? {
                 Some(t) if t.num_elements() == 1 => {
                     attrs.set(name, Attr::Float(t.to_f64_vec()[0]));
@@ -657,7 +940,11 @@ impl Importer<'_> {
         let mut y = self.op(OpKind::Clip, attrs, &[x])?;
         // Bounds computed at run time: max(x, min) then min(.., max).
         for (name, v) in runtime {
-            let k = if name == "min" { OpKind::Max } else { OpKind::Min };
+            let k = if name == "min" {
+                OpKind::Max
+            } else {
+                OpKind::Min
+            };
             y = self.op(k, Attrs::new(), &[y, v])?;
         }
         Ok(y)
@@ -669,7 +956,10 @@ impl Importer<'_> {
             (a.float_or("ratio", 0.5).inv()?, false)
         } else {
             let ratio = self.static_scalar_f64(node, 1, "ratio")?.unwrap_or(0.5);
-            let training = self.static_scalar_f64(node, 2, "training_mode")?.unwrap_or(0.0) != 0.0;
+            let training = self
+                .static_scalar_f64(node, 2, "training_mode")?
+                .unwrap_or(0.0)
+                != 0.0;
             (ratio, training)
         };
         let mut attrs = Attrs::new().with("ratio", Attr::Float(ratio));
@@ -685,21 +975,28 @@ impl Importer<'_> {
         }
         if !training {
             // Inference: the mask is all true.
-            let y = self.op(OpKind::Dropout, attrs, &[x.clone()])?;
+            let y = self.op(OpKind::Dropout, attrs, std::slice::from_ref(&x))?;
             let ty = self.ty(&x)?;
             let mask = match ty.static_shape() {
                 Some(s) => Val::Splat {
                     value: Rc::new(Tensor::from_i64(DType::Bool, vec![], vec![1])),
                     shape: s.iter().map(|&d| d as usize).collect(),
                 },
-                None => Val::Opaque("the mask of a Dropout on a batch-sized tensor is unsupported".into()),
+                None => Val::Opaque(
+                    "the mask of a Dropout on a batch-sized tensor is unsupported".into(),
+                ),
             };
             return Ok(vec![y, mask]);
         }
         self.op_n(OpKind::Dropout, attrs, &[x], 2)
     }
 
-    fn conv_common(&self, a: &NodeAttrs, x: &Val, kernel: &[i64]) -> R<(Vec<i64>, Vec<i64>, Vec<i64>)> {
+    fn conv_common(
+        &self,
+        a: &NodeAttrs,
+        x: &Val,
+        kernel: &[i64],
+    ) -> R<(Vec<i64>, Vec<i64>, Vec<i64>)> {
         let n = kernel.len();
         let strides = a.ints("strides").inv()?.unwrap_or_else(|| vec![1; n]);
         let dilations = a.ints("dilations").inv()?.unwrap_or_else(|| vec![1; n]);
@@ -716,9 +1013,18 @@ impl Importer<'_> {
             "SAME_UPPER" | "SAME_LOWER" => {
                 let input = self.spatial_sizes(x)?;
                 if input.len() != n {
-                    invalid!("kernel has {n} spatial dimensions, the input {}", input.len());
+                    invalid!(
+                        "kernel has {n} spatial dimensions, the input {}",
+                        input.len()
+                    );
                 }
-                same_pads(&input, kernel, &strides, &dilations, auto_pad == "SAME_UPPER")
+                same_pads(
+                    &input,
+                    kernel,
+                    &strides,
+                    &dilations,
+                    auto_pad == "SAME_UPPER",
+                )
             }
             other => invalid!("unknown auto_pad {other:?}"),
         };
@@ -770,7 +1076,10 @@ impl Importer<'_> {
         let n = kernel.len();
         let strides = a.ints("strides").inv()?.unwrap_or_else(|| vec![1; n]);
         let dilations = a.ints("dilations").inv()?.unwrap_or_else(|| vec![1; n]);
-        let mut output_padding = a.ints("output_padding").inv()?.unwrap_or_else(|| vec![0; n]);
+        let output_padding = a
+            .ints("output_padding")
+            .inv()?
+            .unwrap_or_else(|| vec![0; n]);
         if strides.len() != n || dilations.len() != n || output_padding.len() != n {
             invalid!("strides/dilations/output_padding must have {n} entries");
         }
@@ -786,13 +1095,14 @@ impl Importer<'_> {
             };
             let mut pads = vec![0; 2 * n];
             for i in 0..n {
-                let full = strides[i] * (input[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1;
-                let total = full - target[i];
-                if total < 0 {
-                    // The requested output is larger: grow it at the end.
-                    output_padding[i] -= total;
-                    continue;
-                }
+                let full = strides[i]
+                    .saturating_mul(input[i] - 1)
+                    .saturating_add(output_padding[i])
+                    .saturating_add(kernel[i].saturating_sub(1).saturating_mul(dilations[i]))
+                    .saturating_add(1);
+                // A requested size beyond the full output is not reached by padding; like
+                // onnxruntime (and onnx's shape inference), the output is then the full size.
+                let total = full.saturating_sub(target[i]).max(0);
                 let (half, rest) = (total / 2, total - total / 2);
                 if auto_pad == "SAME_UPPER" {
                     pads[i] = half;
@@ -823,7 +1133,9 @@ impl Importer<'_> {
 
     fn lower_pool(&mut self, node: &NodeProto, a: &NodeAttrs, kind: OpKind) -> R<Val> {
         let x = self.req(node, 0)?;
-        let Some(kernel) = a.ints("kernel_shape").inv()? else { invalid!("attribute `kernel_shape` is required") };
+        let Some(kernel) = a.ints("kernel_shape").inv()? else {
+            invalid!("attribute `kernel_shape` is required")
+        };
         let (strides, pads, dilations) = self.conv_common(a, &x, &kernel)?;
         let mut attrs = Attrs::new()
             .with("kernel_shape", ints_attr(kernel))
@@ -836,7 +1148,10 @@ impl Importer<'_> {
             if dilations.iter().any(|&d| d != 1) {
                 unsupported!("AveragePool with dilations {dilations:?}");
             }
-            attrs.set("count_include_pad", Attr::Int(a.int_or("count_include_pad", 0).inv()?));
+            attrs.set(
+                "count_include_pad",
+                Attr::Int(a.int_or("count_include_pad", 0).inv()?),
+            );
         }
         self.op(kind, attrs, &[x])
     }
@@ -845,7 +1160,10 @@ impl Importer<'_> {
         if self.opset >= 14 && a.int_or("training_mode", 0).inv()? != 0 {
             unsupported!("training-mode BatchNormalization (training_mode = 1)");
         }
-        if self.opset < 7 && a.int_or("is_test", 0).inv()? == 0 && node.output.iter().skip(1).any(|o| !o.is_empty()) {
+        if self.opset < 7
+            && a.int_or("is_test", 0).inv()? == 0
+            && node.output.iter().skip(1).any(|o| !o.is_empty())
+        {
             unsupported!("training-mode BatchNormalization (is_test = 0 with statistics outputs)");
         }
         let x = self.req(node, 0)?;
@@ -864,7 +1182,14 @@ impl Importer<'_> {
         // Running statistics (inputs 3 and 4) are state, not trained parameters.
         let mut ids = Vec::with_capacity(5);
         for (i, v) in operands.iter().enumerate() {
-            ids.push(self.ir_as(v, if i >= 3 { ArgKind::State } else { ArgKind::Param })?);
+            ids.push(self.ir_as(
+                v,
+                if i >= 3 {
+                    ArgKind::State
+                } else {
+                    ArgKind::Param
+                },
+            )?);
         }
         Ok(Val::Ir(self.push_ir(OpKind::BatchNorm, attrs, ids)?[0]))
     }
@@ -886,7 +1211,12 @@ impl Importer<'_> {
         let group = |ds: &[Dim]| -> R<i64> {
             let batch = ds.iter().filter(|d| **d == Dim::Batch).count();
             match batch {
-                0 => Ok(ds.iter().map(|d| d.known().unwrap() as i64).product()),
+                0 => ds
+                    .iter()
+                    .try_fold(1i64, |acc, d| {
+                        acc.checked_mul(d.known().unwrap_or(0) as i64)
+                    })
+                    .ok_or_else(|| Fail::Invalid("the element count overflows".into())),
                 1 => Ok(-1),
                 _ => unsupported!("{}", BATCH_NEEDED),
             }
@@ -895,25 +1225,46 @@ impl Importer<'_> {
         if outer == -1 && inner == -1 {
             unsupported!("{}", BATCH_NEEDED);
         }
-        let flat = self.op(OpKind::Reshape, Attrs::new().with("shape", ints_attr(vec![outer, inner])), &[x])?;
+        let flat = self.op(
+            OpKind::Reshape,
+            Attrs::new().with("shape", ints_attr(vec![outer, inner])),
+            &[x],
+        )?;
         let y = self.op(kind, Attrs::new().with("axis", Attr::Int(1)), &[flat])?;
-        let back: Vec<i64> = dims.iter().map(|d| d.known().map_or(-1, |n| n as i64)).collect();
+        let back: Vec<i64> = dims
+            .iter()
+            .map(|d| d.known().map_or(-1, |n| n as i64))
+            .collect();
         if back.iter().filter(|&&d| d == -1).count() > 1 {
             unsupported!("{}", BATCH_NEEDED);
         }
-        self.op(OpKind::Reshape, Attrs::new().with("shape", ints_attr(back)), &[y])
+        self.op(
+            OpKind::Reshape,
+            Attrs::new().with("shape", ints_attr(back)),
+            &[y],
+        )
     }
 
     fn lower_reduce(&mut self, node: &NodeProto, a: &NodeAttrs, op: &str) -> R<Val> {
         let x = self.req(node, 0)?;
-        let axes_are_input = if op == "ReduceSum" { self.opset >= 13 } else { self.opset >= 18 };
-        let axes =
-            if axes_are_input { self.static_ints(node, 1, "axes")? } else { a.ints("axes").inv()? }.unwrap_or_default();
+        let axes_are_input = if op == "ReduceSum" {
+            self.opset >= 13
+        } else {
+            self.opset >= 18
+        };
+        let axes = if axes_are_input {
+            self.static_ints(node, 1, "axes")?
+        } else {
+            a.ints("axes").inv()?
+        }
+        .unwrap_or_default();
         let keepdims = a.int_or("keepdims", 1).inv()?;
         if axes.is_empty() && axes_are_input && a.int_or("noop_with_empty_axes", 0).inv()? != 0 {
             return Ok(x);
         }
-        let attrs = Attrs::new().with("axes", ints_attr(axes)).with("keepdims", Attr::Int(keepdims));
+        let attrs = Attrs::new()
+            .with("axes", ints_attr(axes))
+            .with("keepdims", Attr::Int(keepdims));
         let k = OpKind::ReduceSum;
         Ok(match op {
             "ReduceSum" => self.op(k, attrs, &[x])?,
@@ -927,7 +1278,11 @@ impl Importer<'_> {
             "ReduceSumSquare" | "ReduceL2" => {
                 let sq = self.op(OpKind::Mul, Attrs::new(), &[x.clone(), x])?;
                 let s = self.op(k, attrs, &[sq])?;
-                if op == "ReduceL2" { self.op(OpKind::Sqrt, Attrs::new(), &[s])? } else { s }
+                if op == "ReduceL2" {
+                    self.op(OpKind::Sqrt, Attrs::new(), &[s])?
+                } else {
+                    s
+                }
             }
             "ReduceLogSum" => {
                 let s = self.op(k, attrs, &[x])?;
@@ -936,14 +1291,13 @@ impl Importer<'_> {
             _ => {
                 // log(sum(exp(x - max))) + max, the stable form.
                 let keep = attrs.clone().with("keepdims", Attr::Int(1));
-                let m = self.op(OpKind::ReduceMax, keep, &[x.clone()])?;
+                let m = self.op(OpKind::ReduceMax, keep, std::slice::from_ref(&x))?;
                 let d = self.op(OpKind::Sub, Attrs::new(), &[x, m.clone()])?;
                 let e = self.op(OpKind::Exp, Attrs::new(), &[d])?;
                 let s = self.op(k, attrs.clone(), &[e])?;
                 let l = self.op(OpKind::Log, Attrs::new(), &[s])?;
                 let m = if keepdims == 0 {
-                    let r = self.op(OpKind::ReduceMax, attrs, &[m])?;
-                    r
+                    self.op(OpKind::ReduceMax, attrs, &[m])?
                 } else {
                     m
                 };
@@ -965,7 +1319,11 @@ impl Importer<'_> {
         let allowzero = self.opset >= 14 && a.int_or("allowzero", 0).inv()? != 0;
         let in_dims = self.dims_of(&x)?;
         let shape = resolve_reshape(&in_dims, &spec, allowzero)?;
-        self.op(OpKind::Reshape, Attrs::new().with("shape", ints_attr(shape)), &[x])
+        self.op(
+            OpKind::Reshape,
+            Attrs::new().with("shape", ints_attr(shape)),
+            &[x],
+        )
     }
 
     fn lower_expand(&mut self, node: &NodeProto) -> R<Val> {
@@ -989,7 +1347,11 @@ impl Importer<'_> {
                 }
             }
         }
-        self.op(OpKind::Expand, Attrs::new().with("shape", ints_attr(shape)), &[x])
+        self.op(
+            OpKind::Expand,
+            Attrs::new().with("shape", ints_attr(shape)),
+            &[x],
+        )
     }
 
     fn lower_pad(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
@@ -1000,11 +1362,17 @@ impl Importer<'_> {
             unsupported!("Pad mode {mode:?} (ppcc supports constant, reflect, edge)");
         }
         let (pads, value) = if self.opset < 11 {
-            let Some(p) = a.ints("pads").inv()? else { invalid!("attribute `pads` is required") };
+            let Some(p) = a.ints("pads").inv()? else {
+                invalid!("attribute `pads` is required")
+            };
             (p, a.float_or("value", 0.0).inv()?)
         } else {
-            let Some(p) = self.static_ints(node, 1, "pads")? else { invalid!("input 1 (pads) is missing") };
-            let value = self.static_scalar_f64(node, 2, "constant_value")?.unwrap_or(0.0);
+            let Some(p) = self.static_ints(node, 1, "pads")? else {
+                invalid!("input 1 (pads) is missing")
+            };
+            let value = self
+                .static_scalar_f64(node, 2, "constant_value")?
+                .unwrap_or(0.0);
             let p = match self.static_ints(node, 3, "axes")? {
                 None => p,
                 Some(axes) => {
@@ -1040,12 +1408,24 @@ impl Importer<'_> {
             };
             (s, e, a.ints("axes").inv()?, None)
         } else {
-            let Some(s) = self.static_ints(node, 1, "starts")? else { invalid!("input 1 (starts) is missing") };
-            let Some(e) = self.static_ints(node, 2, "ends")? else { invalid!("input 2 (ends) is missing") };
-            (s, e, self.static_ints(node, 3, "axes")?, self.static_ints(node, 4, "steps")?)
+            let Some(s) = self.static_ints(node, 1, "starts")? else {
+                invalid!("input 1 (starts) is missing")
+            };
+            let Some(e) = self.static_ints(node, 2, "ends")? else {
+                invalid!("input 2 (ends) is missing")
+            };
+            (
+                s,
+                e,
+                self.static_ints(node, 3, "axes")?,
+                self.static_ints(node, 4, "steps")?,
+            )
         };
         let n = starts.len();
-        if ends.len() != n || axes.as_ref().is_some_and(|v| v.len() != n) || steps.as_ref().is_some_and(|v| v.len() != n) {
+        if ends.len() != n
+            || axes.as_ref().is_some_and(|v| v.len() != n)
+            || steps.as_ref().is_some_and(|v| v.len() != n)
+        {
             invalid!("starts, ends, axes and steps must have the same length");
         }
         let axes = axes.unwrap_or_else(|| (0..n as i64).collect());
@@ -1060,7 +1440,9 @@ impl Importer<'_> {
 
     /// Sizes of an equal split of `dim` into `parts` (the last part smaller if uneven).
     fn equal_split(dim: Dim, parts: usize, allow_uneven: bool) -> R<Vec<i64>> {
-        let Dim::Known(d) = dim else { unsupported!("splitting the symbolic batch dimension") };
+        let Dim::Known(d) = dim else {
+            unsupported!("splitting the symbolic batch dimension")
+        };
         if parts == 0 {
             invalid!("split into zero parts");
         }
@@ -1072,9 +1454,9 @@ impl Importer<'_> {
         if !allow_uneven {
             invalid!("dimension of size {d} does not split into {parts} equal parts");
         }
-        let chunk = (d + p - 1) / p;
+        let chunk = d / p + 1;
         let mut sizes = vec![chunk; parts - 1];
-        sizes.push(d - chunk * (p - 1));
+        sizes.push(d.saturating_sub(chunk.saturating_mul(p - 1)));
         if sizes.last().is_some_and(|&s| s < 0) {
             invalid!("dimension of size {d} cannot be split into {parts} parts");
         }
@@ -1095,18 +1477,23 @@ impl Importer<'_> {
         let sizes = match sizes {
             Some(s) if !s.is_empty() => s,
             _ => {
-                let parts = if self.opset >= 18 {
-                    a.int("num_outputs").inv()?.map(|n| n as usize).unwrap_or(n_out)
-                } else {
-                    n_out
-                };
+                if self.opset >= 18 {
+                    if let Some(n) = a.int("num_outputs").inv()? {
+                        if n != n_out as i64 {
+                            invalid!("num_outputs is {n} but the node has {n_out} outputs");
+                        }
+                    }
+                }
+                let parts = n_out;
                 Self::equal_split(dims[ax], parts, self.opset >= 18)?
             }
         };
         if sizes.len() != n_out {
             invalid!("{} split sizes for {n_out} outputs", sizes.len());
         }
-        let attrs = Attrs::new().with("axis", Attr::Int(axis)).with("split", ints_attr(sizes));
+        let attrs = Attrs::new()
+            .with("axis", Attr::Int(axis))
+            .with("split", ints_attr(sizes));
         self.op_n(OpKind::Split, attrs, &[x], n_out)
     }
 
@@ -1124,7 +1511,7 @@ impl Importer<'_> {
                     // Sizes known only at run time: the length is still known from their shape.
                     let ty = self.ty(&v)?;
                     return match ty.dims.as_slice() {
-                        [Dim::Known(n)] => Ok(Val::Seq(vec![
+                        [Dim::Known(n)] if *n <= MAX_SEQUENCE as u64 => Ok(Val::Seq(vec![
                             Val::Opaque(
                                 "an element of a sequence split by sizes known only at run time".into()
                             );
@@ -1137,16 +1524,29 @@ impl Importer<'_> {
         };
         let (sizes, squeeze) = match split {
             None => {
-                let Dim::Known(d) = dims[ax] else { unsupported!("splitting the symbolic batch dimension") };
+                let Dim::Known(d) = dims[ax] else {
+                    unsupported!("splitting the symbolic batch dimension")
+                };
+                if d > MAX_SEQUENCE as u64 {
+                    unsupported!("a sequence of {d} tensors (ppcc unrolls sequences; at most {MAX_SEQUENCE})");
+                }
                 (vec![1; d as usize], keepdims == 0)
             }
             Some(t) if t.shape.is_empty() => {
-                let Dim::Known(d) = dims[ax] else { unsupported!("splitting the symbolic batch dimension") };
+                let Dim::Known(d) = dims[ax] else {
+                    unsupported!("splitting the symbolic batch dimension")
+                };
                 let chunk = t.to_i64_vec()[0];
                 if chunk <= 0 {
                     invalid!("split size {chunk} must be positive");
                 }
                 let d = d as i64;
+                if d / chunk > MAX_SEQUENCE as i64 {
+                    unsupported!(
+                        "a sequence of {} tensors (ppcc unrolls sequences; at most {MAX_SEQUENCE})",
+                        d / chunk
+                    );
+                }
                 let mut s = vec![chunk; (d / chunk) as usize];
                 if d % chunk != 0 {
                     s.push(d % chunk);
@@ -1159,14 +1559,22 @@ impl Importer<'_> {
             return Ok(Val::Seq(vec![]));
         }
         let n = sizes.len();
-        let attrs = Attrs::new().with("axis", Attr::Int(axis)).with("split", ints_attr(sizes));
+        let attrs = Attrs::new()
+            .with("axis", Attr::Int(axis))
+            .with("split", ints_attr(sizes));
         let parts = self.op_n(OpKind::Split, attrs, &[x], n)?;
         if !squeeze {
             return Ok(Val::Seq(parts));
         }
         let items = parts
             .into_iter()
-            .map(|p| self.op(OpKind::Squeeze, Attrs::new().with("axes", ints_attr(vec![ax as i64])), &[p]))
+            .map(|p| {
+                self.op(
+                    OpKind::Squeeze,
+                    Attrs::new().with("axes", ints_attr(vec![ax as i64])),
+                    &[p],
+                )
+            })
             .collect::<R<Vec<_>>>()?;
         Ok(Val::Seq(items))
     }
@@ -1213,7 +1621,9 @@ fn cast_target(a: &NodeAttrs) -> R<DType> {
         };
         return Ok(dtype_from_onnx(t).expect("listed above"));
     }
-    let Some(to) = a.int("to").inv()? else { invalid!("attribute `to` is required") };
+    let Some(to) = a.int("to").inv()? else {
+        invalid!("attribute `to` is required")
+    };
     match dtype_from_onnx(to as i32) {
         Some(d) => Ok(d),
         None => unsupported!("Cast to {}", super::proto::data_type::name(to as i32)),
@@ -1238,7 +1648,10 @@ pub(super) fn resolve_reshape(input: &[Dim], spec: &[SymInt], allowzero: bool) -
             SymInt::Known(0) if !allowzero => match input.get(i) {
                 Some(Dim::Known(n)) => D::Known(*n as i64),
                 Some(Dim::Batch) => D::Batch,
-                None => invalid!("shape entry {i} is 0 (copy), but the input has rank {}", input.len()),
+                None => invalid!(
+                    "shape entry {i} is 0 (copy), but the input has rank {}",
+                    input.len()
+                ),
             },
             SymInt::Known(n) if n >= 0 => D::Known(n),
             SymInt::Known(n) => invalid!("invalid shape entry {n}"),
@@ -1249,8 +1662,17 @@ pub(super) fn resolve_reshape(input: &[Dim], spec: &[SymInt], allowzero: bool) -
     }
     let in_batch = input.iter().filter(|d| **d == Dim::Batch).count();
     let out_batch = out.iter().filter(|d| **d == D::Batch).count();
-    let in_known: i64 = input.iter().filter_map(|d| d.known()).map(|n| n as i64).product();
-    let out_known: i64 = out.iter().filter_map(|d| if let D::Known(n) = d { Some(*n) } else { None }).product();
+    let overflow = || Fail::Invalid("the element count overflows".into());
+    let in_known: i64 = input
+        .iter()
+        .filter_map(|d| d.known())
+        .try_fold(1i64, |a, n| a.checked_mul(n as i64))
+        .ok_or_else(overflow)?;
+    let out_known: i64 = out
+        .iter()
+        .filter_map(|d| if let D::Known(n) = d { Some(*n) } else { None })
+        .try_fold(1i64, |a, n| a.checked_mul(n))
+        .ok_or_else(overflow)?;
     let has_infer = out.contains(&D::Infer);
     if in_batch == out_batch {
         // The batch factors cancel: an inferred -1 is a known size.
@@ -1288,11 +1710,29 @@ fn trilu(x: &Tensor, k: i64, upper: bool) -> R<Tensor> {
     let (rows, cols) = (x.shape[x.shape.len() - 2], x.shape[x.shape.len() - 1]);
     let keep = |i: usize| {
         let (r, c) = (((i / cols) % rows) as i64, (i % cols) as i64);
-        if upper { c - r >= k } else { c - r <= k }
+        if upper {
+            c - r >= k
+        } else {
+            c - r <= k
+        }
     };
     let data = match &x.data {
-        TensorData::Float(v) => TensorData::Float(v.iter().enumerate().map(|(i, &x)| if keep(i) { x } else { 0.0 }).collect()),
-        TensorData::Int(v) => TensorData::Int(v.iter().enumerate().map(|(i, &x)| if keep(i) { x } else { 0 }).collect()),
+        TensorData::Float(v) => TensorData::Float(
+            v.iter()
+                .enumerate()
+                .map(|(i, &x)| if keep(i) { x } else { 0.0 })
+                .collect(),
+        ),
+        TensorData::Int(v) => TensorData::Int(
+            v.iter()
+                .enumerate()
+                .map(|(i, &x)| if keep(i) { x } else { 0 })
+                .collect(),
+        ),
     };
-    Ok(Tensor { dtype: x.dtype, shape: x.shape.clone(), data })
+    Ok(Tensor {
+        dtype: x.dtype,
+        shape: x.shape.clone(),
+        data,
+    })
 }

@@ -74,12 +74,21 @@ pub fn import_onnx_file(path: impl AsRef<Path>, opts: &ImportOptions) -> Result<
 }
 
 /// Like [`import_onnx_file`], also returning how inputs and outputs map to ONNX names.
-pub fn import_onnx_file_full(path: impl AsRef<Path>, opts: &ImportOptions) -> Result<Imported, OnnxError> {
+pub fn import_onnx_file_full(
+    path: impl AsRef<Path>,
+    opts: &ImportOptions,
+) -> Result<Imported, OnnxError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| OnnxError::Io { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| OnnxError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut opts = opts.clone();
     if opts.model_dir.is_none() {
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         opts.model_dir = Some(dir.to_path_buf());
     }
     import_model(&decode_model(&bytes)?, &opts)

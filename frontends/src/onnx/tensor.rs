@@ -58,15 +58,28 @@ pub fn element_count(dims: &[i64]) -> Result<usize, String> {
 }
 
 fn tensor_err(tp: &TensorProto, message: impl Into<String>) -> OnnxError {
-    OnnxError::Tensor { tensor: tp.name.clone(), message: message.into() }
+    OnnxError::Tensor {
+        tensor: tp.name.clone(),
+        message: message.into(),
+    }
 }
 
 /// Decode a tensor. `model_dir` is the folder external data is read from (`None`: the model
 /// came from bytes, and external data is an error).
 pub fn tensor_from_proto(tp: &TensorProto, model_dir: Option<&Path>) -> Result<Tensor, OnnxError> {
     let dtype = dtype_from_onnx(tp.data_type).ok_or_else(|| {
-        let what = if tp.data_type == data_type::STRING { " (string tensors are unsupported)" } else { "" };
-        tensor_err(tp, format!("unsupported element type {}{what}", data_type::name(tp.data_type)))
+        let what = if tp.data_type == data_type::STRING {
+            " (string tensors are unsupported)"
+        } else {
+            ""
+        };
+        tensor_err(
+            tp,
+            format!(
+                "unsupported element type {}{what}",
+                data_type::name(tp.data_type)
+            ),
+        )
     })?;
     if tp.segment.is_some() {
         return Err(tensor_err(tp, "segmented tensors are unsupported"));
@@ -79,13 +92,22 @@ pub fn tensor_from_proto(tp: &TensorProto, model_dir: Option<&Path>) -> Result<T
         return from_raw(dtype, shape, n, &bytes).map_err(|m| tensor_err(tp, m));
     }
     if tp.data_location != data_location::DEFAULT {
-        return Err(tensor_err(tp, format!("unknown data_location {}", tp.data_location)));
+        return Err(tensor_err(
+            tp,
+            format!("unknown data_location {}", tp.data_location),
+        ));
     }
     if !tp.raw_data.is_empty() || n == 0 {
         return from_raw(dtype, shape, n, &tp.raw_data).map_err(|m| tensor_err(tp, m));
     }
     let count_err = |found: usize, field: &str| {
-        tensor_err(tp, format!("shape {:?} needs {n} elements but {field} holds {found}", tp.dims))
+        tensor_err(
+            tp,
+            format!(
+                "shape {:?} needs {n} elements but {field} holds {found}",
+                tp.dims
+            ),
+        )
     };
     let data = match dtype {
         DType::F32 => {
@@ -112,13 +134,23 @@ pub fn tensor_from_proto(tp: &TensorProto, model_dir: Option<&Path>) -> Result<T
             }
             match dtype {
                 DType::F16 => TensorData::Float(
-                    tp.int32_data.iter().map(|&b| half::f16::from_bits(b as u16).to_f64()).collect(),
+                    tp.int32_data
+                        .iter()
+                        .map(|&b| half::f16::from_bits(b as u16).to_f64())
+                        .collect(),
                 ),
                 DType::BF16 => TensorData::Float(
-                    tp.int32_data.iter().map(|&b| half::bf16::from_bits(b as u16).to_f64()).collect(),
+                    tp.int32_data
+                        .iter()
+                        .map(|&b| half::bf16::from_bits(b as u16).to_f64())
+                        .collect(),
                 ),
-                DType::I8 => TensorData::Int(tp.int32_data.iter().map(|&x| x as i8 as i64).collect()),
-                DType::Bool => TensorData::Int(tp.int32_data.iter().map(|&x| (x != 0) as i64).collect()),
+                DType::I8 => {
+                    TensorData::Int(tp.int32_data.iter().map(|&x| x as i8 as i64).collect())
+                }
+                DType::Bool => {
+                    TensorData::Int(tp.int32_data.iter().map(|&x| (x != 0) as i64).collect())
+                }
                 _ => TensorData::Int(tp.int32_data.iter().map(|&x| x as i64).collect()),
             }
         }
@@ -139,19 +171,35 @@ pub fn from_raw(dtype: DType, shape: Vec<usize>, n: usize, raw: &[u8]) -> Result
     let chunks = raw.chunks_exact(size);
     let data = match dtype {
         DType::F32 => TensorData::Float(
-            chunks.map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+            chunks
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
         ),
-        DType::F64 => TensorData::Float(chunks.map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()),
+        DType::F64 => TensorData::Float(
+            chunks
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
         DType::F16 => TensorData::Float(
-            chunks.map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect(),
+            chunks
+                .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f64())
+                .collect(),
         ),
         DType::BF16 => TensorData::Float(
-            chunks.map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect(),
+            chunks
+                .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64())
+                .collect(),
         ),
-        DType::I64 => TensorData::Int(chunks.map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
-        DType::I32 => {
-            TensorData::Int(chunks.map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect())
-        }
+        DType::I64 => TensorData::Int(
+            chunks
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
+        DType::I32 => TensorData::Int(
+            chunks
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+                .collect(),
+        ),
         DType::I8 => TensorData::Int(raw.iter().map(|&b| b as i8 as i64).collect()),
         DType::Bool => TensorData::Int(raw.iter().map(|&b| (b != 0) as i64).collect()),
     };
@@ -245,7 +293,11 @@ mod tests {
         };
         let e = tensor_from_proto(&short, None).unwrap_err().to_string();
         assert!(e.contains("bytes"), "{e}");
-        let negative = TensorProto { dims: vec![-3], data_type: data_type::INT64, ..Default::default() };
+        let negative = TensorProto {
+            dims: vec![-3],
+            data_type: data_type::INT64,
+            ..Default::default()
+        };
         assert!(tensor_from_proto(&negative, None).is_err());
     }
 
@@ -254,11 +306,25 @@ mod tests {
         let f16 = TensorProto {
             dims: vec![2],
             data_type: data_type::FLOAT16,
-            int32_data: vec![half::f16::from_f32(1.5).to_bits() as i32, half::f16::from_f32(-2.0).to_bits() as i32],
+            int32_data: vec![
+                half::f16::from_f32(1.5).to_bits() as i32,
+                half::f16::from_f32(-2.0).to_bits() as i32,
+            ],
             ..Default::default()
         };
-        assert_eq!(tensor_from_proto(&f16, None).unwrap().as_f64().unwrap(), &[1.5, -2.0]);
-        let b = TensorProto { dims: vec![2], data_type: data_type::BOOL, int32_data: vec![0, 7], ..Default::default() };
-        assert_eq!(tensor_from_proto(&b, None).unwrap().as_i64().unwrap(), &[0, 1]);
+        assert_eq!(
+            tensor_from_proto(&f16, None).unwrap().as_f64().unwrap(),
+            &[1.5, -2.0]
+        );
+        let b = TensorProto {
+            dims: vec![2],
+            data_type: data_type::BOOL,
+            int32_data: vec![0, 7],
+            ..Default::default()
+        };
+        assert_eq!(
+            tensor_from_proto(&b, None).unwrap().as_i64().unwrap(),
+            &[0, 1]
+        );
     }
 }

@@ -6,8 +6,8 @@
 
 use super::erf::erf;
 use super::util::{
-    bools, broadcast_shapes, fail, float_tensor, for_each_broadcast, int_tensor, max_nan, min_nan,
-    same_dtype, OpResult,
+    bools, broadcast_shapes, fail, float_tensor, floats, for_each_broadcast, int_tensor, max_nan,
+    min_nan, same_dtype, OpResult,
 };
 use crate::attr::Attrs;
 use crate::ops::OpKind;
@@ -18,13 +18,60 @@ fn map<T: Copy, R>(x: &[T], f: impl Fn(T) -> R) -> Vec<R> {
     x.iter().map(|&v| f(v)).collect()
 }
 
-/// Unary ops (the `Unary` class, including cast, clip, dropout and identity).
-pub(super) fn unary(
-    kind: OpKind,
+/// `dropout(x, [key])`: identity in inference; in training (`training` = 1)
+/// `x · mask / (1 - ratio)` with the mask of [`super::rng::dropout_keep`] for the op's
+/// `seed` and the key's (step, micro-batch). A second declared result is the mask (i1).
+pub(super) fn dropout(
     attrs: &Attrs,
-    x: &Tensor,
+    inputs: &[&Tensor],
     result_types: &[TensorType],
 ) -> OpResult<Vec<Tensor>> {
+    let x = inputs[0];
+    let ratio = attrs.float_or("ratio", 0.5)?;
+    let training = attrs.int_or("training", 0)? != 0;
+    let seed = attrs.int_or("seed", 0)?;
+    let n = x.num_elements();
+    let keep: Vec<i64> = if training {
+        if !(0.0..1.0).contains(&ratio) {
+            fail!("`ratio` must be in [0, 1), got {ratio}");
+        }
+        let Some(key) = inputs.get(1) else {
+            fail!("training-mode dropout needs its key operand (tensor<2xi64>: step, micro-batch)");
+        };
+        let k = super::util::ints(key, "the dropout key")?;
+        if k.len() != 2 {
+            fail!(
+                "the dropout key must be tensor<2xi64> (step, micro-batch), got shape {:?}",
+                key.shape
+            );
+        }
+        let stream = super::rng::dropout_stream(seed, k[0], k[1]);
+        (0..n as u64)
+            .map(|i| (super::rng::stream_uniform(stream, i) >= ratio) as i64)
+            .collect()
+    } else {
+        vec![1; n]
+    };
+    let mut outs = if training {
+        let v = floats(x, "x")?;
+        let scale = 1.0 / (1.0 - ratio);
+        let y = v
+            .iter()
+            .zip(&keep)
+            .map(|(&a, &k)| if k != 0 { a * scale } else { 0.0 })
+            .collect();
+        vec![float_tensor(x.dtype, x.shape.clone(), y)]
+    } else {
+        vec![x.clone()]
+    };
+    if result_types.len() == 2 {
+        outs.push(int_tensor(DType::Bool, x.shape.clone(), keep));
+    }
+    Ok(outs)
+}
+
+/// Unary ops (the `Unary` class, including cast, clip and identity).
+pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
     use OpKind::*;
     match kind {
         Identity => return Ok(vec![x.clone()]),
@@ -33,20 +80,6 @@ pub(super) fn unary(
                 fail!("missing required attribute `to`")
             };
             return Ok(vec![cast(x, to)]);
-        }
-        Dropout => {
-            if attrs.int_or("training", 0)? != 0 {
-                fail!("dropout with training = 1 is not implemented yet in the interpreter");
-            }
-            // `ratio` only matters in training; still reject an attribute of the wrong kind.
-            attrs.float_or("ratio", 0.5)?;
-            let mut outs = vec![x.clone()];
-            if result_types.len() == 2 {
-                // The optional mask output: every element kept.
-                let n = x.num_elements();
-                outs.push(int_tensor(DType::Bool, x.shape.clone(), vec![1; n]));
-            }
-            return Ok(outs);
         }
         Not => {
             let v = bools(x, "the operand of pp.not")?;

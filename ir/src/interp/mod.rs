@@ -32,13 +32,17 @@
 mod conv;
 mod elementwise;
 mod erf;
+mod grad;
 mod linalg;
 mod movement;
 mod norm;
 mod pool;
 mod reduce;
+pub mod rng;
 pub(crate) mod util;
 
+#[cfg(test)]
+mod grad_tests;
 #[cfg(test)]
 mod tests;
 
@@ -46,6 +50,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 pub use erf::erf;
+pub use rng::{dropout_keep, dropout_uniform};
 
 use crate::attr::Attrs;
 use crate::module::{ArgKind, Function, Module, ValueId};
@@ -273,9 +278,8 @@ fn compute(
     match kind {
         Relu | LeakyRelu | Elu | Selu | Sigmoid | HardSigmoid | Tanh | Gelu | Erf | Exp | Log
         | Sqrt | Abs | Neg | Sign | Reciprocal | Softplus | Softsign | Floor | Ceil | Sin | Cos
-        | Not | Identity | Shrink | Clip | Cast | Dropout => {
-            elementwise::unary(kind, attrs, inputs[0], result_types)
-        }
+        | Not | Identity | Shrink | Clip | Cast => elementwise::unary(kind, attrs, inputs[0]),
+        Dropout => elementwise::dropout(attrs, inputs, result_types),
         Add | Sub | Mul | Div | Pow | Max | Min | PRelu => {
             one(elementwise::binary(kind, inputs[0], inputs[1])?)
         }
@@ -311,6 +315,13 @@ fn compute(
         Unsqueeze => one(movement::unsqueeze(attrs, inputs[0])?),
         Flatten => one(movement::flatten(attrs, inputs[0])?),
         Constant => one(movement::constant(attrs, &result_types[0])?),
+        SoftmaxCrossEntropy => one(grad::softmax_cross_entropy(attrs, inputs)?),
+        SoftmaxCrossEntropyGrad => one(grad::softmax_cross_entropy_grad(attrs, inputs)?),
+        MaxPoolGrad => one(grad::max_pool_grad(attrs, inputs[0], inputs[1])?),
+        AvgPoolGrad => one(grad::avg_pool_grad(attrs, inputs[0])?),
+        ConvGradWeight => one(grad::conv_grad_weight(attrs, inputs[0], inputs[1])?),
+        GatherGrad => one(grad::gather_grad(attrs, inputs[0], inputs[1])?),
+        SliceGrad => one(grad::slice_grad(attrs, inputs[0])?),
         Send | Recv => fail!("needs a communicator: run it with run_function and a Comm"),
     }
 }

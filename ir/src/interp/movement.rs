@@ -22,7 +22,7 @@ fn with_shape(x: &Tensor, shape: Vec<usize>) -> Tensor {
     }
 }
 
-fn required_ints(attrs: &Attrs, name: &str) -> OpResult<Vec<i64>> {
+pub(super) fn required_ints(attrs: &Attrs, name: &str) -> OpResult<Vec<i64>> {
     match attrs.ints(name)? {
         Some(v) => Ok(v),
         None => fail!("missing required attribute `{name}`"),
@@ -185,7 +185,19 @@ pub(super) fn split(attrs: &Attrs, x: &Tensor, n_results: usize) -> OpResult<Vec
 /// from the end; then starts clamp to `[0, d]` (`[0, d-1]` for negative steps) and ends to
 /// `[0, d]` (`[-1, d-1]` for negative steps), so INT64_MAX/INT64_MIN mean "to the end".
 pub(super) fn slice(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
-    let rank = x.shape.len();
+    let maps = slice_maps(attrs, &x.shape)?;
+    let shape = maps.iter().map(|m| m.len()).collect();
+    Ok(Tensor {
+        dtype: x.dtype,
+        shape,
+        data: select_data(&x.data, &x.shape, &maps, 0.0),
+    })
+}
+
+/// Per axis of an input of shape `in_shape`, the input coordinate each result coordinate
+/// of a slice reads (shared with `slice_grad`, which writes there).
+pub(super) fn slice_maps(attrs: &Attrs, in_shape: &[usize]) -> OpResult<Vec<Vec<Option<usize>>>> {
+    let rank = in_shape.len();
     let starts = required_ints(attrs, "starts")?;
     let ends = required_ints(attrs, "ends")?;
     let axes = match attrs.ints("axes")? {
@@ -199,9 +211,9 @@ pub(super) fn slice(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
         );
     }
     let axes = norm_axes(&axes, rank)?;
-    let mut maps: Vec<Vec<Option<usize>>> = x.shape.iter().map(|&d| full_map(d)).collect();
+    let mut maps: Vec<Vec<Option<usize>>> = in_shape.iter().map(|&d| full_map(d)).collect();
     for (i, &axis) in axes.iter().enumerate() {
-        let d = x.shape[axis] as i64;
+        let d = in_shape[axis] as i64;
         let step = steps[i];
         if step == 0 {
             fail!("slice step for axis {axis} is 0");
@@ -225,12 +237,7 @@ pub(super) fn slice(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
             .collect();
         maps[axis] = map;
     }
-    let shape = maps.iter().map(|m| m.len()).collect();
-    Ok(Tensor {
-        dtype: x.dtype,
-        shape,
-        data: select_data(&x.data, &x.shape, &maps, 0.0),
-    })
+    Ok(maps)
 }
 
 /// ONNX Gather: result shape `data[..axis] ++ indices ++ data[axis+1..]`; negative

@@ -315,7 +315,8 @@ pub(super) fn pool(kind: OpKind, attrs: &Attrs, x: &TensorType) -> Res<TensorTyp
         );
     }
     check_min("kernel_shape", &kernel, 1)?;
-    let win = Window::read(attrs, spatial, is_max)?;
+    // Average pooling has dilations too since ONNX opset 19 (the interpreter applies them).
+    let win = Window::read(attrs, spatial, true)?;
     let ceil_mode = super::flag(attrs, "ceil_mode")?;
     if !is_max {
         super::flag(attrs, "count_include_pad")?;

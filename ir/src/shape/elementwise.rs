@@ -51,9 +51,7 @@ pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &TensorType) -> Res<TensorTy
     use OpKind::*;
     let elem = match kind {
         LeakyRelu | Elu | Selu | Sigmoid | HardSigmoid | Tanh | Gelu | Exp | Log | Sqrt
-        | Reciprocal | Softplus | Softsign | Floor | Ceil | Sin | Cos | Dropout => {
-            Some(Elem::Float)
-        }
+        | Reciprocal | Softplus | Softsign | Floor | Ceil | Sin | Cos => Some(Elem::Float),
         Relu | Erf | Abs | Neg | Sign | Shrink | Clip => Some(Elem::Numeric),
         Not => Some(Elem::Bool),
         _ => None,
@@ -72,14 +70,28 @@ pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &TensorType) -> Res<TensorTy
             "none" | "tanh" => {}
             other => bail!("'approximate' must be \"none\" or \"tanh\", found {other:?}"),
         },
-        Dropout => {
-            let ratio = attrs.float_or("ratio", 0.5)?;
-            if !(0.0..1.0).contains(&ratio) {
-                bail!("'ratio' must be in [0, 1), found {ratio}");
-            }
-            super::flag(attrs, "training")?;
-        }
         _ => {}
+    }
+    Ok(x.clone())
+}
+
+/// `dropout(x, [key])`: x's type. The key, when present, is the `tensor<2xi64>`
+/// (step, micro-batch) that selects the training mask.
+pub(super) fn dropout(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+    let x = &ops[0];
+    check_elem(x, 0, Elem::Float)?;
+    let ratio = attrs.float_or("ratio", 0.5)?;
+    if !(0.0..1.0).contains(&ratio) {
+        bail!("'ratio' must be in [0, 1), found {ratio}");
+    }
+    super::flag(attrs, "training")?;
+    attrs.int_or("seed", 0)?;
+    if let Some(key) = ops.get(1) {
+        if *key != TensorType::of(DType::I64, &[2]) {
+            bail!(
+                "operand 1 (the dropout key: step, micro-batch) must be tensor<2xi64>, got {key}"
+            );
+        }
     }
     Ok(x.clone())
 }

@@ -16,6 +16,7 @@
 
 mod contraction;
 mod elementwise;
+mod grad;
 mod movement;
 #[cfg(test)]
 mod tests;
@@ -84,9 +85,8 @@ pub fn infer(
     match kind {
         Relu | LeakyRelu | Elu | Selu | Sigmoid | HardSigmoid | Tanh | Gelu | Erf | Exp | Log
         | Sqrt | Abs | Neg | Sign | Reciprocal | Softplus | Softsign | Floor | Ceil | Sin | Cos
-        | Not | Identity | Shrink | Clip | Cast | Dropout => {
-            one(elementwise::unary(kind, attrs, &ops[0])?)
-        }
+        | Not | Identity | Shrink | Clip | Cast => one(elementwise::unary(kind, attrs, &ops[0])?),
+        Dropout => one(elementwise::dropout(attrs, ops)?),
         Add | Sub | Mul | Div | Pow | Max | Min | PRelu | Equal | Less | Greater | LessEqual
         | GreaterEqual | And | Or => one(elementwise::binary(kind, &ops[0], &ops[1])?),
         Where => one(elementwise::where_(&ops[0], &ops[1], &ops[2])?),
@@ -117,6 +117,13 @@ pub fn infer(
         Unsqueeze => one(movement::unsqueeze(attrs, &ops[0])?),
         Flatten => one(movement::flatten(attrs, &ops[0])?),
         Constant => one(req_tensor(attrs, "value")?.tensor_type()),
+        SoftmaxCrossEntropy => one(grad::softmax_cross_entropy(attrs, ops)?),
+        SoftmaxCrossEntropyGrad => one(grad::softmax_cross_entropy_grad(attrs, ops)?),
+        MaxPoolGrad => one(grad::max_pool_grad(attrs, ops)?),
+        AvgPoolGrad => one(grad::avg_pool_grad(attrs, &ops[0])?),
+        ConvGradWeight => one(grad::conv_grad_weight(attrs, ops)?),
+        GatherGrad => one(grad::gather_grad(attrs, ops)?),
+        SliceGrad => one(grad::slice_grad(attrs, &ops[0])?),
         Send => Ok(vec![]),
         Recv => {
             bail!("the type of a recv is given by its result annotation; it cannot be inferred")

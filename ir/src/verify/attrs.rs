@@ -85,10 +85,12 @@ const AVG_POOL: &[AttrSpec] = &[
     req("kernel_shape", Is),
     opt("strides", Is),
     opt("pads", Is),
+    opt("dilations", Is),
     opt("ceil_mode", I),
     opt("count_include_pad", I),
 ];
 const EPSILON: &[AttrSpec] = &[opt("epsilon", F)];
+const BATCH_NORM: &[AttrSpec] = &[opt("epsilon", F), opt("momentum", F)];
 const LAYER_NORM: &[AttrSpec] = &[opt("axis", I), opt("epsilon", F)];
 const LRN: &[AttrSpec] = &[
     req("size", I),
@@ -114,6 +116,31 @@ const SQUEEZE: &[AttrSpec] = &[opt("axes", Is)];
 const UNSQUEEZE: &[AttrSpec] = &[req("axes", Is)];
 const FLATTEN: &[AttrSpec] = &[opt("axis", I)];
 const CONSTANT: &[AttrSpec] = &[req("value", T)];
+const CROSS_ENTROPY: &[AttrSpec] = &[opt("ignore_index", I)];
+const AVG_POOL_GRAD: &[AttrSpec] = &[
+    req("kernel_shape", Is),
+    opt("strides", Is),
+    opt("pads", Is),
+    opt("dilations", Is),
+    opt("ceil_mode", I),
+    opt("count_include_pad", I),
+    req("input_shape", Is),
+];
+const CONV_GRAD_WEIGHT: &[AttrSpec] = &[
+    opt("strides", Is),
+    opt("pads", Is),
+    opt("dilations", Is),
+    opt("group", I),
+    req("kernel_shape", Is),
+];
+const GATHER_GRAD: &[AttrSpec] = &[opt("axis", I), req("data_shape", Is)];
+const SLICE_GRAD: &[AttrSpec] = &[
+    req("starts", Is),
+    req("ends", Is),
+    opt("axes", Is),
+    opt("steps", Is),
+    req("input_shape", Is),
+];
 const COMM: &[AttrSpec] = &[req("peer", I), req("channel", I)];
 
 /// The attributes `kind` understands.
@@ -138,7 +165,8 @@ pub fn attr_schema(kind: OpKind) -> &'static [AttrSpec] {
         MaxPool => MAX_POOL,
         AvgPool => AVG_POOL,
         GlobalAvgPool | GlobalMaxPool => NONE,
-        BatchNorm | InstanceNorm => EPSILON,
+        BatchNorm => BATCH_NORM,
+        InstanceNorm => EPSILON,
         LayerNorm => LAYER_NORM,
         Lrn => LRN,
         Softmax | LogSoftmax => AXIS,
@@ -155,6 +183,12 @@ pub fn attr_schema(kind: OpKind) -> &'static [AttrSpec] {
         Unsqueeze => UNSQUEEZE,
         Flatten => FLATTEN,
         Constant => CONSTANT,
+        SoftmaxCrossEntropy | SoftmaxCrossEntropyGrad => CROSS_ENTROPY,
+        MaxPoolGrad => MAX_POOL,
+        AvgPoolGrad => AVG_POOL_GRAD,
+        ConvGradWeight => CONV_GRAD_WEIGHT,
+        GatherGrad => GATHER_GRAD,
+        SliceGrad => SLICE_GRAD,
         Send | Recv => COMM,
     }
 }

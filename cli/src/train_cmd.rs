@@ -1,0 +1,551 @@
+//! `ppcc train`: single-device training with the reference interpreter.
+//!
+//! Import → bind the micro-batch size → `@grad` (autodiff, loss appended) → `@optim` and
+//! `@accumulate` (optimizer) → [`ppcc_runtime::Trainer`] over `.npz` or synthetic data.
+//! Standard output carries exactly one line per step, `step <k> loss <value>`; the value is
+//! the f64 loss in Rust's `{:?}` form: the shortest digits that read back exactly, in
+//! scientific notation below 1e-4 (`2.765547752380371`, `1.4511585504806135e-5`).
+//! Everything else goes to standard error.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
+use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions};
+use ppcc_passes::autodiff::{build_gradient_function, AutodiffOptions, LossKind};
+use ppcc_passes::optim::{build_optimizer_function, OptimizerKind, OptimizerOptions};
+use ppcc_runtime::data::{default_specs, with_batch};
+use ppcc_runtime::{
+    ArraySource, BatchSource, Distribution, InputSpec, SyntheticSource, Trainer, TrainerOptions,
+};
+use ppir::{ArgKind, DType, Dim, Module, Tensor, TensorData, TensorType};
+
+use crate::npz::read_npz;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LossArg {
+    /// The model's output if it is a single scalar, cross-entropy otherwise.
+    Auto,
+    /// Softmax cross-entropy over the last axis of the first output, integer labels.
+    CrossEntropy,
+    /// Mean squared error of the first output against float labels.
+    Mse,
+    /// The model's (scalar) output is the loss.
+    Output,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerArg {
+    /// SGD with momentum and weight decay (PyTorch semantics).
+    Sgd,
+    /// AdamW (decoupled weight decay, bias correction).
+    Adamw,
+}
+
+/// Train a model on one device with the reference interpreter.
+///
+/// Builds the training program (gradient of the loss by autodiff, optimizer step and
+/// gradient accumulation as IR) and runs it step by step.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Output: exactly one line per step on standard output, `step <k> loss <value>` (k from 0;
+the value is the mean loss over the global batch before that step's update, as the
+shortest decimal that reads back as the same f64: `2.765547752380371`,
+`1.4511585504806135e-5`). Everything else goes to standard error; a progress bar only
+when standard error is a terminal.
+
+Data: `--data FILE.npz` holds the model's inputs under their ONNX names and `labels`
+(class ids for cross-entropy, float targets for mse), rows on axis 0; step k takes the
+(k mod n)-th block of N rows, n = rows / N. `--data synthetic` draws one seeded batch
+(floats ~ N(0,1), token ids within the embedding table, class ids within the logits) and
+repeats it every step, so a working program shows the loss falling; `synthetic-fresh`
+draws a new batch per step.
+
+Examples:
+  ppcc train examples/gpt.onnx --steps 50 --data synthetic
+  ppcc train examples/mlp.onnx --data examples/mlp_train.npz --steps 5 --lr 0.05 --momentum 0.9
+  ppcc train examples/mlp.onnx --data examples/mlp_train.npz --microbatches 4
+  ppcc train examples/two_tower.onnx --data examples/two_tower_train.npz --loss mse \\
+      --optimizer adamw --lr 1e-3 --weight-decay 0.01 --save-onnx trained.onnx")]
+pub struct TrainArgs {
+    /// The ONNX model (float initializers are the trained parameters).
+    model: PathBuf,
+    /// Number of training steps.
+    #[arg(long, default_value_t = 10)]
+    steps: u64,
+    /// Training data: an `.npz` (inputs by ONNX name, plus `labels`), `synthetic`
+    /// (one seeded batch, repeated) or `synthetic-fresh` (a new seeded batch each step).
+    #[arg(long, value_name = "FILE.npz|synthetic", default_value = "synthetic")]
+    data: String,
+    /// Global batch size N (rows per step). Default: the model's static batch size. A
+    /// model exported with a static batch trains with other micro-batch sizes unless it
+    /// bakes its batch size into a constant (then N/M must equal it).
+    #[arg(long, value_name = "N")]
+    batch: Option<u64>,
+    /// Micro-batches per step M (each carries N/M rows; gradients are summed, then scaled
+    /// by 1/M). M must divide N.
+    #[arg(long, value_name = "M", default_value_t = 1)]
+    microbatches: u64,
+    /// The loss to train.
+    #[arg(long, value_enum, default_value_t = LossArg::Auto)]
+    loss: LossArg,
+    /// The optimizer.
+    #[arg(long, value_enum, default_value_t = OptimizerArg::Sgd)]
+    optimizer: OptimizerArg,
+    /// Learning rate. Default: 0.05 for SGD, 1e-3 for AdamW.
+    #[arg(long, value_name = "F")]
+    lr: Option<f64>,
+    /// SGD momentum.
+    #[arg(long, value_name = "F", default_value_t = 0.9)]
+    momentum: f64,
+    /// Weight decay (SGD: added to the gradient; AdamW: decoupled). Default: 0 for SGD,
+    /// 0.01 for AdamW.
+    #[arg(long, value_name = "F")]
+    weight_decay: Option<f64>,
+    /// AdamW β1.
+    #[arg(long, value_name = "F", default_value_t = 0.9)]
+    beta1: f64,
+    /// AdamW β2.
+    #[arg(long, value_name = "F", default_value_t = 0.999)]
+    beta2: f64,
+    /// AdamW ε.
+    #[arg(long, value_name = "F", default_value_t = 1e-8)]
+    eps: f64,
+    /// Seed of synthetic data.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    seed: u64,
+    /// After training, write the model with its initializers replaced by the trained
+    /// values (loadable by onnxruntime).
+    #[arg(long, value_name = "OUT.onnx")]
+    save_onnx: Option<PathBuf>,
+    /// Train with inference-mode ops: dropout off, batch-norm with running statistics.
+    #[arg(long)]
+    eval_mode: bool,
+}
+
+pub fn train(a: TrainArgs) -> Result<ExitCode> {
+    if a.microbatches == 0 {
+        bail!("--microbatches must be at least 1");
+    }
+    let imported = import_onnx_file_full(&a.model, &ImportOptions::default())
+        .with_context(|| format!("importing {}", a.model.display()))?;
+    let mut module = imported.module;
+    let weight_sources = imported.weight_sources;
+    let main = module
+        .function("main")
+        .context("the imported module has no @main")?;
+
+    // ONNX names of the model inputs, by IR argument name.
+    let input_names: Vec<String> = main
+        .args()
+        .iter()
+        .filter(|(_, k)| *k == ArgKind::Input)
+        .map(|&(v, _)| main.value(v).name.clone())
+        .collect();
+    let onnx_name: HashMap<String, String> = input_names
+        .iter()
+        .cloned()
+        .zip(imported.inputs.iter().cloned())
+        .collect();
+    let first_output = main.results().first().map(|&v| main.ty(v).clone());
+
+    // Batch sizes.
+    let model_batch = model_batch(&module)?;
+    let global = match (a.batch, model_batch) {
+        (Some(n), _) => n,
+        (None, Some(b)) => b,
+        (None, None) => {
+            bail!("the model's batch size is symbolic: give the global batch with --batch N")
+        }
+    };
+    if global == 0 || global % a.microbatches != 0 {
+        bail!(
+            "--microbatches {} must divide the global batch {global}",
+            a.microbatches
+        );
+    }
+    let micro = global / a.microbatches;
+    set_batch(&mut module, model_batch, micro)?;
+
+    // Training program.
+    let loss = match a.loss {
+        LossArg::Auto => LossKind::Auto,
+        LossArg::CrossEntropy => LossKind::CrossEntropy,
+        LossArg::Mse => LossKind::Mse,
+        LossArg::Output => LossKind::Output,
+    };
+    let info = build_gradient_function(
+        &mut module,
+        &AutodiffOptions {
+            function: "main".into(),
+            loss,
+            train_mode: !a.eval_mode,
+        },
+    )
+    .context("building the gradient function")?;
+    let grad_f = module
+        .function(&info.function)
+        .context("autodiff returned no gradient function")?;
+    let params: Vec<(String, TensorType)> = info
+        .params
+        .iter()
+        .map(|p| {
+            let v = grad_f
+                .find_value(p)
+                .with_context(|| format!("@{} has no argument %{p}", info.function))?;
+            Ok((p.clone(), grad_f.ty(v).clone()))
+        })
+        .collect::<Result<_>>()?;
+    let (kind, lr, wd) = match a.optimizer {
+        OptimizerArg::Sgd => (
+            OptimizerKind::Sgd,
+            a.lr.unwrap_or(0.05),
+            a.weight_decay.unwrap_or(0.0),
+        ),
+        OptimizerArg::Adamw => (
+            OptimizerKind::AdamW,
+            a.lr.unwrap_or(1e-3),
+            a.weight_decay.unwrap_or(0.01),
+        ),
+    };
+    let opt = OptimizerOptions {
+        kind,
+        lr,
+        momentum: a.momentum,
+        weight_decay: wd,
+        beta1: a.beta1,
+        beta2: a.beta2,
+        eps: a.eps,
+        microbatches: u32::try_from(a.microbatches).context("--microbatches is too large")?,
+    };
+    build_optimizer_function(&mut module, &params, &opt).context("building the optimizer")?;
+    if let Err(errors) = ppir::verify::verify_module(&module) {
+        let mut msg = String::from("the training program does not verify:");
+        for e in errors.iter().take(10) {
+            msg.push_str(&format!("\n  {e}"));
+        }
+        bail!(msg);
+    }
+
+    let trainer_opts = TrainerOptions {
+        grad: info.function.clone(),
+        microbatches: a.microbatches as usize,
+        ..Default::default()
+    };
+    let mut trainer = Trainer::new(module, trainer_opts)?;
+
+    // Data.
+    let grad_f = trainer
+        .module()
+        .function(&info.function)
+        .context("no gradient function")?;
+    let wanted: Vec<(String, TensorType)> = trainer
+        .data_inputs()
+        .iter()
+        .map(|n| {
+            let v = grad_f.find_value(n).expect("the trainer resolved it");
+            (n.clone(), with_batch(grad_f.ty(v), global))
+        })
+        .collect();
+    let mut source: Box<dyn BatchSource> = match a.data.as_str() {
+        "synthetic" | "synthetic-fresh" => {
+            let names: Vec<String> = wanted
+                .iter()
+                .map(|(n, _)| n.clone())
+                .filter(|n| n != "labels")
+                .collect();
+            let mut specs = default_specs(grad_f, &names, global);
+            if let Some((_, ty)) = wanted.iter().find(|(n, _)| n == "labels") {
+                specs.push(label_spec(ty, first_output.as_ref())?);
+            }
+            Box::new(SyntheticSource::new(specs, a.seed, a.data == "synthetic")?)
+        }
+        path => {
+            let arrays = read_npz(Path::new(path))?;
+            Box::new(npz_source(
+                path,
+                arrays,
+                &wanted,
+                &onnx_name,
+                global as usize,
+            )?)
+        }
+    };
+
+    if info.loss_kind == LossKind::CrossEntropy
+        && first_output.as_ref().and_then(|t| t.dims.last()) == Some(&Dim::Known(1))
+    {
+        eprintln!(
+            "warning: cross-entropy over a last axis of size 1 is always 0; a regression output wants --loss mse"
+        );
+    }
+    let n_params: u64 = params.iter().filter_map(|(_, t)| t.num_elements()).sum();
+    eprintln!(
+        "training {}: {} parameters ({n_params} values), loss {}, {} lr {lr}, global batch {global} = {} × {micro}, data {}",
+        a.model.display(),
+        params.len(),
+        info.loss_kind.name(),
+        kind.name(),
+        a.microbatches,
+        a.data
+    );
+
+    let bar = if std::io::stderr().is_terminal() {
+        let pb = indicatif::ProgressBar::new(a.steps);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps, {elapsed} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    for k in 0..a.steps {
+        let batch = source.batch(k)?;
+        let report = trainer.step(&batch)?;
+        bar.suspend(|| println!("{}", step_line(k, report.loss)));
+        bar.set_message(format!("loss {:.4}", report.loss));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    if let Some(out) = &a.save_onnx {
+        let bytes = std::fs::read(&a.model)
+            .with_context(|| format!("cannot read {}", a.model.display()))?;
+        // Trained values keyed by the ONNX initializer each IR weight came from.
+        let trained: BTreeMap<String, Tensor> = trainer
+            .weights()
+            .iter()
+            .filter_map(|(k, v)| Some((weight_sources.get(k)?.clone(), v.clone())))
+            .collect();
+        let (model, report) = ppcc_frontends::onnx_export::replace_initializers(&bytes, &trained)?;
+        std::fs::write(out, model).with_context(|| format!("cannot write {}", out.display()))?;
+        eprintln!(
+            "wrote {} ({} initializers updated)",
+            out.display(),
+            report.replaced.len()
+        );
+        if !report.unused.is_empty() {
+            eprintln!(
+                "warning: weights with no matching initializer: {}",
+                report.unused.join(", ")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The output line of one step.
+fn step_line(step: u64, loss: f64) -> String {
+    format!("step {step} loss {loss:?}")
+}
+
+/// The static batch size shared by axis 0 of every model input, `None` if it is symbolic.
+fn model_batch(m: &Module) -> Result<Option<u64>> {
+    let f = m.function("main").context("no @main")?;
+    let mut batch: Option<Option<u64>> = None;
+    for &(v, kind) in f.args() {
+        if kind != ArgKind::Input {
+            continue;
+        }
+        let ty = f.ty(v);
+        let Some(&d0) = ty.dims.first() else {
+            bail!(
+                "input %{} is a scalar; training needs the batch on axis 0 of every input",
+                f.value(v).name
+            );
+        };
+        let this = d0.known();
+        match batch {
+            None => batch = Some(this),
+            Some(b) if b != this => bail!(
+                "the model's inputs disagree on the batch size (axis 0): {} vs {}",
+                b.map_or("?".into(), |n| n.to_string()),
+                this.map_or("?".into(), |n| n.to_string())
+            ),
+            Some(_) => {}
+        }
+    }
+    batch.context("the model has no inputs")
+}
+
+/// Make axis 0 of every input `micro` rows. A model whose batch is static is re-derived
+/// with a symbolic batch first; that fails (with the reason) if the model bakes its batch
+/// size into a constant such as a reshape target.
+fn set_batch(m: &mut Module, model_batch: Option<u64>, micro: u64) -> Result<()> {
+    if model_batch == Some(micro) {
+        return Ok(());
+    }
+    if let Some(b) = model_batch {
+        for f in &mut m.functions {
+            let inputs: Vec<_> = f
+                .args()
+                .iter()
+                .filter(|(_, k)| *k == ArgKind::Input)
+                .map(|&(v, _)| v)
+                .collect();
+            for v in inputs {
+                let mut ty = f.ty(v).clone();
+                ty.dims[0] = Dim::Batch;
+                f.set_type(v, ty);
+            }
+            ppir::shape::infer_function(f).map_err(|e| {
+                anyhow::anyhow!(
+                    "the model's batch size is fixed at {b} ({e}); use a micro-batch of {b} rows (--batch {b}×M)"
+                )
+            })?;
+        }
+    }
+    ppir::shape::bind_batch(m, micro).map_err(|e| {
+        let fixed = model_batch.map_or(String::new(), |b| {
+            format!("; the model's batch size is fixed at {b}: use a micro-batch of {b} rows (--batch {b}×M)")
+        });
+        anyhow::anyhow!("cannot use micro-batches of {micro} rows: {e}{fixed}")
+    })
+}
+
+/// Synthetic labels: class ids below the logits' last dimension, or N(0,1) targets.
+fn label_spec(ty: &TensorType, first_output: Option<&TensorType>) -> Result<InputSpec> {
+    let dist = if ty.dtype.is_float() {
+        Distribution::Normal
+    } else {
+        let classes = first_output
+            .and_then(|t| t.dims.last())
+            .and_then(|d| d.known())
+            .context(
+                "cannot tell the number of classes: the first output has no static last axis",
+            )?;
+        Distribution::Uniform {
+            low: 0,
+            high: classes as i64,
+        }
+    };
+    Ok(InputSpec {
+        name: "labels".into(),
+        ty: ty.clone(),
+        dist,
+    })
+}
+
+/// The arrays `wanted` (IR name → global-batch type) from an `.npz`'s arrays (by ONNX
+/// name), converted to the wanted element types where that loses nothing meaningful.
+fn npz_source(
+    path: &str,
+    arrays: Vec<(String, Tensor)>,
+    wanted: &[(String, TensorType)],
+    onnx_name: &HashMap<String, String>,
+    global: usize,
+) -> Result<ArraySource> {
+    let mut by_name: HashMap<String, Tensor> = arrays.into_iter().collect();
+    let mut selected = vec![];
+    for (ir, ty) in wanted {
+        let key = onnx_name.get(ir).cloned().unwrap_or_else(|| ir.clone());
+        let t = by_name.remove(&key).with_context(|| {
+            let mut have: Vec<&String> = by_name.keys().collect();
+            have.sort();
+            format!(
+                "{path} has no array `{key}` (it has: {})",
+                have.iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+        let t = convert(&key, t, ty.dtype)?;
+        if t.shape.len() != ty.rank()
+            || t.shape[1..]
+                .iter()
+                .zip(&ty.dims[1..])
+                .any(|(&n, d)| d.known() != Some(n as u64))
+        {
+            let want: Vec<String> = std::iter::once("N".to_string())
+                .chain(ty.dims[1..].iter().map(|d| d.to_string()))
+                .collect();
+            bail!(
+                "array `{key}` in {path} has shape {:?}; the model wants [{}] (N rows)",
+                t.shape,
+                want.join(", ")
+            );
+        }
+        selected.push((ir.clone(), t));
+    }
+    Ok(ArraySource::new(selected, global)?)
+}
+
+/// `t` as `dtype`: floats to floats (rounded), integers to integers; never float ↔ integer.
+fn convert(name: &str, t: Tensor, dtype: DType) -> Result<Tensor> {
+    if t.dtype == dtype {
+        return Ok(t);
+    }
+    match (&t.data, dtype.is_float()) {
+        (TensorData::Float(v), true) => Ok(Tensor::from_f64(dtype, t.shape.clone(), v.clone())),
+        (TensorData::Int(v), false) => Ok(Tensor::from_i64(dtype, t.shape.clone(), v.clone())),
+        _ => bail!(
+            "array `{name}` has element type {}, the model wants {dtype}",
+            t.dtype
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_lines_round_trip() {
+        let loss = 2.765_547_8_f32 as f64;
+        let line = step_line(3, loss);
+        assert_eq!(line, "step 3 loss 2.765547752380371");
+        let back: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert_eq!(back, loss);
+        let tiny = 1.4511585504806135e-5;
+        assert_eq!(step_line(0, tiny), "step 0 loss 1.4511585504806135e-5");
+        assert_eq!(step_line(1, 0.0), "step 1 loss 0.0");
+    }
+
+    #[test]
+    fn conversions() {
+        let t = Tensor::from_f64(DType::F64, vec![2], vec![0.1, 2.0]);
+        let c = convert("x", t, DType::F32).unwrap();
+        assert_eq!(c.dtype, DType::F32);
+        let i = Tensor::from_i64(DType::I32, vec![1], vec![5]);
+        assert_eq!(
+            convert("i", i.clone(), DType::I64).unwrap().dtype,
+            DType::I64
+        );
+        assert!(convert("i", i, DType::F32).is_err());
+    }
+
+    #[test]
+    fn static_batches_are_rebound() {
+        let src = r#"
+module {
+  func @main(%x: tensor<8x3xf32>, %w: tensor<3x2xf32> {param}) -> (tensor<8x2xf32>) {
+    %y = "pp.matmul"(%x, %w) : (tensor<8x3xf32>, tensor<3x2xf32>) -> tensor<8x2xf32>
+    return %y : tensor<8x2xf32>
+  }
+  weight @w : tensor<3x2xf32> = dense<[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]>
+}
+"#;
+        let mut m = ppir::text::parse_module(src).unwrap();
+        assert_eq!(model_batch(&m).unwrap(), Some(8));
+        set_batch(&mut m, Some(8), 2).unwrap();
+        let f = m.function("main").unwrap();
+        assert_eq!(f.result_types()[0], TensorType::of(DType::F32, &[2, 2]));
+
+        let fixed = r#"
+module {
+  func @main(%x: tensor<4x6xf32>) -> (tensor<4x2x3xf32>) {
+    %y = "pp.reshape"(%x) {shape = [4, 2, 3]} : (tensor<4x6xf32>) -> tensor<4x2x3xf32>
+    return %y : tensor<4x2x3xf32>
+  }
+}
+"#;
+        let mut m = ppir::text::parse_module(fixed).unwrap();
+        let e = set_batch(&mut m, Some(4), 1).unwrap_err().to_string();
+        assert!(e.contains("fixed at 4"), "{e}");
+    }
+}

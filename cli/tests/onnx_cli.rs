@@ -1,0 +1,196 @@
+//! `ppcc import`, `ppcc eval` and `ppcc conform` as a user runs them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ppcc_frontends::onnx::proto::*;
+use ppcc_frontends::onnx::tensor::tensor_to_proto;
+use ppir::Tensor;
+use prost::Message;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn ppcc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("ppcc runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+fn scratch() -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "ppcc-cli-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn info(name: &str, dims: &[i64]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(TypeValue::TensorType(TypeTensor {
+                elem_type: data_type::FLOAT,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| Dimension {
+                            value: Some(DimensionValue::DimValue(d)),
+                            denotation: String::new(),
+                        })
+                        .collect(),
+                }),
+            })),
+            denotation: String::new(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A test folder: `y = relu(x)` with one data set whose expected output is `expected`.
+fn relu_case(dir: &Path, expected: &[f32]) {
+    let model = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 13,
+        }],
+        graph: Some(GraphProto {
+            node: vec![NodeProto {
+                input: vec!["x".into()],
+                output: vec!["y".into()],
+                name: "relu".into(),
+                op_type: "Relu".into(),
+                ..Default::default()
+            }],
+            input: vec![info("x", &[3])],
+            output: vec![info("y", &[3])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    std::fs::create_dir_all(dir.join("test_data_set_0")).unwrap();
+    std::fs::write(dir.join("model.onnx"), model.encode_to_vec()).unwrap();
+    let x = Tensor::from_f32(vec![3], vec![-1.0, 0.5, 2.0]);
+    let y = Tensor::from_f32(vec![3], expected.to_vec());
+    std::fs::write(
+        dir.join("test_data_set_0/input_0.pb"),
+        tensor_to_proto(&x, "x").encode_to_vec(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("test_data_set_0/output_0.pb"),
+        tensor_to_proto(&y, "y").encode_to_vec(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn conform_reports_rows_and_a_summary() {
+    let root = scratch();
+    relu_case(&root.join("test_good"), &[0.0, 0.5, 2.0]);
+    relu_case(&root.join("test_bad"), &[0.0, 0.5, 2.5]);
+    let o = ppcc(&["conform", root.to_str().unwrap()]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("passed") && l.contains("test_good")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("failed")
+            && l.contains("test_bad")
+            && l.contains("max abs err")),
+        "{out}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).lines().last(),
+        Some("1 passed, 1 failed, 0 unsupported")
+    );
+    let o = ppcc(&["conform", root.join("test_good").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("1 passed, 0 failed, 0 unsupported"));
+}
+
+#[test]
+fn conform_help_states_the_tolerances() {
+    let out = text(&ppcc(&["conform", "--help"]));
+    assert!(
+        out.contains("rtol 1e-3, atol 1e-7") && out.contains("N passed, N failed, N unsupported"),
+        "{out}"
+    );
+}
+
+#[test]
+fn import_writes_ir_that_parses_back() {
+    let d = scratch();
+    let out = d.join("mlp.ppir");
+    let o = ppcc(&["import", "examples/mlp.onnx", "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let module = ppir::text::parse_module(&std::fs::read_to_string(&out).unwrap()).expect("parses");
+    ppir::verify::verify_module(&module).expect("verifies");
+    assert!(!module.weights.is_empty());
+    // Printed to stdout, large weights are elided.
+    let o = ppcc(&["import", "examples/mlp.onnx"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("= elided"));
+}
+
+#[test]
+fn eval_matches_the_onnxruntime_reference() {
+    let d = scratch();
+    let out = d.join("out.npz");
+    let o = ppcc(&[
+        "eval",
+        "examples/gpt.onnx",
+        "--inputs",
+        "examples/gpt_io.npz",
+        "-o",
+        out.to_str().unwrap(),
+        "--reference",
+        "examples/gpt_io.npz",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("output `logits`: matches the reference"),
+        "{}",
+        text(&o)
+    );
+    assert!(out.is_file());
+    // An impossible tolerance fails.
+    let o = ppcc(&[
+        "eval",
+        "examples/gpt.onnx",
+        "--inputs",
+        "examples/gpt_io.npz",
+        "-o",
+        out.to_str().unwrap(),
+        "--reference",
+        "examples/gpt_io.npz",
+        "--rtol",
+        "0",
+        "--atol",
+        "0",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+}

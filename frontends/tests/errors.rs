@@ -1,0 +1,222 @@
+//! Error messages: they name the node, op type, opset and what ppcc supports.
+
+mod common;
+
+use common::*;
+use ppcc_frontends::onnx::proto::{data_type, OperatorSetIdProto};
+use ppcc_frontends::onnx::{import_onnx, ImportOptions, OnnxError};
+use ppir::{DType, Tensor};
+use prost::Message;
+
+fn err(m: &Model) -> OnnxError {
+    import_onnx(&m.bytes(), &ImportOptions::default()).expect_err("import should fail")
+}
+
+#[test]
+fn unsupported_op_names_node_op_and_opsets() {
+    let mut n = node("LSTM", &["x"], &["y"], vec![]);
+    n.name = "foo".into();
+    let m = Model::new(9)
+        .input(f32_info("x", &[1]))
+        .node(n)
+        .output(out_info("y", data_type::FLOAT));
+    let e = err(&m);
+    assert!(e.is_unsupported());
+    let s = e.to_string();
+    assert!(
+        s.starts_with(
+            r#"node "foo" (LSTM, opset 9): unsupported op; ppcc supports opsets 6 to 25"#
+        ),
+        "{s}"
+    );
+    assert!(s.contains("Conv") && s.contains("Softmax"), "{s}");
+    assert_eq!(e.short(), r#"node "foo" (LSTM, opset 9): unsupported op"#);
+}
+
+#[test]
+fn other_domains_are_named() {
+    let mut n = node("FusedMatMul", &["x"], &["y"], vec![]);
+    n.domain = "com.microsoft".into();
+    let m = Model::new(13)
+        .input(f32_info("x", &[1]))
+        .node(n)
+        .output(out_info("y", data_type::FLOAT));
+    assert!(err(&m).to_string().contains("com.microsoft.FusedMatMul"));
+}
+
+#[test]
+fn unsupported_opsets() {
+    for v in [5, 26] {
+        let e = err(&Model::new(v)
+            .input(f32_info("x", &[1]))
+            .output(f32_info("x", &[1])));
+        assert!(matches!(e, OnnxError::UnsupportedOpset { .. }), "{e}");
+        assert!(
+            e.to_string().contains(&format!("opset {v}")) && e.to_string().contains("6 to 25"),
+            "{e}"
+        );
+    }
+    let mut p = Model::new(13)
+        .input(f32_info("x", &[1]))
+        .output(f32_info("x", &[1]))
+        .proto();
+    p.opset_import = vec![OperatorSetIdProto {
+        domain: "ai.onnx.ml".into(),
+        version: 3,
+    }];
+    let e = import_onnx(&p.encode_to_vec(), &ImportOptions::default()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("no opset of the default ONNX domain"),
+        "{e}"
+    );
+}
+
+#[test]
+fn malformed_bytes_are_errors() {
+    for bytes in [
+        &b""[..],
+        b"\x08",
+        b"\xff\xff\xff\xff",
+        b"not a model at all",
+        b"\x3a\x05\x0a\x03\x0a\x01",
+    ] {
+        match import_onnx(bytes, &ImportOptions::default()) {
+            Ok(_) => panic!("{bytes:?} imported"),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+    }
+    let e = import_onnx(b"\xff\xff", &ImportOptions::default()).unwrap_err();
+    assert!(e.to_string().starts_with("not a valid ONNX model"), "{e}");
+}
+
+#[test]
+fn undefined_values_and_bad_attributes_name_the_node() {
+    let m = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .node(node("Add", &["x", "nope"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let s = err(&m).to_string();
+    assert!(
+        s.contains(r#"node "Add_y" (Add, opset 13)"#) && s.contains("`nope`"),
+        "{s}"
+    );
+    let m = Model::new(13)
+        .input(f32_info("x", &[2, 3]))
+        .node(node("Concat", &["x"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    assert!(err(&m).to_string().contains("attribute `axis` is required"));
+    // Shape errors come from ppir's shape inference, with the node named.
+    let m = Model::new(13)
+        .input(f32_info("a", &[2, 3]))
+        .input(f32_info("b", &[4, 5]))
+        .node(node("MatMul", &["a", "b"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let e = err(&m);
+    assert!(matches!(e, OnnxError::Node { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains(r#"node "MatMul_y" (MatMul, opset 13)"#),
+        "{e}"
+    );
+}
+
+#[test]
+fn runtime_values_where_static_ones_are_needed() {
+    let m = Model::new(13)
+        .input(f32_info("x", &[6]))
+        .input(value_info("shape", data_type::INT64, &[Ok(2)]))
+        .node(node("Reshape", &["x", "shape"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let e = err(&m);
+    assert!(e.is_unsupported());
+    assert!(
+        e.to_string()
+            .contains("the target shape (input 1) must be known at import time"),
+        "{e}"
+    );
+}
+
+#[test]
+fn string_and_sequence_values_are_unsupported() {
+    let m = Model::new(13)
+        .input(value_info("s", data_type::STRING, &[Ok(2)]))
+        .node(node("Identity", &["s"], &["y"], vec![]))
+        .output(out_info("y", data_type::STRING));
+    let e = err(&m);
+    assert!(
+        e.is_unsupported() && e.to_string().contains("STRING"),
+        "{e}"
+    );
+    let m = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .node(node("SequenceConstruct", &["x"], &["s"], vec![]))
+        .output(out_info("s", data_type::FLOAT));
+    assert!(err(&m).to_string().contains("sequence"));
+}
+
+#[test]
+fn declared_output_type_must_match() {
+    let m = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .node(node("Relu", &["x"], &["y"], vec![]))
+        .output(out_info("y", data_type::INT64));
+    let e = err(&m).to_string();
+    assert!(
+        e.contains("graph output `y` is declared i64 but computes f32"),
+        "{e}"
+    );
+}
+
+#[test]
+fn broken_initializers_are_errors() {
+    let mut m = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .node(node("Add", &["x", "w"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let mut w = ppcc_frontends::onnx::tensor::tensor_to_proto(
+        &Tensor::from_f32(vec![2], vec![1.0, 2.0]),
+        "w",
+    );
+    w.dims = vec![1 << 40];
+    m.initializers.push(w);
+    let e = err(&m).to_string();
+    assert!(e.contains("tensor `w`") && e.contains("bytes"), "{e}");
+    let mut m2 = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .output(f32_info("x", &[2]));
+    let mut w = ppcc_frontends::onnx::tensor::tensor_to_proto(
+        &Tensor::from_i64(DType::I64, vec![1], vec![1]),
+        "w",
+    );
+    w.dims = vec![i64::MAX, i64::MAX];
+    m2.initializers.push(w);
+    assert!(err(&m2).to_string().contains("too many elements"));
+}
+
+#[test]
+fn value_info_must_agree_with_inferred_types() {
+    let m = Model::new(13)
+        .input(f32_info("x", &[2, 3]))
+        .node(node("Transpose", &["x"], &["t"], vec![]))
+        .node(node("Relu", &["t"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let with = |vi| {
+        let mut p = m.proto();
+        p.graph.as_mut().unwrap().value_info.push(vi);
+        import_onnx(&p.encode_to_vec(), &ImportOptions::default())
+    };
+    assert!(with(f32_info("t", &[3, 2])).is_ok());
+    assert!(with(value_info("t", data_type::FLOAT, &[Err("a"), Ok(2)])).is_ok());
+    let e = with(f32_info("t", &[2, 3])).unwrap_err().to_string();
+    assert!(
+        e.contains(r#"node "Transpose_t""#)
+            && e.contains("value_info declares `t` as FLOAT [2, 3]")
+            && e.contains("tensor<3x2xf32>"),
+        "{e}"
+    );
+    let e = with(value_info("t", data_type::INT64, &[Ok(3), Ok(2)]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("INT64"), "{e}");
+}

@@ -1,0 +1,352 @@
+//! Training data: global batches by step number.
+//!
+//! A [`Batch`] maps input names to tensors whose axis 0 is the global batch. A
+//! [`BatchSource`] gives the batch of a step; it is addressed by step number (not an
+//! iterator) so a resumed run sees the same data as an uninterrupted one.
+//!
+//! - [`ArraySource`]: arrays already in memory (the CLI reads them from an `.npz`); step k
+//!   takes rows `[(k mod n)·B, (k mod n + 1)·B)` where n = ⌊rows / B⌋ (rows past the last
+//!   full batch are never used).
+//! - [`SyntheticSource`]: seeded random data for given input types: floats ~ N(0, 1),
+//!   integers uniform in a range ([`index_bounds`] finds the range for indices into a
+//!   `gather` table). With `repeat`, every step gets the same batch, so the loss of a
+//!   working training program falls.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ppir::ops::OpClass;
+use ppir::{ArgKind, Function, OpKind, Tensor, TensorData, TensorType, Use};
+
+use crate::RuntimeError;
+
+/// Named tensors with the global batch on axis 0.
+pub type Batch = BTreeMap<String, Tensor>;
+
+/// Gives the global batch of each step.
+pub trait BatchSource {
+    /// The batch of step `step` (counted from 0).
+    fn batch(&mut self, step: u64) -> Result<Batch, RuntimeError>;
+}
+
+/// Consecutive global batches from arrays, wrapping around.
+#[derive(Clone, Debug)]
+pub struct ArraySource {
+    arrays: BTreeMap<String, Tensor>,
+    batch: usize,
+    rows: usize,
+}
+
+impl ArraySource {
+    /// Arrays with the same number of rows (axis 0), at least `batch` of them.
+    pub fn new(
+        arrays: impl IntoIterator<Item = (String, Tensor)>,
+        batch: usize,
+    ) -> Result<Self, RuntimeError> {
+        let arrays: BTreeMap<String, Tensor> = arrays.into_iter().collect();
+        if batch == 0 {
+            return Err(RuntimeError::Data(
+                "the batch size must be at least 1".into(),
+            ));
+        }
+        let mut rows: Option<(usize, &str)> = None;
+        for (name, t) in &arrays {
+            let Some(&r) = t.shape.first() else {
+                return Err(RuntimeError::Data(format!(
+                    "array `{name}` is a scalar; every array needs the batch on axis 0"
+                )));
+            };
+            match rows {
+                Some((r0, first)) if r0 != r => {
+                    return Err(RuntimeError::Data(format!(
+                    "arrays disagree on the number of rows: `{first}` has {r0}, `{name}` has {r}"
+                )))
+                }
+                Some(_) => {}
+                None => rows = Some((r, name)),
+            }
+        }
+        let Some((rows, _)) = rows else {
+            return Err(RuntimeError::Data("no arrays".into()));
+        };
+        if rows < batch {
+            return Err(RuntimeError::Data(format!(
+                "the data has {rows} rows, fewer than one global batch of {batch}"
+            )));
+        }
+        Ok(ArraySource {
+            arrays,
+            batch,
+            rows,
+        })
+    }
+
+    /// Rows in each array.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Full global batches before the data wraps around.
+    pub fn batches(&self) -> usize {
+        self.rows / self.batch
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.arrays.keys().map(String::as_str)
+    }
+}
+
+impl BatchSource for ArraySource {
+    fn batch(&mut self, step: u64) -> Result<Batch, RuntimeError> {
+        let k = (step % self.batches() as u64) as usize;
+        Ok(self
+            .arrays
+            .iter()
+            .map(|(n, t)| (n.clone(), slice_rows(t, k * self.batch, self.batch)))
+            .collect())
+    }
+}
+
+/// Rows `[start, start + count)` of `t` along axis 0 (the caller checks the range).
+pub fn slice_rows(t: &Tensor, start: usize, count: usize) -> Tensor {
+    let per_row: usize = t.shape[1..].iter().product();
+    let (a, b) = (start * per_row, (start + count) * per_row);
+    let mut shape = t.shape.clone();
+    shape[0] = count;
+    let data = match &t.data {
+        TensorData::Float(v) => TensorData::Float(v[a..b].to_vec()),
+        TensorData::Int(v) => TensorData::Int(v[a..b].to_vec()),
+    };
+    Tensor {
+        dtype: t.dtype,
+        shape,
+        data,
+    }
+}
+
+/// How a synthetic input's elements are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Distribution {
+    /// Standard normal N(0, 1) (float inputs).
+    Normal,
+    /// Integers uniform in `[low, high)`.
+    Uniform { low: i64, high: i64 },
+}
+
+/// One synthetic input: its name, type (with the global batch on axis 0) and distribution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputSpec {
+    pub name: String,
+    pub ty: TensorType,
+    pub dist: Distribution,
+}
+
+/// Seeded random batches.
+#[derive(Clone, Debug)]
+pub struct SyntheticSource {
+    specs: Vec<InputSpec>,
+    seed: u64,
+    repeat: bool,
+    cached: Option<Batch>,
+}
+
+impl SyntheticSource {
+    /// `repeat`: every step gets the batch of step 0. Fails for a non-static type, a
+    /// normal distribution on an integer type, or an empty integer range.
+    pub fn new(specs: Vec<InputSpec>, seed: u64, repeat: bool) -> Result<Self, RuntimeError> {
+        for s in &specs {
+            if !s.ty.is_static() {
+                return Err(RuntimeError::Data(format!(
+                    "synthetic input `{}` needs a static type, got {}",
+                    s.name, s.ty
+                )));
+            }
+            match s.dist {
+                Distribution::Normal if !s.ty.dtype.is_float() => {
+                    return Err(RuntimeError::Data(format!(
+                        "synthetic input `{}` has type {}: a normal distribution needs floats",
+                        s.name, s.ty
+                    )))
+                }
+                Distribution::Uniform { low, high } if high <= low => {
+                    return Err(RuntimeError::Data(format!(
+                        "synthetic input `{}`: empty integer range [{low}, {high})",
+                        s.name
+                    )))
+                }
+                _ => {}
+            }
+        }
+        Ok(SyntheticSource {
+            specs,
+            seed,
+            repeat,
+            cached: None,
+        })
+    }
+
+    pub fn specs(&self) -> &[InputSpec] {
+        &self.specs
+    }
+
+    fn generate(&self, step: u64) -> Batch {
+        self.specs
+            .iter()
+            .map(|s| {
+                let stream = mix(self.seed ^ mix(step.wrapping_add(1)) ^ hash_name(&s.name));
+                (s.name.clone(), draw(s, stream))
+            })
+            .collect()
+    }
+}
+
+impl BatchSource for SyntheticSource {
+    fn batch(&mut self, step: u64) -> Result<Batch, RuntimeError> {
+        if !self.repeat {
+            return Ok(self.generate(step));
+        }
+        if self.cached.is_none() {
+            self.cached = Some(self.generate(0));
+        }
+        Ok(self.cached.clone().expect("filled above"))
+    }
+}
+
+/// splitmix64's finaliser: a counter-based generator that never changes with a crate
+/// version, so synthetic data is the same on every machine and release.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn hash_name(name: &str) -> u64 {
+    // FNV-1a: stable, unlike std's RandomState.
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A uniform float in (0, 1) from 53 random bits.
+fn unit(bits: u64) -> f64 {
+    ((bits >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+}
+
+fn draw(s: &InputSpec, stream: u64) -> Tensor {
+    let shape: Vec<usize> =
+        s.ty.static_shape()
+            .expect("checked in new")
+            .into_iter()
+            .map(|d| d as usize)
+            .collect();
+    let n: usize = shape.iter().product();
+    let bits = |i: usize| mix(stream.wrapping_add(i as u64));
+    match s.dist {
+        Distribution::Normal => {
+            // Box–Muller, one value per pair of uniforms.
+            let data = (0..n)
+                .map(|i| {
+                    let (u1, u2) = (unit(bits(2 * i)), unit(bits(2 * i + 1)));
+                    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+                })
+                .collect();
+            Tensor::from_f64(s.ty.dtype, shape, data)
+        }
+        Distribution::Uniform { low, high } => {
+            let span = (high - low) as u64;
+            let data: Vec<i64> = (0..n).map(|i| low + (bits(i) % span) as i64).collect();
+            if s.ty.dtype.is_float() {
+                Tensor::from_f64(
+                    s.ty.dtype,
+                    shape,
+                    data.into_iter().map(|x| x as f64).collect(),
+                )
+            } else {
+                Tensor::from_i64(s.ty.dtype, shape, data)
+            }
+        }
+    }
+}
+
+/// For each integer `Input` argument of `f` that is used (possibly through reshapes,
+/// casts and other data movement) as the indices of a `gather`, the size of the gathered
+/// axis: valid indices are `[0, size)`. Several gathers give the smallest size.
+pub fn index_bounds(f: &Function) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for &(arg, kind) in f.args() {
+        if kind != ArgKind::Input || !f.ty(arg).dtype.is_int() {
+            continue;
+        }
+        let mut bound: Option<u64> = None;
+        let mut work = vec![arg];
+        let mut seen = vec![false; f.num_values()];
+        while let Some(v) = work.pop() {
+            if std::mem::replace(&mut seen[v.index()], true) {
+                continue;
+            }
+            for u in f.users(v) {
+                let Use::Operand(op, i) = *u else { continue };
+                let data = f.op(op);
+                if data.is_removed() {
+                    continue;
+                }
+                let passes_through = (data.kind.class() == OpClass::DataMovement
+                    && data.kind != OpKind::Gather)
+                    || matches!(data.kind, OpKind::Cast | OpKind::Identity);
+                if data.kind == OpKind::Gather && i == 1 {
+                    let table = f.ty(data.operands()[0]);
+                    let axis = data.attrs.int_or("axis", 0).unwrap_or(0);
+                    let rank = table.rank() as i64;
+                    let axis = if axis < 0 { axis + rank } else { axis };
+                    if let Some(n) = usize::try_from(axis)
+                        .ok()
+                        .and_then(|a| table.dims.get(a))
+                        .and_then(|d| d.known())
+                    {
+                        bound = Some(bound.map_or(n, |b| b.min(n)));
+                    }
+                } else if passes_through {
+                    work.extend_from_slice(data.results());
+                }
+            }
+        }
+        if let Some(b) = bound {
+            out.insert(f.value(arg).name.clone(), b);
+        }
+    }
+    out
+}
+
+/// A synthetic spec for every `Input` argument of `f` named in `names`, with axis 0
+/// bound to `global_batch`: floats ~ N(0, 1); integers feeding a `gather` uniform over the
+/// table's rows ([`index_bounds`]); other integers (masks, flags) and bools in {0, 1}.
+pub fn default_specs(f: &Function, names: &[String], global_batch: u64) -> Vec<InputSpec> {
+    let bounds = index_bounds(f);
+    f.args()
+        .iter()
+        .filter(|(v, k)| *k == ArgKind::Input && names.contains(&f.value(*v).name))
+        .map(|&(v, _)| {
+            let name = f.value(v).name.clone();
+            let ty = with_batch(f.ty(v), global_batch);
+            let dist = if ty.dtype.is_float() {
+                Distribution::Normal
+            } else {
+                let high = bounds.get(&name).copied().unwrap_or(2).max(1) as i64;
+                Distribution::Uniform { low: 0, high }
+            };
+            InputSpec { name, ty, dist }
+        })
+        .collect()
+}
+
+/// `ty` with axis 0 set to `n` (a scalar stays a scalar).
+pub fn with_batch(ty: &TensorType, n: u64) -> TensorType {
+    let mut t = ty.clone();
+    if let Some(d) = t.dims.first_mut() {
+        *d = ppir::Dim::Known(n);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests;

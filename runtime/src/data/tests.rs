@@ -1,0 +1,137 @@
+use ppir::{DType, Dim, Tensor, TensorType};
+
+use super::*;
+
+fn rows(t: &Tensor) -> Vec<i64> {
+    t.to_i64_vec()
+}
+
+#[test]
+fn array_batches_are_consecutive_and_wrap_around() {
+    let ids = Tensor::from_i64(DType::I64, vec![5, 2], (0..10).collect());
+    let x = Tensor::from_f32(vec![5], vec![0.0, 1.0, 2.0, 3.0, 4.0]);
+    let mut s = ArraySource::new([("ids".into(), ids), ("x".into(), x)], 2).unwrap();
+    assert_eq!((s.rows(), s.batches()), (5, 2));
+    let b0 = s.batch(0).unwrap();
+    assert_eq!(rows(&b0["ids"]), vec![0, 1, 2, 3]);
+    assert_eq!(b0["ids"].shape, vec![2, 2]);
+    assert_eq!(b0["x"].to_f64_vec(), vec![0.0, 1.0]);
+    assert_eq!(s.batch(1).unwrap()["x"].to_f64_vec(), vec![2.0, 3.0]);
+    // Row 4 never forms a full batch: step 2 starts again at row 0.
+    assert_eq!(s.batch(2).unwrap(), b0);
+    assert_eq!(s.batch(7).unwrap()["x"].to_f64_vec(), vec![2.0, 3.0]);
+}
+
+#[test]
+fn array_source_errors() {
+    let x = Tensor::from_f32(vec![3], vec![0.0; 3]);
+    let e = ArraySource::new([("x".into(), x.clone())], 4)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("3 rows, fewer than one global batch of 4"),
+        "{e}"
+    );
+    let y = Tensor::from_f32(vec![2], vec![0.0; 2]);
+    let e = ArraySource::new([("x".into(), x), ("y".into(), y)], 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("disagree"), "{e}");
+    let s = Tensor::scalar_f64(DType::F32, 1.0);
+    assert!(ArraySource::new([("s".into(), s)], 1).is_err());
+    assert!(ArraySource::new(Vec::new(), 1).is_err());
+}
+
+fn specs() -> Vec<InputSpec> {
+    vec![
+        InputSpec {
+            name: "x".into(),
+            ty: TensorType::of(DType::F32, &[64, 32]),
+            dist: Distribution::Normal,
+        },
+        InputSpec {
+            name: "ids".into(),
+            ty: TensorType::of(DType::I64, &[64, 16]),
+            dist: Distribution::Uniform { low: 0, high: 10 },
+        },
+    ]
+}
+
+#[test]
+fn synthetic_data_is_seeded_and_valid() {
+    let mut a = SyntheticSource::new(specs(), 7, false).unwrap();
+    let mut b = SyntheticSource::new(specs(), 7, false).unwrap();
+    let mut c = SyntheticSource::new(specs(), 8, false).unwrap();
+    let a0 = a.batch(0).unwrap();
+    assert_eq!(a0, b.batch(0).unwrap());
+    assert_ne!(a0, c.batch(0).unwrap());
+    assert_ne!(a0, a.batch(1).unwrap());
+    let x = a0["x"].to_f64_vec();
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    assert!(mean.abs() < 0.1 && (var - 1.0).abs() < 0.1, "{mean} {var}");
+    let ids = a0["ids"].to_i64_vec();
+    assert!(ids.iter().all(|&i| (0..10).contains(&i)));
+    for k in 0..10 {
+        assert!(ids.contains(&k));
+    }
+    // Repeating: every step is step 0's batch.
+    let mut r = SyntheticSource::new(specs(), 7, true).unwrap();
+    assert_eq!(r.batch(0).unwrap(), a0);
+    assert_eq!(r.batch(5).unwrap(), a0);
+}
+
+#[test]
+fn synthetic_spec_errors() {
+    let mut s = specs();
+    s[1].dist = Distribution::Normal;
+    assert!(SyntheticSource::new(s, 0, true).is_err());
+    let mut s = specs();
+    s[1].dist = Distribution::Uniform { low: 3, high: 3 };
+    assert!(SyntheticSource::new(s, 0, true).is_err());
+    let mut s = specs();
+    s[0].ty.dims[0] = Dim::Batch;
+    assert!(SyntheticSource::new(s, 0, true).is_err());
+}
+
+#[test]
+fn gather_indices_get_the_table_size() {
+    let src = r#"
+module {
+  func @main(%tok: tensor<?x4xi64>, %mask: tensor<?x4xi64>, %x: tensor<?x4xf32>, %wte: tensor<50x8xf32> {param}, %pos: tensor<6x8xf32> {param}) -> (tensor<?x4x8xf32>, tensor<?x4x8xf32>) {
+    %e = "pp.gather"(%wte, %tok) : (tensor<50x8xf32>, tensor<?x4xi64>) -> tensor<?x4x8xf32>
+    %t2 = "pp.reshape"(%tok) {shape = [-1]} : (tensor<?x4xi64>) -> tensor<?xi64>
+    %p = "pp.gather"(%pos, %tok) : (tensor<6x8xf32>, tensor<?x4xi64>) -> tensor<?x4x8xf32>
+    return %e, %p : tensor<?x4x8xf32>, tensor<?x4x8xf32>
+  }
+}
+"#;
+    let m = ppir::text::parse_module(src).unwrap();
+    let f = &m.functions[0];
+    let b = index_bounds(f);
+    assert_eq!(b.get("tok"), Some(&6));
+    assert_eq!(b.get("mask"), None);
+    let names: Vec<String> = ["tok", "mask", "x"].map(String::from).to_vec();
+    let specs = default_specs(f, &names, 12);
+    assert_eq!(specs.len(), 3);
+    assert_eq!(specs[0].ty, TensorType::of(DType::I64, &[12, 4]));
+    assert_eq!(specs[0].dist, Distribution::Uniform { low: 0, high: 6 });
+    assert_eq!(specs[1].dist, Distribution::Uniform { low: 0, high: 2 });
+    assert_eq!(specs[2].dist, Distribution::Normal);
+}
+
+#[test]
+fn gather_through_data_movement() {
+    let src = r#"
+module {
+  func @main(%tok: tensor<2x4xi64>, %wte: tensor<50x8xf32> {param}) -> (tensor<8x8xf32>) {
+    %t = "pp.reshape"(%tok) {shape = [-1]} : (tensor<2x4xi64>) -> tensor<8xi64>
+    %e = "pp.gather"(%wte, %t) : (tensor<50x8xf32>, tensor<8xi64>) -> tensor<8x8xf32>
+    return %e : tensor<8x8xf32>
+  }
+}
+"#;
+    let m = ppir::text::parse_module(src).unwrap();
+    assert_eq!(index_bounds(&m.functions[0]).get("tok"), Some(&50));
+}
