@@ -22,7 +22,7 @@
 //! | logical on i1: `and or` | a, b | — |
 //! | `where` | cond (i1), x, y | — (three-way broadcasting) |
 //! | `matmul` | a, b | — (numpy `matmul`: 1-D promotion, batch broadcasting) |
-//! | `gemm` | a, b, [c] | `alpha` = 1.0, `beta` = 1.0, `trans_a` = 0, `trans_b` = 0 |
+//! | `gemm` | a, b, \[c\] | `alpha` = 1.0, `beta` = 1.0, `trans_a` = 0, `trans_b` = 0 |
 //! | `conv` | x `[N,C,spatial..]`, w `[M,C/group,k..]`, [bias `[M]`] | `strides`, `pads` (all begins then all ends), `dilations`, `group` = 1 |
 //! | `conv_transpose` | x `[N,C,spatial..]`, w `[C,M/group,k..]`, [bias `[M]`] | `strides`, `pads`, `dilations`, `output_padding`, `group` = 1 |
 //! | `max_pool` | x | `kernel_shape` *required*, `strides`, `pads`, `dilations`, `ceil_mode` = 0 |
@@ -30,7 +30,7 @@
 //! | `global_avg_pool`, `global_max_pool` | x | — (spatial dims become 1) |
 //! | `batch_norm` | x, scale, bias, mean, var | `epsilon` = 1e-5, `momentum` = 0.9 (ONNX's: the running statistics' weight in training, which autodiff's training mode applies; the op itself is the inference form) |
 //! | `instance_norm` | x, scale, bias | `epsilon` = 1e-5 |
-//! | `layer_norm` | x, scale, [bias] | `axis` = -1 (normalise over axis..rank), `epsilon` = 1e-5 |
+//! | `layer_norm` | x, scale, \[bias\] | `axis` = -1 (normalise over axis..rank), `epsilon` = 1e-5 |
 //! | `lrn` | x | `size` *required*, `alpha` = 1e-4, `beta` = 0.75, `bias` = 1.0 |
 //! | `softmax`, `log_softmax` | x | `axis` = -1 (one axis, opset-13 meaning) |
 //! | `reduce_sum reduce_mean reduce_max reduce_min` | x | `axes` = [] (all), `keepdims` = 1 |

@@ -1207,7 +1207,10 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
         .iter()
         .filter_map(|slot| {
             let (index, _) = slot.arg?;
-            let ir = module.functions[0].value(module.functions[0].args()[index].0).name.clone();
+            let ir = module.functions[0]
+                .value(module.functions[0].args()[index].0)
+                .name
+                .clone();
             Some((ir, slot.onnx_name.clone()))
         })
         .collect();
