@@ -156,6 +156,37 @@ fn import_writes_ir_that_parses_back() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("= elided"));
 }
 
+/// Every bundled example agrees with onnxruntime's outputs shipped next to it
+/// (rtol 1e-4, atol 1e-5: the absolute term only matters for outputs near zero).
+#[test]
+fn every_example_matches_onnxruntime() {
+    let d = scratch();
+    for name in ["mlp", "gpt", "two_tower", "cnn"] {
+        let out = d.join(format!("{name}.npz"));
+        let io = format!("examples/{name}_io.npz");
+        let o = ppcc(&[
+            "eval",
+            &format!("examples/{name}.onnx"),
+            "--inputs",
+            &io,
+            "-o",
+            out.to_str().unwrap(),
+            "--reference",
+            &io,
+            "--rtol",
+            "1e-4",
+            "--atol",
+            "1e-5",
+        ]);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        assert!(
+            text(&o).contains("matches the reference"),
+            "{name}: {}",
+            text(&o)
+        );
+    }
+}
+
 #[test]
 fn eval_matches_the_onnxruntime_reference() {
     let d = scratch();

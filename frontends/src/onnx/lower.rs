@@ -1175,7 +1175,10 @@ impl Importer<'_> {
             }
             operands.push(v);
         }
-        let attrs = Attrs::new().with("epsilon", Attr::Float(a.float_or("epsilon", 1e-5).inv()?));
+        // `momentum` only matters when training updates the running statistics.
+        let attrs = Attrs::new()
+            .with("epsilon", Attr::Float(a.float_or("epsilon", 1e-5).inv()?))
+            .with("momentum", Attr::Float(a.float_or("momentum", 0.9).inv()?));
         if operands.iter().all(Val::is_foldable) {
             return self.op(OpKind::BatchNorm, attrs, &operands);
         }
