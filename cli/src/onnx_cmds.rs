@@ -89,7 +89,8 @@ pub struct ImportArgs {
 }
 
 pub fn import(a: ImportArgs) -> Result<ExitCode> {
-    let imported = import_onnx_file_full(&a.model, &a.shapes.options())?;
+    let imported = import_onnx_file_full(&a.model, &a.shapes.options())
+        .with_context(|| format!("importing {}", a.model.display()))?;
     let module = &imported.module;
     if let Err(errors) = ppir::verify::verify_module(module) {
         eprintln!("warning: the imported module does not verify:");
@@ -234,7 +235,9 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
             eprintln!("note: integer inputs were folded into the model as constants");
             m
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!("importing {}", a.model.display())))
+        }
     };
     let args = bind_inputs(&imported, &inputs)?;
     let precision = if a.f64 {

@@ -7,15 +7,15 @@ use super::lower::{supported_ops_list, MAX_OPSET, MIN_OPSET};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OnnxError {
-    /// The bytes are not a protobuf `ModelProto`.
+    /// The bytes are not a protobuf `ModelProto`. (The cause is part of the message, not
+    /// an error `source`, so `{:#}` chains do not print it twice.)
     #[error("not a valid ONNX model: {0}")]
-    Decode(#[from] prost::DecodeError),
+    Decode(prost::DecodeError),
 
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     /// The model decodes but breaks a rule of the ONNX spec (missing graph, undefined value...).
@@ -113,5 +113,11 @@ impl OnnxError {
             }
             e => e.to_string(),
         }
+    }
+}
+
+impl From<prost::DecodeError> for OnnxError {
+    fn from(e: prost::DecodeError) -> Self {
+        OnnxError::Decode(e)
     }
 }

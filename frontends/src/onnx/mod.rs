@@ -79,9 +79,9 @@ pub fn import_onnx_file_full(
     opts: &ImportOptions,
 ) -> Result<Imported, OnnxError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| OnnxError::Io {
+    let bytes = std::fs::read(path).map_err(|error| OnnxError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let mut opts = opts.clone();
     if opts.model_dir.is_none() {
