@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod npz;
 mod onnx_cmds;
+mod simulate_cmd;
 mod train_cmd;
 
 /// ppcc — a pipeline-parallel training compiler.
@@ -29,6 +30,8 @@ enum Command {
     Conform(onnx_cmds::ConformArgs),
     /// Train a model on one device with the reference interpreter.
     Train(train_cmd::TrainArgs),
+    /// Simulate a pipeline schedule (built-in or torch CSV) on synthetic stage costs.
+    Simulate(simulate_cmd::SimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => onnx_cmds::eval(a),
         Command::Conform(a) => onnx_cmds::conform(a),
         Command::Train(a) => train_cmd::train(a),
+        Command::Simulate(a) => simulate_cmd::simulate_cmd(a),
     };
     match result {
         Ok(code) => code,

@@ -16,8 +16,11 @@
 
 pub mod autodiff;
 pub mod canonicalize;
+pub mod cost;
 pub mod optim;
 mod registry;
+pub mod schedule;
+pub mod simulate;
 
 pub use registry::{PassInfo, PassOptions, PassRegistry};
 

@@ -1,0 +1,141 @@
+//! `ppcc simulate` end to end: closed-form makespans, per-rank peak activations, the
+//! trace/SVG/CSV outputs, and errors for unknown schedules and invalid CSV files.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Run `ppcc simulate ARGS`: (success, stdout, stderr).
+fn simulate(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .arg("simulate")
+        .args(args)
+        .output()
+        .expect("ppcc runs");
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ppcc-simulate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn one_f_one_b_prints_makespan_bubble_and_peaks() {
+    let (ok, out, err) = simulate(&["--schedule", "1f1b", "--stages", "4", "--microbatches", "8"]);
+    assert!(ok, "{err}");
+    // (m + p − 1)(F + B + W) = 11 · 3; bubble 1 − 8/11.
+    assert_eq!(
+        out,
+        format!(
+            "makespan 33 bubble {:.6}\nrank 0 peak_activations 4\nrank 1 peak_activations 3\nrank 2 peak_activations 2\nrank 3 peak_activations 1\n",
+            1.0 - 8.0 / 11.0
+        )
+    );
+}
+
+#[test]
+fn costs_chunks_and_outputs() {
+    let (ok, out, err) = simulate(&[
+        "--schedule",
+        "zb-h1",
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--cost",
+        "F=2,B=3,W=1",
+    ]);
+    assert!(ok, "{err}");
+    // m(F+B+W) + (p−1)(F+B−W) = 48 + 12.
+    assert!(out.starts_with("makespan 60 bubble "), "{out}");
+
+    let (trace, svg, csv) = (tmp("t.json"), tmp("t.svg"), tmp("t.csv"));
+    let (ok, out, err) = simulate(&[
+        "--schedule",
+        "interleaved-1f1b",
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+        "--chunks",
+        "2",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+        "--export-csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let first = out.lines().next().unwrap().to_string();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    assert!(json["traceEvents"].as_array().unwrap().len() > 16);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    // The exported CSV simulates the same.
+    let (ok, out2, err) = simulate(&[
+        "--schedule",
+        csv.to_str().unwrap(),
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+        "--chunks",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out2.lines().next().unwrap(), first);
+}
+
+#[test]
+fn errors_exit_non_zero_with_a_message() {
+    let (ok, _, err) = simulate(&["--schedule", "2f2b", "--stages", "2", "--microbatches", "2"]);
+    assert!(!ok);
+    assert!(
+        err.contains("unknown schedule `2f2b`") && err.contains("zb-v"),
+        "{err}"
+    );
+
+    let bad = tmp("bad.csv");
+    std::fs::write(&bad, "0F0,0B0\n1B0,1F0\n").unwrap();
+    let (ok, _, err) = simulate(&[
+        "--schedule",
+        bad.to_str().unwrap(),
+        "--stages",
+        "2",
+        "--microbatches",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("row 2, column 1 (cell `1B0`)") && err.contains("runs before 1F0"),
+        "{err}"
+    );
+
+    let (ok, _, err) = simulate(&[
+        "--schedule",
+        "1f1b",
+        "--stages",
+        "2",
+        "--microbatches",
+        "2",
+        "--cost",
+        "F=x",
+    ]);
+    assert!(!ok && err.contains("--cost"), "{err}");
+
+    let (ok, out, _) = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .args(["simulate", "--help"])
+        .output()
+        .map(|o| (o.status.success(), String::from_utf8(o.stdout).unwrap(), ()))
+        .unwrap();
+    assert!(
+        ok && out.contains("interleaved-1f1b") && out.contains("zb-v"),
+        "{out}"
+    );
+}

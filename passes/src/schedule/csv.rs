@@ -1,0 +1,144 @@
+//! torch.distributed.pipelining's CSV action format: one row per rank, one action per cell
+//! (`{stage}{code}{micro}`: `0F1` forward, `1I0` input gradient, `2W3` weight gradient,
+//! `1B2` fused backward, `0SEND_F1`, `1RECV_B2`, …; ppcc adds `3OPT`); an empty cell is an
+//! idle slot. Stage numbers are virtual stages of the [`Layout`] given on import.
+
+use super::{validate, Action, ActionKind, Layout, Schedule, ScheduleError};
+
+/// The schedule as CSV, one line per rank, no header, no idle cells.
+pub fn to_csv(schedule: &Schedule) -> String {
+    let mut out = String::new();
+    for list in &schedule.per_rank {
+        let cells: Vec<String> = list.iter().map(|a| a.to_string()).collect();
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+fn parse_cell(cell: &str, layout: &Layout) -> Result<Action, String> {
+    let digits = cell.chars().take_while(|c| c.is_ascii_digit()).count();
+    if digits == 0 {
+        return Err("expected a stage number, then F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B or OPT, then a micro-batch number".into());
+    }
+    let stage: usize = cell[..digits]
+        .parse()
+        .map_err(|_| "stage number out of range".to_string())?;
+    let rest = &cell[digits..];
+    let kinds = [
+        ("SEND_F", ActionKind::SendF),
+        ("RECV_F", ActionKind::RecvF),
+        ("SEND_B", ActionKind::SendB),
+        ("RECV_B", ActionKind::RecvB),
+        ("OPT", ActionKind::OptimizerStep),
+        ("F", ActionKind::Forward),
+        ("I", ActionKind::BackwardInput),
+        ("W", ActionKind::BackwardWeight),
+        ("B", ActionKind::FullBackward),
+    ];
+    let Some(&(code, kind)) = kinds.iter().find(|(c, _)| rest.starts_with(c)) else {
+        return Err(format!(
+            "unknown action `{rest}` (expected F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B or OPT)"
+        ));
+    };
+    let micro = &rest[code.len()..];
+    let micro_batch = if kind == ActionKind::OptimizerStep {
+        if !micro.is_empty() {
+            return Err("OPT takes no micro-batch number".into());
+        }
+        0
+    } else {
+        if micro.is_empty() || !micro.chars().all(|c| c.is_ascii_digit()) {
+            return Err(format!("expected a micro-batch number after `{code}`"));
+        }
+        micro
+            .parse()
+            .map_err(|_| "micro-batch number out of range".to_string())?
+    };
+    if stage >= layout.num_virtual_stages() {
+        return Err(format!(
+            "stage {stage} does not exist (the layout has {} stages)",
+            layout.num_virtual_stages()
+        ));
+    }
+    Ok(Action::new(
+        kind,
+        stage,
+        micro_batch,
+        layout.chunk_of(stage),
+    ))
+}
+
+/// Read a CSV schedule over `layout`, then [`validate`] it; errors name the row and column
+/// (both from 1) and the cell's text. The number of micro-batches is one more than the
+/// largest micro-batch number.
+pub fn from_csv(text: &str, layout: Layout) -> Result<Schedule, ScheduleError> {
+    let mut schedule = Schedule::empty(layout.clone(), 0);
+    let mut columns: Vec<Vec<(usize, String)>> = vec![];
+    let rows: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if rows.len() != layout.num_ranks() {
+        return Err(ScheduleError::Invalid(format!(
+            "the CSV has {} rows, one per rank was expected ({} ranks)",
+            rows.len(),
+            layout.num_ranks()
+        )));
+    }
+    let mut max_micro = None;
+    for (row, line) in rows.iter().enumerate() {
+        let mut cols = vec![];
+        for (col, cell) in line.split(',').enumerate() {
+            let cell = cell.trim();
+            if cell.is_empty() {
+                continue;
+            }
+            let a = parse_cell(cell, &layout).map_err(|message| ScheduleError::Csv {
+                row: row + 1,
+                col: col + 1,
+                cell: cell.to_string(),
+                message,
+            })?;
+            if layout.rank_of(a.stage) != row {
+                return Err(ScheduleError::Csv {
+                    row: row + 1,
+                    col: col + 1,
+                    cell: cell.to_string(),
+                    message: format!(
+                        "stage {} runs on rank {}, this row is rank {row}",
+                        a.stage,
+                        layout.rank_of(a.stage)
+                    ),
+                });
+            }
+            if a.kind != ActionKind::OptimizerStep {
+                max_micro = max_micro.max(Some(a.micro_batch));
+            }
+            schedule.per_rank[row].push(a);
+            cols.push((col + 1, cell.to_string()));
+        }
+        columns.push(cols);
+    }
+    schedule.num_microbatches = max_micro.map_or(0, |m| m + 1);
+    let at = |rank: usize, position: usize, message: String| {
+        let (col, cell) = columns[rank][position].clone();
+        ScheduleError::Csv {
+            row: rank + 1,
+            col,
+            cell,
+            message,
+        }
+    };
+    match validate(&schedule) {
+        Ok(()) => Ok(schedule),
+        Err(ScheduleError::Action {
+            rank,
+            position,
+            message,
+        }) => Err(at(rank, position, message)),
+        Err(ScheduleError::Deadlock(blocked)) => {
+            let b = &blocked[0];
+            let all = ScheduleError::Deadlock(blocked.clone()).to_string();
+            Err(at(b.rank, b.position, all))
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,372 @@
+//! Built-in schedules. Each returns compute actions only (`F`, `I`/`B`, `W`);
+//! [`insert_communication`] adds the sends and receives for cross-rank edges.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::{Action, ActionKind, Layout, Schedule, ScheduleError};
+
+use ActionKind::{BackwardInput as Bi, BackwardWeight as Bw, Forward as Fw, FullBackward as Bf};
+
+/// Names accepted by [`builtin`].
+pub const BUILTIN_NAMES: &[&str] = &[
+    "gpipe",
+    "1f1b",
+    "interleaved-1f1b",
+    "zb-h1",
+    "zb-h2",
+    "zb-v",
+];
+
+/// A built-in schedule by name (`chunks` is used by `interleaved-1f1b` only).
+pub fn builtin(
+    name: &str,
+    ranks: usize,
+    microbatches: usize,
+    chunks: usize,
+) -> Result<Schedule, ScheduleError> {
+    if ranks == 0 || microbatches == 0 {
+        return Err(ScheduleError::Invalid(
+            "a schedule needs at least one stage and one micro-batch".into(),
+        ));
+    }
+    Ok(match name {
+        "gpipe" => gpipe(ranks, microbatches),
+        "1f1b" => one_f_one_b(ranks, microbatches),
+        "interleaved-1f1b" => interleaved_1f1b(ranks, microbatches, chunks)?,
+        "zb-h1" => zb_h1(ranks, microbatches),
+        "zb-h2" => zb_h2(ranks, microbatches),
+        "zb-v" => zb_v(ranks, microbatches),
+        _ => {
+            return Err(ScheduleError::Invalid(format!(
+                "unknown schedule `{name}` (known: {})",
+                BUILTIN_NAMES.join(", ")
+            )))
+        }
+    })
+}
+
+/// GPipe: all forwards, then all (fused) backwards, in micro-batch order.
+pub fn gpipe(ranks: usize, microbatches: usize) -> Schedule {
+    let mut s = Schedule::empty(Layout::chain(ranks), microbatches);
+    for r in 0..ranks {
+        for m in 0..microbatches {
+            s.push(Fw, r, m);
+        }
+        for m in 0..microbatches {
+            s.push(Bf, r, m);
+        }
+    }
+    s
+}
+
+/// 1F1B (PipeDream-flush): rank `r` runs `p−r−1` warm-up forwards, then alternates one
+/// forward and one fused backward, then drains the remaining backwards.
+pub fn one_f_one_b(ranks: usize, microbatches: usize) -> Schedule {
+    let mut s = Schedule::empty(Layout::chain(ranks), microbatches);
+    for r in 0..ranks {
+        let warmup = (ranks - r - 1).min(microbatches);
+        for m in 0..warmup {
+            s.push(Fw, r, m);
+        }
+        for i in 0..microbatches - warmup {
+            s.push(Fw, r, warmup + i);
+            s.push(Bf, r, i);
+        }
+        for m in microbatches - warmup..microbatches {
+            s.push(Bf, r, m);
+        }
+    }
+    s
+}
+
+/// Megatron-LM's interleaved 1F1B with `chunks` virtual stages per rank (virtual stage
+/// `c·p + r` on rank `r`). Like Megatron, it needs `microbatches % ranks == 0`.
+pub fn interleaved_1f1b(
+    ranks: usize,
+    microbatches: usize,
+    chunks: usize,
+) -> Result<Schedule, ScheduleError> {
+    if chunks == 0 {
+        return Err(ScheduleError::Invalid("--chunks must be at least 1".into()));
+    }
+    if chunks > 1 && !microbatches.is_multiple_of(ranks) {
+        return Err(ScheduleError::Invalid(format!(
+            "interleaved 1F1B needs the number of micro-batches ({microbatches}) to be a multiple of the number of stages ({ranks})"
+        )));
+    }
+    let (p, v, m) = (ranks, chunks, microbatches);
+    let mut s = Schedule::empty(Layout::Interleaved { ranks, chunks }, microbatches);
+    let total = m * v;
+    // The k-th forward (backward) of a rank: groups of p micro-batches sweep the chunks in
+    // order (backward: in reverse order).
+    let mb = |k: usize| (k / (p * v)) * p + k % p;
+    let fwd_chunk = |k: usize| (k / p) % v;
+    let bwd_chunk = |k: usize| v - 1 - (k / p) % v;
+    for r in 0..p {
+        let warmup = if m == p && v > 1 {
+            total
+        } else {
+            ((p - r - 1) * 2 + (v - 1) * p).min(total)
+        };
+        let warmup = if v == 1 { (p - r - 1).min(m) } else { warmup };
+        for k in 0..warmup {
+            s.push(Fw, fwd_chunk(k) * p + r, mb(k));
+        }
+        for i in 0..total - warmup {
+            let k = warmup + i;
+            s.push(Fw, fwd_chunk(k) * p + r, mb(k));
+            s.push(Bf, bwd_chunk(i) * p + r, mb(i));
+        }
+        for k in total - warmup..total {
+            s.push(Bf, bwd_chunk(k) * p + r, mb(k));
+        }
+    }
+    Ok(s)
+}
+
+/// The zero-bubble chains: rank `r` runs `warmup(r)` forwards, then for each micro-batch a
+/// `B`, a `W` once more than `lag(r)` weight gradients wait, and the next `F`; then drains
+/// the deferred `W`s, which fill the tail bubble while gradients still travel down.
+fn zb_chain(
+    ranks: usize,
+    microbatches: usize,
+    warmup: impl Fn(usize) -> usize,
+    lag: impl Fn(usize) -> usize,
+) -> Schedule {
+    let mut s = Schedule::empty(Layout::chain(ranks), microbatches);
+    for r in 0..ranks {
+        let w = warmup(r).min(microbatches);
+        for m in 0..w {
+            s.push(Fw, r, m);
+        }
+        let mut next_f = w;
+        let mut next_w = 0;
+        for b in 0..microbatches {
+            s.push(Bi, r, b);
+            if b + 1 - next_w > lag(r) {
+                s.push(Bw, r, next_w);
+                next_w += 1;
+            }
+            if next_f < microbatches {
+                s.push(Fw, r, next_f);
+                next_f += 1;
+            }
+        }
+        for m in next_w..microbatches {
+            s.push(Bw, r, m);
+        }
+    }
+    s
+}
+
+/// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1): 1F1B's warm-up,
+/// B and W split, and rank `r` defers `r` weight gradients to the tail, so every rank's peak
+/// stash is `p` micro-batches, as 1F1B's rank 0.
+pub fn zb_h1(ranks: usize, microbatches: usize) -> Schedule {
+    zb_chain(ranks, microbatches, |r| ranks - r, |r| r)
+}
+
+/// ZB-H2 (same paper, §3.1): more warm-up forwards (`2(p−r)−1` on rank `r`) fill the
+/// start-up bubble and rank `r` defers `2r` weight gradients to fill the tail, so each rank
+/// runs without a gap from its first action to its last (the paper's parallelogram, which
+/// lets ranks end at different times); peak stash `2p−1` micro-batches on every rank.
+pub fn zb_h2(ranks: usize, microbatches: usize) -> Schedule {
+    zb_chain(ranks, microbatches, |r| 2 * (ranks - r) - 1, |r| 2 * r)
+}
+
+/// ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024): two chunks per
+/// rank in a V shape, built by greedy list scheduling at unit costs: a ready `B` first
+/// (later stage first), then a ready `F` while the rank stashes fewer than `2p` chunk
+/// activations (later stage first), then a pending `W`.
+pub fn zb_v(ranks: usize, microbatches: usize) -> Schedule {
+    let layout = Layout::VShape { ranks };
+    greedy_unit(layout, microbatches, 2 * ranks)
+}
+
+fn greedy_unit(layout: Layout, microbatches: usize, stash_limit: usize) -> Schedule {
+    let p = layout.num_ranks();
+    let nv = layout.num_virtual_stages();
+    let mut s = Schedule::empty(layout.clone(), microbatches);
+    // Finish times (unit durations) by (kind class, stage, micro).
+    let mut f_done: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut b_done: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut next_f = vec![0usize; nv];
+    let mut next_b = vec![0usize; nv];
+    let mut pending_w: Vec<VecDeque<(usize, usize)>> = vec![VecDeque::new(); p];
+    let mut stash = vec![0usize; p];
+    let mut left = nv * microbatches * 3;
+    let stages_of: Vec<Vec<usize>> = (0..p)
+        .map(|r| {
+            let mut v: Vec<usize> = (0..nv).filter(|&x| layout.rank_of(x) == r).collect();
+            v.reverse();
+            v
+        })
+        .collect();
+    let mut t = 0usize;
+    let mut idle_steps = 0;
+    while left > 0 && idle_steps < 4 * nv + 4 {
+        let mut progressed = false;
+        let mut finished = vec![];
+        for r in 0..p {
+            let ready_f = |x: usize, m: usize| {
+                layout
+                    .preds(x)
+                    .iter()
+                    .all(|&q| f_done.get(&(q, m)).is_some_and(|&e| e <= t))
+            };
+            let ready_b = |x: usize, m: usize| {
+                f_done.get(&(x, m)).is_some_and(|&e| e <= t)
+                    && layout
+                        .succs(x)
+                        .iter()
+                        .all(|&q| b_done.get(&(q, m)).is_some_and(|&e| e <= t))
+            };
+            let pick_b = stages_of[r]
+                .iter()
+                .copied()
+                .find(|&x| next_b[x] < microbatches && ready_b(x, next_b[x]));
+            let pick_f = if stash[r] < stash_limit {
+                stages_of[r]
+                    .iter()
+                    .copied()
+                    .find(|&x| next_f[x] < microbatches && ready_f(x, next_f[x]))
+            } else {
+                None
+            };
+            if let Some(x) = pick_b {
+                let m = next_b[x];
+                next_b[x] += 1;
+                s.push(Bi, x, m);
+                finished.push((1, x, m));
+                pending_w[r].push_back((x, m));
+            } else if let Some(x) = pick_f {
+                let m = next_f[x];
+                next_f[x] += 1;
+                stash[r] += 1;
+                s.push(Fw, x, m);
+                finished.push((0, x, m));
+            } else if let Some((x, m)) = pending_w[r].pop_front() {
+                stash[r] -= 1;
+                s.push(Bw, x, m);
+            } else {
+                continue;
+            }
+            left -= 1;
+            progressed = true;
+        }
+        for (class, x, m) in finished {
+            if class == 0 {
+                f_done.insert((x, m), t + 1);
+            } else {
+                b_done.insert((x, m), t + 1);
+            }
+        }
+        idle_steps = if progressed { 0 } else { idle_steps + 1 };
+        t += 1;
+    }
+    s
+}
+
+/// A DAG-aware 1F1B for graph pipelines: one stage per rank (`rank_of[s] = s`), stage `s`
+/// runs `h(s)` warm-up forwards where `h(s)` is the longest path from `s` to a sink, then
+/// alternates forward and fused backward. Since `h(producer) ≥ h(consumer) + 1` on every
+/// edge, a producer has always run the forwards its consumers wait for: no deadlock.
+pub fn dag_1f1b(
+    num_stages: usize,
+    edges: &[(usize, usize)],
+    microbatches: usize,
+) -> Result<Schedule, ScheduleError> {
+    if let Some(e) = edges
+        .iter()
+        .find(|e| e.0 >= num_stages || e.1 >= num_stages || e.0 == e.1)
+    {
+        return Err(ScheduleError::Invalid(format!(
+            "stage edge {} -> {} is not between two distinct stages of 0..{num_stages}",
+            e.0, e.1
+        )));
+    }
+    let layout = Layout::Dag {
+        ranks: num_stages,
+        rank_of: (0..num_stages).collect(),
+        edges: edges.to_vec(),
+    };
+    // Longest path to a sink, by Kahn's algorithm on the reversed graph.
+    let mut outdeg: Vec<usize> = (0..num_stages).map(|s| layout.succs(s).len()).collect();
+    let mut height = vec![0usize; num_stages];
+    let mut queue: VecDeque<usize> = (0..num_stages).filter(|&s| outdeg[s] == 0).collect();
+    let mut seen = 0;
+    while let Some(x) = queue.pop_front() {
+        seen += 1;
+        for q in layout.preds(x) {
+            height[q] = height[q].max(height[x] + 1);
+            outdeg[q] -= 1;
+            if outdeg[q] == 0 {
+                queue.push_back(q);
+            }
+        }
+    }
+    if seen != num_stages {
+        return Err(ScheduleError::Invalid(
+            "the stage graph has a cycle".to_string(),
+        ));
+    }
+    let mut s = Schedule::empty(layout, microbatches);
+    for (x, h) in height.iter().enumerate() {
+        let warmup = (*h).min(microbatches);
+        for m in 0..warmup {
+            s.push(Fw, x, m);
+        }
+        for i in 0..microbatches - warmup {
+            s.push(Fw, x, warmup + i);
+            s.push(Bf, x, i);
+        }
+        for m in microbatches - warmup..microbatches {
+            s.push(Bf, x, m);
+        }
+    }
+    Ok(s)
+}
+
+/// Add communication: `SEND_F` right after the forward of a stage with a consumer on another
+/// rank, `RECV_F` right before the forward of a stage with a producer on another rank, and
+/// the same for backward (`SEND_B` after the `I`/`B` of a stage with a producer elsewhere,
+/// `RECV_B` before the `I`/`B` of a stage with a consumer elsewhere). Existing communication
+/// actions are dropped first, so the function is idempotent.
+pub fn insert_communication(schedule: &Schedule) -> Schedule {
+    let layout = &schedule.layout;
+    let cross = |x: usize, others: Vec<usize>| {
+        others
+            .into_iter()
+            .any(|q| layout.rank_of(q) != layout.rank_of(x))
+    };
+    let mut out = schedule.clone();
+    for (rank, actions) in schedule.per_rank.iter().enumerate() {
+        let mut list = vec![];
+        for a in actions.iter().filter(|a| a.kind.is_compute()) {
+            let with = |kind| Action::new(kind, a.stage, a.micro_batch, a.chunk);
+            match a.kind {
+                Fw => {
+                    if cross(a.stage, layout.preds(a.stage)) {
+                        list.push(with(ActionKind::RecvF));
+                    }
+                    list.push(*a);
+                    if cross(a.stage, layout.succs(a.stage)) {
+                        list.push(with(ActionKind::SendF));
+                    }
+                }
+                Bi | Bf => {
+                    if cross(a.stage, layout.succs(a.stage)) {
+                        list.push(with(ActionKind::RecvB));
+                    }
+                    list.push(*a);
+                    if cross(a.stage, layout.preds(a.stage)) {
+                        list.push(with(ActionKind::SendB));
+                    }
+                }
+                _ => list.push(*a),
+            }
+        }
+        out.per_rank[rank] = list;
+    }
+    out
+}

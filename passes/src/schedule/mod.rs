@@ -1,0 +1,275 @@
+//! Pipeline schedules as data.
+//!
+//! A [`Schedule`] is one ordered list of [`Action`]s per rank (device) over the virtual
+//! stages of a [`Layout`]: a chain (1F1B, GPipe), an interleaved chain (`v` chunks per rank,
+//! virtual stage `c·p + r` on rank `r`), a V shape (ZB-V: chunk 0 runs down ranks `0..p`,
+//! chunk 1 back up `p-1..=0`), or an arbitrary stage DAG with a stage→rank map (GraphPipe).
+//!
+//! - [`generators`]: the built-in schedules (compute actions only) and
+//!   [`insert_communication`], which adds `SEND_*`/`RECV_*` actions for cross-rank edges.
+//! - [`validate()`]: counts, dependency order and deadlock freedom, before anything runs.
+//! - [`csv`]: torch.distributed.pipelining's CSV action format (`0F1`, `1I0`, `2W3`, `1B2`).
+
+pub mod csv;
+pub mod generators;
+pub(crate) mod validate;
+
+pub use generators::{
+    builtin, dag_1f1b, gpipe, insert_communication, interleaved_1f1b, one_f_one_b, zb_h1, zb_h2,
+    zb_v, BUILTIN_NAMES,
+};
+pub use validate::{validate, ScheduleError};
+
+use std::fmt;
+
+/// What an action does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ActionKind {
+    /// `F`: forward of one micro-batch through one stage.
+    Forward,
+    /// `B` in the zero-bubble papers, `I` in torch's CSV: the input-gradient half of backward.
+    BackwardInput,
+    /// `W`: the weight-gradient half of backward.
+    BackwardWeight,
+    /// `B` in torch's CSV: input and weight gradient fused (1F1B, GPipe).
+    FullBackward,
+    SendF,
+    RecvF,
+    SendB,
+    RecvB,
+    /// One optimizer step of a stage after all its micro-batches (micro-batch is 0).
+    OptimizerStep,
+}
+
+impl ActionKind {
+    /// The code in torch.distributed.pipelining's action strings (`OPT` is ppcc's own).
+    pub fn code(self) -> &'static str {
+        match self {
+            ActionKind::Forward => "F",
+            ActionKind::BackwardInput => "I",
+            ActionKind::BackwardWeight => "W",
+            ActionKind::FullBackward => "B",
+            ActionKind::SendF => "SEND_F",
+            ActionKind::RecvF => "RECV_F",
+            ActionKind::SendB => "SEND_B",
+            ActionKind::RecvB => "RECV_B",
+            ActionKind::OptimizerStep => "OPT",
+        }
+    }
+
+    /// Words for error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ActionKind::Forward => "forward",
+            ActionKind::BackwardInput => "input-gradient backward",
+            ActionKind::BackwardWeight => "weight-gradient backward",
+            ActionKind::FullBackward => "backward",
+            ActionKind::SendF => "send of activations",
+            ActionKind::RecvF => "receive of activations",
+            ActionKind::SendB => "send of gradients",
+            ActionKind::RecvB => "receive of gradients",
+            ActionKind::OptimizerStep => "optimizer step",
+        }
+    }
+
+    /// Compute (not communication) actions.
+    pub fn is_compute(self) -> bool {
+        matches!(
+            self,
+            ActionKind::Forward
+                | ActionKind::BackwardInput
+                | ActionKind::BackwardWeight
+                | ActionKind::FullBackward
+                | ActionKind::OptimizerStep
+        )
+    }
+}
+
+/// One step of one rank's instruction stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Action {
+    pub kind: ActionKind,
+    /// The virtual stage (what torch's CSV calls the stage index).
+    pub stage: usize,
+    pub micro_batch: usize,
+    /// Which of the rank's chunks (model pieces) `stage` is.
+    pub chunk: usize,
+}
+
+impl Action {
+    pub fn new(kind: ActionKind, stage: usize, micro_batch: usize, chunk: usize) -> Self {
+        Action {
+            kind,
+            stage,
+            micro_batch,
+            chunk,
+        }
+    }
+
+    /// `1B3 (backward of micro-batch 3 on stage 1)`.
+    pub fn explain(&self) -> String {
+        if self.kind == ActionKind::OptimizerStep {
+            return format!("{self} (optimizer step of stage {})", self.stage);
+        }
+        format!(
+            "{self} ({} of micro-batch {} on stage {})",
+            self.kind.describe(),
+            self.micro_batch,
+            self.stage
+        )
+    }
+}
+
+/// The torch CSV cell: `{stage}{code}{micro}` (`OPT` has no micro-batch).
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind == ActionKind::OptimizerStep {
+            write!(f, "{}{}", self.stage, self.kind.code())
+        } else {
+            write!(f, "{}{}{}", self.stage, self.kind.code(), self.micro_batch)
+        }
+    }
+}
+
+/// Where virtual stages live and how they depend on each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// A chain of `ranks · chunks` virtual stages; virtual stage `c·ranks + r` is chunk `c`
+    /// of rank `r` (`chunks = 1`: the plain chain of 1F1B and GPipe).
+    Interleaved { ranks: usize, chunks: usize },
+    /// A chain of `2·ranks` virtual stages: stage `s < ranks` on rank `s` (chunk 0), stage
+    /// `s ≥ ranks` on rank `2·ranks − 1 − s` (chunk 1).
+    VShape { ranks: usize },
+    /// A stage DAG: `edges` (producer, consumer) between stages, stage `s` on `rank_of[s]`,
+    /// chunk = how many lower-numbered stages share its rank.
+    Dag {
+        ranks: usize,
+        rank_of: Vec<usize>,
+        edges: Vec<(usize, usize)>,
+    },
+}
+
+impl Layout {
+    pub fn chain(ranks: usize) -> Self {
+        Layout::Interleaved { ranks, chunks: 1 }
+    }
+
+    pub fn num_ranks(&self) -> usize {
+        match self {
+            Layout::Interleaved { ranks, .. }
+            | Layout::VShape { ranks }
+            | Layout::Dag { ranks, .. } => *ranks,
+        }
+    }
+
+    pub fn num_virtual_stages(&self) -> usize {
+        match self {
+            Layout::Interleaved { ranks, chunks } => ranks * chunks,
+            Layout::VShape { ranks } => 2 * ranks,
+            Layout::Dag { rank_of, .. } => rank_of.len(),
+        }
+    }
+
+    pub fn num_chunks(&self) -> usize {
+        match self {
+            Layout::Interleaved { chunks, .. } => *chunks,
+            Layout::VShape { .. } => 2,
+            Layout::Dag { ranks, rank_of, .. } => (0..*ranks)
+                .map(|r| rank_of.iter().filter(|&&x| x == r).count())
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    pub fn rank_of(&self, stage: usize) -> usize {
+        match self {
+            Layout::Interleaved { ranks, .. } => stage % ranks,
+            Layout::VShape { ranks } => {
+                if stage < *ranks {
+                    stage
+                } else {
+                    2 * ranks - 1 - stage
+                }
+            }
+            Layout::Dag { rank_of, .. } => rank_of[stage],
+        }
+    }
+
+    pub fn chunk_of(&self, stage: usize) -> usize {
+        match self {
+            Layout::Interleaved { ranks, .. } | Layout::VShape { ranks } => stage / ranks,
+            Layout::Dag { rank_of, .. } => rank_of[..stage]
+                .iter()
+                .filter(|&&r| r == rank_of[stage])
+                .count(),
+        }
+    }
+
+    /// Stages whose forward output `stage` consumes.
+    pub fn preds(&self, stage: usize) -> Vec<usize> {
+        match self {
+            Layout::Dag { edges, .. } => {
+                edges.iter().filter(|e| e.1 == stage).map(|e| e.0).collect()
+            }
+            _ => {
+                if stage == 0 {
+                    vec![]
+                } else {
+                    vec![stage - 1]
+                }
+            }
+        }
+    }
+
+    /// Stages that consume `stage`'s forward output.
+    pub fn succs(&self, stage: usize) -> Vec<usize> {
+        match self {
+            Layout::Dag { edges, .. } => {
+                edges.iter().filter(|e| e.0 == stage).map(|e| e.1).collect()
+            }
+            _ => {
+                if stage + 1 < self.num_virtual_stages() {
+                    vec![stage + 1]
+                } else {
+                    vec![]
+                }
+            }
+        }
+    }
+}
+
+/// Per-rank instruction streams over micro-batches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Ranks (devices); each runs `num_chunks` virtual stages at most.
+    pub num_stages: usize,
+    pub num_microbatches: usize,
+    /// Virtual stages per rank.
+    pub num_chunks: usize,
+    pub layout: Layout,
+    pub per_rank: Vec<Vec<Action>>,
+}
+
+impl Schedule {
+    /// An empty schedule (no actions) over `layout`.
+    pub fn empty(layout: Layout, num_microbatches: usize) -> Self {
+        Schedule {
+            num_stages: layout.num_ranks(),
+            num_microbatches,
+            num_chunks: layout.num_chunks(),
+            per_rank: vec![vec![]; layout.num_ranks()],
+            layout,
+        }
+    }
+
+    /// Append `kind` of (`stage`, `micro_batch`) to the stage's rank.
+    pub fn push(&mut self, kind: ActionKind, stage: usize, micro_batch: usize) {
+        let rank = self.layout.rank_of(stage);
+        let chunk = self.layout.chunk_of(stage);
+        self.per_rank[rank].push(Action::new(kind, stage, micro_batch, chunk));
+    }
+
+    pub fn num_virtual_stages(&self) -> usize {
+        self.layout.num_virtual_stages()
+    }
+}

@@ -1,0 +1,368 @@
+//! Schedules and the simulator against closed forms, the validator's messages, the CSV
+//! round trip and the trace/SVG writers.
+
+use ppcc_passes::schedule::csv::{from_csv, to_csv};
+use ppcc_passes::schedule::{
+    builtin, dag_1f1b, insert_communication, interleaved_1f1b, one_f_one_b, validate, zb_h1, zb_h2,
+    zb_v, Action, ActionKind, Layout, Schedule, ScheduleError, BUILTIN_NAMES,
+};
+use ppcc_passes::simulate::{simulate, to_svg, to_trace_json, CostTable, SimReport};
+
+const EPS: f64 = 1e-9;
+
+fn run(s: &Schedule, f: f64, b: f64, w: f64, comm: f64) -> SimReport {
+    validate(s).unwrap_or_else(|e| panic!("invalid schedule: {e}"));
+    simulate(
+        s,
+        &CostTable::uniform(s.num_virtual_stages(), f, b, w, comm),
+    )
+    .unwrap()
+}
+
+/// (F, B, W) cost triples: unit and non-unit.
+const COSTS: &[(f64, f64, f64)] = &[
+    (1.0, 1.0, 1.0),
+    (1.0, 2.0, 1.0),
+    (2.0, 3.0, 0.5),
+    (1.5, 1.0, 1.5),
+];
+const SHAPES: &[(usize, usize)] = &[
+    (1, 1),
+    (1, 4),
+    (2, 2),
+    (2, 5),
+    (4, 4),
+    (4, 8),
+    (4, 13),
+    (8, 16),
+];
+
+#[test]
+fn gpipe_and_1f1b_makespan_is_m_plus_p_minus_1_times_f_b_w() {
+    for &(p, m) in SHAPES {
+        for &(f, b, w) in COSTS {
+            let want = (m + p - 1) as f64 * (f + b + w);
+            for name in ["gpipe", "1f1b"] {
+                let r = run(&builtin(name, p, m, 1).unwrap(), f, b, w, 0.0);
+                assert!(
+                    (r.makespan - want).abs() < EPS,
+                    "{name} p={p} m={m} F={f} B={b} W={w}: {} != {want}",
+                    r.makespan
+                );
+                let busy = m as f64 * (f + b + w);
+                let bubble = 1.0 - busy / r.makespan;
+                assert!((r.bubble_fraction - bubble).abs() < EPS);
+            }
+        }
+    }
+}
+
+#[test]
+fn one_f_one_b_peak_stash_is_min_p_minus_r_m() {
+    for &(p, m) in SHAPES {
+        let r = run(&one_f_one_b(p, m), 1.0, 1.0, 1.0, 0.0);
+        let want: Vec<usize> = (0..p).map(|r| (p - r).min(m)).collect();
+        assert_eq!(r.peak_stash, want, "p={p} m={m}");
+    }
+    // GPipe stashes every micro-batch.
+    let r = run(&builtin("gpipe", 4, 6, 1).unwrap(), 1.0, 1.0, 1.0, 0.0);
+    assert_eq!(r.peak_stash, vec![6; 4]);
+}
+
+#[test]
+fn zb_h1_makespan() {
+    // Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Table 2: ZB-H1's bubble is
+    // (p−1)(T_F + T_B − T_W), so the makespan is m(F+B+W) + (p−1)(F+B−W). That holds when
+    // T_W ≤ T_F (else rank 0, which has only p forwards to run before its first B arrives,
+    // idles (p−1)B) and T_W ≤ T_B (else the last rank, idle (p−1)F before its first
+    // forward, ends later); we test the costs where it holds.
+    for &(p, m) in SHAPES {
+        if m < p {
+            continue;
+        }
+        for &(f, b, w) in COSTS.iter().filter(|c| c.2 <= c.0 && c.2 <= c.1) {
+            let r = run(&zb_h1(p, m), f, b, w, 0.0);
+            let want = m as f64 * (f + b + w) + (p - 1) as f64 * (f + b - w);
+            assert!(
+                (r.makespan - want).abs() < EPS,
+                "zb-h1 p={p} m={m} F={f} B={b} W={w}: {} != {want}",
+                r.makespan
+            );
+            assert!(r.peak_stash.iter().all(|&n| n <= p), "{:?}", r.peak_stash);
+        }
+    }
+}
+
+/// Idle time of each rank between its first action's start and its last action's end.
+fn inner_bubble(r: &SimReport) -> Vec<f64> {
+    r.events
+        .iter()
+        .zip(&r.busy)
+        .map(|(l, busy)| l.last().unwrap().end - l[0].start - busy)
+        .collect()
+}
+
+#[test]
+fn zb_h2_bubble() {
+    // Same paper, Table 2: ZB-H2's bubble is (p−1)(T_F + T_B − 2T_W), zero when
+    // T_F = T_B = T_W, given enough micro-batches (m ≥ 2p−1 fills the warm-up). The paper
+    // drops the optimizer's synchronisation (§4, post-validation), so ranks start and end
+    // at different times (the parallelogram of its Figure 3); the bubble is each rank's idle
+    // time between its first and its last action, and the makespan m(F+B+W) + (p−1)F.
+    for &(p, m) in SHAPES {
+        if m < 2 * p - 1 {
+            continue;
+        }
+        for &(f, b, w) in COSTS {
+            let r = run(&zb_h2(p, m), f, b, w, 0.0);
+            // Rank 0 carries the largest bubble; W > (F+B)/2 leaves none.
+            let want = ((p - 1) as f64 * (f + b - 2.0 * w)).max(0.0);
+            let got = inner_bubble(&r);
+            assert!(
+                (got[0] - want).abs() < EPS && got.iter().all(|&g| g <= want + EPS),
+                "zb-h2 p={p} m={m} F={f} B={b} W={w}: {got:?}, want {want} on rank 0"
+            );
+        }
+        let r = run(&zb_h2(p, m), 1.0, 1.0, 1.0, 0.0);
+        assert!(
+            inner_bubble(&r).iter().all(|b| b.abs() < EPS),
+            "p={p} m={m}: {:?}",
+            inner_bubble(&r)
+        );
+        assert!((r.makespan - (3 * m + p - 1) as f64).abs() < EPS);
+        assert_eq!(r.peak_stash, vec![2 * p - 1; p]);
+    }
+}
+
+#[test]
+fn interleaved_bubble_is_divided_by_v() {
+    for &(p, m, v) in &[
+        (2, 4, 2),
+        (4, 8, 2),
+        (4, 8, 4),
+        (4, 12, 3),
+        (2, 6, 3),
+        (8, 16, 2),
+        (4, 4, 2),
+    ] {
+        for &(f, b, w) in COSTS {
+            // The model's per-micro-batch work on a rank is F+B+W; each of v chunks does 1/v.
+            let vf = v as f64;
+            let s = interleaved_1f1b(p, m, v).unwrap();
+            let r = run(&s, f / vf, b / vf, w / vf, 0.0);
+            let want = m as f64 * (f + b + w) + (p - 1) as f64 * (f + b + w) / vf;
+            assert!(
+                (r.makespan - want).abs() < 1e-6,
+                "interleaved p={p} m={m} v={v} F={f} B={b} W={w}: {} != {want}",
+                r.makespan
+            );
+        }
+    }
+    assert!(interleaved_1f1b(4, 6, 2)
+        .unwrap_err()
+        .to_string()
+        .contains("multiple of the number of stages (4)"));
+}
+
+#[test]
+fn zb_v_is_valid_and_beats_1f1b() {
+    for &(p, m) in &[(2, 4), (4, 8), (4, 12), (8, 16)] {
+        let s = zb_v(p, m);
+        assert_eq!(s.num_chunks, 2);
+        let r = run(&s, 0.5, 0.5, 0.5, 0.0);
+        let base = run(&one_f_one_b(p, m), 1.0, 1.0, 1.0, 0.0);
+        assert!(
+            r.makespan < base.makespan,
+            "p={p} m={m}: {} vs {}",
+            r.makespan,
+            base.makespan
+        );
+        eprintln!(
+            "zb-v p={p} m={m}: makespan {} bubble {}",
+            r.makespan, r.bubble_fraction
+        );
+    }
+}
+
+#[test]
+fn comm_time_delays_cross_rank_edges() {
+    let s = one_f_one_b(4, 8);
+    let r = run(&s, 1.0, 1.0, 1.0, 0.5);
+    // The first forward reaches the last rank after 3 links, the last backward comes back.
+    assert!(r.makespan >= 11.0 * 3.0 + 6.0 * 0.5 - EPS);
+    let with_comm = insert_communication(&s);
+    validate(&with_comm).unwrap();
+    let r2 = simulate(&with_comm, &CostTable::uniform(4, 1.0, 1.0, 1.0, 0.5)).unwrap();
+    assert!((r.makespan - r2.makespan).abs() < EPS);
+    assert_eq!(r.busy, r2.busy);
+    // Rank 0 sends activations and receives gradients; the last rank the other way round.
+    let k0: Vec<ActionKind> = with_comm.per_rank[0].iter().map(|a| a.kind).collect();
+    assert_eq!(&k0[..2], &[ActionKind::Forward, ActionKind::SendF]);
+    assert!(k0.contains(&ActionKind::RecvB) && !k0.contains(&ActionKind::RecvF));
+    assert_eq!(with_comm.per_rank[3][0].kind, ActionKind::RecvF);
+}
+
+#[test]
+fn dag_1f1b_on_two_branches() {
+    // 0 → {1, 2} → 3: two parallel branches.
+    let s = dag_1f1b(4, &[(0, 1), (0, 2), (1, 3), (2, 3)], 6).unwrap();
+    let r = run(&s, 1.0, 1.0, 1.0, 0.0);
+    // Depth 3 DAG: like a 3-stage chain, (m + 3 − 1)·3.
+    assert!((r.makespan - 24.0).abs() < EPS, "{}", r.makespan);
+    assert_eq!(r.peak_stash, vec![3, 2, 2, 1]);
+    let s = insert_communication(&s);
+    validate(&s).unwrap();
+    // Uneven branches and a skip edge.
+    let s = dag_1f1b(5, &[(0, 1), (1, 2), (2, 4), (0, 3), (3, 4), (0, 4)], 5).unwrap();
+    run(&s, 1.0, 2.0, 0.5, 0.1);
+    assert!(dag_1f1b(2, &[(0, 1), (1, 0)], 2)
+        .unwrap_err()
+        .to_string()
+        .contains("cycle"));
+}
+
+fn layout_of(s: &Schedule) -> Layout {
+    s.layout.clone()
+}
+
+#[test]
+fn csv_round_trip_for_every_builtin() {
+    for &name in BUILTIN_NAMES {
+        for &(p, m, v) in &[(2, 4, 2), (4, 8, 2), (3, 6, 1), (1, 3, 1)] {
+            let s = builtin(name, p, m, v).unwrap();
+            validate(&s).unwrap_or_else(|e| panic!("{name} p={p} m={m} v={v}: {e}"));
+            let text = to_csv(&s);
+            let back = from_csv(&text, layout_of(&s)).unwrap();
+            assert_eq!(back, s, "{name} p={p} m={m}");
+            let with_comm = insert_communication(&s);
+            let back = from_csv(&to_csv(&with_comm), layout_of(&s)).unwrap();
+            assert_eq!(back, with_comm, "{name} with communication");
+        }
+    }
+    // Idle slots (empty cells) are allowed.
+    let s = from_csv("0F0,,0B0\n,1F0,1B0\n", Layout::chain(2)).unwrap();
+    assert_eq!(s.per_rank[1].len(), 2);
+    assert_eq!(s.num_microbatches, 1);
+}
+
+#[test]
+fn csv_rejects_bad_cells_and_dependency_errors() {
+    let e = from_csv("0F0,0X0\n1F0,1B0\n", Layout::chain(2)).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("row 1, column 2 (cell `0X0`): unknown action `X0`"),
+        "{e}"
+    );
+    let e = from_csv("0F0,F\n1F0,1B0\n", Layout::chain(2)).unwrap_err();
+    assert!(
+        e.to_string().starts_with("row 1, column 2 (cell `F`)"),
+        "{e}"
+    );
+    let e = from_csv("0F0,0B\n1F0,1B0\n", Layout::chain(2)).unwrap_err();
+    assert!(
+        e.to_string().contains("expected a micro-batch number"),
+        "{e}"
+    );
+    // Stage 1's backward before its forward, on the same rank.
+    let e = from_csv("0F0,0B0\n1B0,1F0\n", Layout::chain(2)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "row 2, column 1 (cell `1B0`): 1B0 (backward of micro-batch 0 on stage 1) runs before 1F0 on which it depends"
+    );
+    // Wrong rank for a stage.
+    let e = from_csv("0F0,1F0\n0B0,1B0\n", Layout::chain(2)).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("row 1, column 2 (cell `1F0`): stage 1 runs on rank 1"),
+        "{e}"
+    );
+    // Cross-rank deadlock: rank 0 waits for 1B0 before running 0F1, rank 1 waits for 0F1
+    // before running 1B0.
+    let e = from_csv("0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n", Layout::chain(2)).unwrap_err();
+    assert!(
+        e.to_string().starts_with("row 1, column 2 (cell `0B0`): deadlock: rank 0, position 1: 0B0 (backward of micro-batch 0 on stage 0) waits for 1B0; rank 1, position 1: 1F1 (forward of micro-batch 1 on stage 1) waits for 0F1"),
+        "{e}"
+    );
+}
+
+#[test]
+fn validator_names_the_first_offending_action() {
+    // Missing action.
+    let mut s = one_f_one_b(3, 4);
+    s.per_rank[1].retain(|a| !(a.kind == ActionKind::FullBackward && a.micro_batch == 2));
+    assert_eq!(
+        validate(&s).unwrap_err().to_string(),
+        "rank 1: missing 1I2 or 1B2 (backward of micro-batch 2 on stage 1)"
+    );
+    // Wrong order on one rank (ZB-V: stages 1 and 2 share rank 1).
+    let mut s = zb_v(2, 2);
+    let list = &mut s.per_rank[1];
+    let i = list
+        .iter()
+        .position(|a| *a == Action::new(ActionKind::BackwardInput, 2, 0, 1))
+        .unwrap();
+    let j = list
+        .iter()
+        .position(|a| *a == Action::new(ActionKind::BackwardInput, 1, 0, 0))
+        .unwrap();
+    list.swap(i, j);
+    let e = validate(&s).unwrap_err();
+    assert!(matches!(e, ScheduleError::Action { rank: 1, .. }), "{e}");
+    assert!(
+        e.to_string().ends_with("1I0 (input-gradient backward of micro-batch 0 on stage 1) runs before 2I0 on which it depends"),
+        "{e}"
+    );
+    // Crossed order over ranks: a deadlock (interleaved: stages 1 and 3 share rank 1).
+    let mut s = interleaved_1f1b(2, 4, 2).unwrap();
+    let list = &mut s.per_rank[1];
+    let i = list
+        .iter()
+        .position(|a| *a == Action::new(ActionKind::FullBackward, 3, 0, 1))
+        .unwrap();
+    let j = list
+        .iter()
+        .position(|a| *a == Action::new(ActionKind::FullBackward, 1, 0, 0))
+        .unwrap();
+    list.swap(i, j);
+    let e = validate(&s).unwrap_err();
+    assert!(matches!(e, ScheduleError::Deadlock(_)), "{e}");
+    assert!(
+        e.to_string().contains(
+            "rank 1, position 3: 1B0 (backward of micro-batch 0 on stage 1) waits for 2B0"
+        ),
+        "{e}"
+    );
+    // Duplicate action.
+    let mut s = one_f_one_b(2, 2);
+    let a = s.per_rank[0][0];
+    s.per_rank[0].push(a);
+    assert!(validate(&s)
+        .unwrap_err()
+        .to_string()
+        .contains("repeats the action at rank 0, position 0"));
+    // Deadlock across ranks (1F1B's rank 1 does all backwards first).
+    let mut s = one_f_one_b(2, 3);
+    s.per_rank[0].sort_by_key(|a| (a.kind != ActionKind::FullBackward, a.micro_batch));
+    let e = validate(&s).unwrap_err();
+    assert!(e.to_string().starts_with("rank 0, position 0: 0B0"), "{e}");
+}
+
+#[test]
+fn trace_and_svg() {
+    let s = zb_h1(3, 4);
+    let r = run(&s, 1.0, 1.0, 1.0, 0.0);
+    let json: serde_json::Value = serde_json::from_str(&to_trace_json(&r)).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let x: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(x.len(), 3 * 4 * 3);
+    assert!(x
+        .iter()
+        .any(|e| e["name"] == "F3 s1" && e["tid"] == 1 && e["pid"] == 0));
+    let svg = to_svg(&r);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("W weight grad") && svg.contains("rank 2"));
+    // The critical path ends at the makespan and chains back to time 0.
+    let cp = &r.critical_path;
+    assert_eq!(cp.first().unwrap().start, 0.0);
+    assert!((cp.last().unwrap().end - r.makespan).abs() < EPS);
+}
