@@ -258,7 +258,12 @@ pub fn build_optimizer_function(
         }
         let shape = ty
             .static_shape()
-            .expect("state types are static")
+            .ok_or_else(|| {
+                PassError::failed(
+                    PASS,
+                    format!("optimizer state `{name}` has type {ty}, which is not static"),
+                )
+            })?
             .into_iter()
             .map(|d| d as usize)
             .collect();

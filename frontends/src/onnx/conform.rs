@@ -139,7 +139,9 @@ fn cases_in(dir: &Path) -> Result<Vec<Case>, String> {
     let mut cases = vec![];
     for p in sorted_entries(dir)? {
         if p.extension().is_some_and(|e| e == "onnx") && p.is_file() {
-            let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let Some(stem) = p.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
+                continue;
+            };
             let outputs = numbered(dir, &format!("{stem}_output_"), ".pb");
             if !outputs.is_empty() {
                 cases.push(Case {

@@ -352,16 +352,18 @@ pub(super) fn unsqueeze(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
     let axes = req_ints(attrs, "axes")?;
     let rank = x.rank() + axes.len();
     let axes = norm_axes(&axes, rank, "axes")?;
-    let mut rest = x.dims.iter();
+    // `norm_axes` rejects repeated axes, so the input dims fill the other slots exactly.
+    let mut rest = x.dims.iter().copied();
     let dims = (0..rank)
         .map(|i| {
             if axes.contains(&i) {
-                Dim::Known(1)
+                Some(Dim::Known(1))
             } else {
-                *rest.next().expect("rank adds up")
+                rest.next()
             }
         })
-        .collect();
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| ShapeError(format!("'axes' = {axes:?} do not fit rank {rank}")))?;
     Ok(TensorType::new(x.dtype, dims))
 }
 
