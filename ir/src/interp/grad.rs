@@ -8,6 +8,7 @@
 
 use super::conv::{split_nc, to3, Window};
 use super::movement::{required_ints, slice_maps};
+use super::pool::{pool_geom, PoolGeom};
 use super::util::{fail, float_tensor, floats, ints, norm_axis, same_dtype, valid_range, OpResult};
 use crate::attr::Attrs;
 use crate::tensor::{strides_of, Tensor};
@@ -133,89 +134,6 @@ pub(super) fn softmax_cross_entropy_grad(attrs: &Attrs, inputs: &[&Tensor]) -> O
 }
 
 // ---- pooling ----
-
-/// Taps of one window along one dimension: `lo..hi` are the taps inside the input, `padded`
-/// counts those inside the padded input (as the forward pool computes them).
-#[derive(Clone, Copy)]
-struct Taps {
-    lo: usize,
-    hi: usize,
-    padded: usize,
-}
-
-/// The geometry of a pool over `in_sp`, padded to three spatial dims in front.
-struct PoolGeom {
-    taps: [Vec<Taps>; 3],
-    in3: [usize; 3],
-    strides: [usize; 3],
-    dilations: [usize; 3],
-    pads: [usize; 3],
-    out_sp: Vec<usize>,
-}
-
-fn pool_geom(attrs: &Attrs, in_sp: &[usize]) -> OpResult<PoolGeom> {
-    let nsp = in_sp.len();
-    let Some(kernel) = attrs.ints("kernel_shape")? else {
-        fail!("missing required attribute `kernel_shape`");
-    };
-    if kernel.len() != nsp || kernel.iter().any(|&k| k < 1) {
-        fail!("`kernel_shape` must be {nsp} positive integers, got {kernel:?}");
-    }
-    let kernel: Vec<usize> = kernel.iter().map(|&k| k as usize).collect();
-    let win = Window::from_attrs(attrs, nsp)?;
-    let ceil_mode = attrs.int_or("ceil_mode", 0)? != 0;
-    let mut taps: Vec<Vec<Taps>> = Vec::with_capacity(nsp);
-    let mut out_sp = Vec::with_capacity(nsp);
-    for i in 0..nsp {
-        let (k, s, d) = (kernel[i], win.strides[i], win.dilations[i]);
-        let (pb, pe) = (win.pads[i], win.pads[nsp + i]);
-        let span = (k - 1) * d + 1;
-        let padded = in_sp[i] + pb + pe;
-        if padded < span {
-            fail!("spatial dimension {i}: window of span {span} does not fit the padded input of size {padded}");
-        }
-        let mut out = if ceil_mode {
-            (padded - span).div_ceil(s) + 1
-        } else {
-            (padded - span) / s + 1
-        };
-        if ceil_mode && (out - 1) * s >= in_sp[i] + pb {
-            out -= 1;
-        }
-        out_sp.push(out);
-        taps.push(
-            (0..out)
-                .map(|z| {
-                    let start = (z * s) as i64 - pb as i64;
-                    let (lo, hi) = valid_range(k, in_sp[i], d, start);
-                    let (plo, phi) = valid_range(k, padded, d, start + pb as i64);
-                    Taps {
-                        lo,
-                        hi,
-                        padded: phi - plo,
-                    }
-                })
-                .collect(),
-        );
-    }
-    let unit = vec![Taps {
-        lo: 0,
-        hi: 1,
-        padded: 1,
-    }];
-    let mut t3 = [unit.clone(), unit.clone(), unit];
-    for (i, t) in taps.into_iter().enumerate() {
-        t3[3 - nsp + i] = t;
-    }
-    Ok(PoolGeom {
-        taps: t3,
-        in3: to3(in_sp, 1),
-        strides: to3(&win.strides, 1),
-        dilations: to3(&win.dilations, 1),
-        pads: to3(&win.pads[..nsp], 0),
-        out_sp,
-    })
-}
 
 impl PoolGeom {
     /// Call `f(output offset in the plane, taps as input offsets in the plane)` per window.

@@ -15,18 +15,27 @@ use crate::ops::OpKind;
 use crate::tensor::Tensor;
 
 /// Taps of one window along one dimension: `lo..hi` are the taps inside the input, `padded`
-/// counts those inside the padded input.
+/// counts those inside the padded input (as the forward pool computes them).
 #[derive(Clone, Copy)]
-struct Taps {
-    lo: usize,
-    hi: usize,
-    padded: usize,
+pub(super) struct Taps {
+    pub lo: usize,
+    pub hi: usize,
+    pub padded: usize,
 }
 
-/// `max_pool` and `avg_pool`.
-pub(super) fn pool(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
-    let xv = floats(x, "x")?;
-    let (n, c, in_sp) = split_nc(&x.shape, "x")?;
+/// The geometry of a pool over `in_sp`, padded to three spatial dims in front.
+pub(super) struct PoolGeom {
+    pub taps: [Vec<Taps>; 3],
+    pub in3: [usize; 3],
+    pub strides: [usize; 3],
+    pub dilations: [usize; 3],
+    pub pads: [usize; 3],
+    pub out_sp: Vec<usize>,
+}
+
+/// Window geometry shared by the pools and their gradients (one definition of the
+/// output-size and padding rules).
+pub(super) fn pool_geom(attrs: &Attrs, in_sp: &[usize]) -> OpResult<PoolGeom> {
     let nsp = in_sp.len();
     let Some(kernel) = attrs.ints("kernel_shape")? else {
         fail!("missing required attribute `kernel_shape`");
@@ -37,9 +46,6 @@ pub(super) fn pool(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> 
     let kernel: Vec<usize> = kernel.iter().map(|&k| k as usize).collect();
     let win = Window::from_attrs(attrs, nsp)?;
     let ceil_mode = attrs.int_or("ceil_mode", 0)? != 0;
-    let include_pad = attrs.int_or("count_include_pad", 0)? != 0;
-
-    // Per dimension and output position: which taps fall inside the input.
     let mut taps: Vec<Vec<Taps>> = Vec::with_capacity(nsp);
     let mut out_sp = Vec::with_capacity(nsp);
     for i in 0..nsp {
@@ -74,24 +80,36 @@ pub(super) fn pool(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> 
                 .collect(),
         );
     }
-    let full = Taps {
+    let unit = vec![Taps {
         lo: 0,
         hi: 1,
         padded: 1,
-    };
-    let unit = vec![full];
-    let pad3 = |v: &[Vec<Taps>]| -> [Vec<Taps>; 3] {
-        let mut out = [unit.clone(), unit.clone(), unit.clone()];
-        for (i, t) in v.iter().enumerate() {
-            out[3 - v.len() + i] = t.clone();
-        }
-        out
-    };
-    let [td, th, tw] = pad3(&taps);
-    let [id, ih, iw] = to3(&in_sp, 1);
-    let [sd, sh, sw] = to3(&win.strides, 1);
-    let [dd, dh, dw] = to3(&win.dilations, 1);
-    let [pd, ph, pw] = to3(&win.pads[..nsp], 0);
+    }];
+    let mut t3 = [unit.clone(), unit.clone(), unit];
+    for (i, t) in taps.into_iter().enumerate() {
+        t3[3 - nsp + i] = t;
+    }
+    Ok(PoolGeom {
+        taps: t3,
+        in3: to3(in_sp, 1),
+        strides: to3(&win.strides, 1),
+        dilations: to3(&win.dilations, 1),
+        pads: to3(&win.pads[..nsp], 0),
+        out_sp,
+    })
+}
+
+/// `max_pool` and `avg_pool`.
+pub(super) fn pool(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+    let xv = floats(x, "x")?;
+    let (n, c, in_sp) = split_nc(&x.shape, "x")?;
+    let include_pad = attrs.int_or("count_include_pad", 0)? != 0;
+    let g = pool_geom(attrs, &in_sp)?;
+    let [td, th, tw] = &g.taps;
+    let [id, ih, iw] = g.in3;
+    let [sd, sh, sw] = g.strides;
+    let [dd, dh, dw] = g.dilations;
+    let [pd, ph, pw] = g.pads;
     let (isz, osz) = (id * ih * iw, td.len() * th.len() * tw.len());
 
     let mut out = Vec::with_capacity(n * c * osz);
@@ -138,7 +156,7 @@ pub(super) fn pool(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> 
         }
     }
     let mut shape = vec![n, c];
-    shape.extend(out_sp);
+    shape.extend(g.out_sp);
     Ok(float_tensor(x.dtype, shape, out))
 }
 
