@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod npz;
 mod onnx_cmds;
+mod program;
 mod simulate_cmd;
 mod train_cmd;
 

@@ -13,37 +13,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use clap::ValueEnum;
-use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions};
-use ppcc_passes::autodiff::{build_gradient_function, AutodiffOptions, LossKind};
-use ppcc_passes::optim::{build_optimizer_function, OptimizerKind, OptimizerOptions};
+use ppcc_passes::autodiff::LossKind;
 use ppcc_runtime::data::{default_specs, with_batch};
 use ppcc_runtime::{
     ArraySource, BatchSource, Distribution, InputSpec, SyntheticSource, Trainer, TrainerOptions,
 };
-use ppir::{ArgKind, DType, Dim, Module, Tensor, TensorData, TensorType};
+use ppir::{DType, Dim, Tensor, TensorData, TensorType};
 
 use crate::npz::read_npz;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LossArg {
-    /// The model's output if it is a single scalar, cross-entropy otherwise.
-    Auto,
-    /// Softmax cross-entropy over the last axis of the first output, integer labels.
-    CrossEntropy,
-    /// Mean squared error of the first output against float labels.
-    Mse,
-    /// The model's (scalar) output is the loss.
-    Output,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OptimizerArg {
-    /// SGD with momentum and weight decay (PyTorch semantics).
-    Sgd,
-    /// AdamW (decoupled weight decay, bias correction).
-    Adamw,
-}
+use crate::program::{build_training, prepare, Prepared, ProgramArgs, Training};
 
 /// Train a model on one device with the reference interpreter.
 ///
@@ -80,40 +58,10 @@ pub struct TrainArgs {
     /// (one seeded batch, repeated) or `synthetic-fresh` (a new seeded batch each step).
     #[arg(long, value_name = "FILE.npz|synthetic", default_value = "synthetic")]
     data: String,
-    /// Global batch size N (rows per step). Default: the model's static batch size. A
-    /// model exported with a static batch trains with other micro-batch sizes unless it
-    /// bakes its batch size into a constant (then N/M must equal it).
-    #[arg(long, value_name = "N")]
-    batch: Option<u64>,
     /// Micro-batches per step M (each carries N/M rows; gradients are summed, then scaled
     /// by 1/M). M must divide N.
     #[arg(long, value_name = "M", default_value_t = 1)]
     microbatches: u64,
-    /// The loss to train.
-    #[arg(long, value_enum, default_value_t = LossArg::Auto)]
-    loss: LossArg,
-    /// The optimizer.
-    #[arg(long, value_enum, default_value_t = OptimizerArg::Sgd)]
-    optimizer: OptimizerArg,
-    /// Learning rate. Default: 0.05 for SGD, 1e-3 for AdamW.
-    #[arg(long, value_name = "F")]
-    lr: Option<f64>,
-    /// SGD momentum.
-    #[arg(long, value_name = "F", default_value_t = 0.9)]
-    momentum: f64,
-    /// Weight decay (SGD: added to the gradient; AdamW: decoupled). Default: 0 for SGD,
-    /// 0.01 for AdamW.
-    #[arg(long, value_name = "F")]
-    weight_decay: Option<f64>,
-    /// AdamW β1.
-    #[arg(long, value_name = "F", default_value_t = 0.9)]
-    beta1: f64,
-    /// AdamW β2.
-    #[arg(long, value_name = "F", default_value_t = 0.999)]
-    beta2: f64,
-    /// AdamW ε.
-    #[arg(long, value_name = "F", default_value_t = 1e-8)]
-    eps: f64,
     /// Seed of synthetic data.
     #[arg(long, value_name = "S", default_value_t = 0)]
     seed: u64,
@@ -121,115 +69,28 @@ pub struct TrainArgs {
     /// values (loadable by onnxruntime).
     #[arg(long, value_name = "OUT.onnx")]
     save_onnx: Option<PathBuf>,
-    /// Train with inference-mode ops: dropout off, batch-norm with running statistics.
-    #[arg(long)]
-    eval_mode: bool,
+    #[command(flatten)]
+    program: ProgramArgs,
 }
 
 pub fn train(a: TrainArgs) -> Result<ExitCode> {
     if a.microbatches == 0 {
         bail!("--microbatches must be at least 1");
     }
-    let imported = import_onnx_file_full(&a.model, &ImportOptions::default())
-        .with_context(|| format!("importing {}", a.model.display()))?;
-    let mut module = imported.module;
-    let weight_sources = imported.weight_sources;
-    let main = module
-        .function("main")
-        .context("the imported module has no @main")?;
-
-    // ONNX names of the model inputs, by IR argument name.
-    let input_names: Vec<String> = main
-        .args()
-        .iter()
-        .filter(|(_, k)| *k == ArgKind::Input)
-        .map(|&(v, _)| main.value(v).name.clone())
-        .collect();
-    let onnx_name: HashMap<String, String> = input_names
-        .iter()
-        .cloned()
-        .zip(imported.inputs.iter().cloned())
-        .collect();
-    let first_output = main.results().first().map(|&v| main.ty(v).clone());
-
-    // Batch sizes.
-    let model_batch = model_batch(&module)?;
-    let global = match (a.batch, model_batch) {
-        (Some(n), _) => n,
-        (None, Some(b)) => b,
-        (None, None) => {
-            bail!("the model's batch size is symbolic: give the global batch with --batch N")
-        }
-    };
-    if global == 0 || global % a.microbatches != 0 {
-        bail!(
-            "--microbatches {} must divide the global batch {global}",
-            a.microbatches
-        );
-    }
-    let micro = global / a.microbatches;
-    set_batch(&mut module, model_batch, micro)?;
-
-    // Training program.
-    let loss = match a.loss {
-        LossArg::Auto => LossKind::Auto,
-        LossArg::CrossEntropy => LossKind::CrossEntropy,
-        LossArg::Mse => LossKind::Mse,
-        LossArg::Output => LossKind::Output,
-    };
-    let info = build_gradient_function(
-        &mut module,
-        &AutodiffOptions {
-            function: "main".into(),
-            loss,
-            train_mode: !a.eval_mode,
-        },
-    )
-    .context("building the gradient function")?;
-    let grad_f = module
-        .function(&info.function)
-        .context("autodiff returned no gradient function")?;
-    let params: Vec<(String, TensorType)> = info
-        .params
-        .iter()
-        .map(|p| {
-            let v = grad_f
-                .find_value(p)
-                .with_context(|| format!("@{} has no argument %{p}", info.function))?;
-            Ok((p.clone(), grad_f.ty(v).clone()))
-        })
-        .collect::<Result<_>>()?;
-    let (kind, lr, wd) = match a.optimizer {
-        OptimizerArg::Sgd => (
-            OptimizerKind::Sgd,
-            a.lr.unwrap_or(0.05),
-            a.weight_decay.unwrap_or(0.0),
-        ),
-        OptimizerArg::Adamw => (
-            OptimizerKind::AdamW,
-            a.lr.unwrap_or(1e-3),
-            a.weight_decay.unwrap_or(0.01),
-        ),
-    };
-    let opt = OptimizerOptions {
-        kind,
-        lr,
-        momentum: a.momentum,
-        weight_decay: wd,
-        beta1: a.beta1,
-        beta2: a.beta2,
-        eps: a.eps,
-        microbatches: u32::try_from(a.microbatches).context("--microbatches is too large")?,
-    };
-    build_optimizer_function(&mut module, &params, &opt).context("building the optimizer")?;
-    if let Err(errors) = ppir::verify::verify_module(&module) {
-        let mut msg = String::from("the training program does not verify:");
-        for e in errors.iter().take(10) {
-            msg.push_str(&format!("\n  {e}"));
-        }
-        bail!(msg);
-    }
-
+    let Prepared {
+        mut module,
+        weight_sources,
+        onnx_name,
+        first_output,
+        global,
+        micro,
+    } = prepare(&a.model, &a.program, a.microbatches)?;
+    let Training {
+        info,
+        params,
+        optimizer: opt,
+    } = build_training(&mut module, &a.program, a.microbatches)?;
+    let (kind, lr) = (opt.kind, opt.lr);
     let trainer_opts = TrainerOptions {
         grad: info.function.clone(),
         microbatches: a.microbatches as usize,
@@ -341,70 +202,6 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
 /// The output line of one step.
 fn step_line(step: u64, loss: f64) -> String {
     format!("step {step} loss {loss:?}")
-}
-
-/// The static batch size shared by axis 0 of every model input, `None` if it is symbolic.
-fn model_batch(m: &Module) -> Result<Option<u64>> {
-    let f = m.function("main").context("no @main")?;
-    let mut batch: Option<Option<u64>> = None;
-    for &(v, kind) in f.args() {
-        if kind != ArgKind::Input {
-            continue;
-        }
-        let ty = f.ty(v);
-        let Some(&d0) = ty.dims.first() else {
-            bail!(
-                "input %{} is a scalar; training needs the batch on axis 0 of every input",
-                f.value(v).name
-            );
-        };
-        let this = d0.known();
-        match batch {
-            None => batch = Some(this),
-            Some(b) if b != this => bail!(
-                "the model's inputs disagree on the batch size (axis 0): {} vs {}",
-                b.map_or("?".into(), |n| n.to_string()),
-                this.map_or("?".into(), |n| n.to_string())
-            ),
-            Some(_) => {}
-        }
-    }
-    batch.context("the model has no inputs")
-}
-
-/// Make axis 0 of every input `micro` rows. A model whose batch is static is re-derived
-/// with a symbolic batch first; that fails (with the reason) if the model bakes its batch
-/// size into a constant such as a reshape target.
-fn set_batch(m: &mut Module, model_batch: Option<u64>, micro: u64) -> Result<()> {
-    if model_batch == Some(micro) {
-        return Ok(());
-    }
-    if let Some(b) = model_batch {
-        for f in &mut m.functions {
-            let inputs: Vec<_> = f
-                .args()
-                .iter()
-                .filter(|(_, k)| *k == ArgKind::Input)
-                .map(|&(v, _)| v)
-                .collect();
-            for v in inputs {
-                let mut ty = f.ty(v).clone();
-                ty.dims[0] = Dim::Batch;
-                f.set_type(v, ty);
-            }
-            ppir::shape::infer_function(f).map_err(|e| {
-                anyhow::anyhow!(
-                    "the model's batch size is fixed at {b} ({e}); use a micro-batch of {b} rows (--batch {b}×M)"
-                )
-            })?;
-        }
-    }
-    ppir::shape::bind_batch(m, micro).map_err(|e| {
-        let fixed = model_batch.map_or(String::new(), |b| {
-            format!("; the model's batch size is fixed at {b}: use a micro-batch of {b} rows (--batch {b}×M)")
-        });
-        anyhow::anyhow!("cannot use micro-batches of {micro} rows: {e}{fixed}")
-    })
 }
 
 /// Synthetic labels: class ids below the logits' last dimension, or N(0,1) targets.

@@ -18,9 +18,11 @@ pub mod autodiff;
 pub mod canonicalize;
 pub mod cost;
 pub mod optim;
+pub mod partition;
 mod registry;
 pub mod schedule;
 pub mod simulate;
+pub mod split;
 
 pub use registry::{PassInfo, PassOptions, PassRegistry};
 

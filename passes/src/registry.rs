@@ -155,6 +155,16 @@ impl PassRegistry {
             "add @optim (SGD/AdamW step) and @accumulate: optimizer{kind=sgd|adamw,lr=..,momentum=..,weight_decay=..,microbatches=M}",
             |o| Ok(Box::new(crate::optim::OptimizerPass::from_options(o)?)),
         );
+        r.register(
+            "partition",
+            "set the stage of every op of @main (GraphPipe DAG, PipeDream chain or uniform layers): partition{stages=N,kind=graph|sequential|uniform,microbatches=M,profile=h100|a100,loss=auto,pin=NAME;NAME,memory-limit=BYTES}",
+            |o| Ok(Box::new(crate::partition::PartitionPass::from_options(o)?)),
+        );
+        r.register(
+            "insert-send-recv",
+            "split @grad/@optim by op stage into @stage<s>.fwd/.bwd_input/.bwd_weight/.optim joined by send/recv: insert-send-recv{grad=grad,optim=optim}",
+            |o| Ok(Box::new(crate::split::InsertSendRecv::from_options(o)?)),
+        );
         r
     }
 

@@ -203,6 +203,37 @@ fn comm_time_delays_cross_rank_edges() {
 }
 
 #[test]
+fn edge_comm_prices_each_edge() {
+    // Two stages, 1F1B, one micro-batch: the activation and its gradient each cross the
+    // edge once.
+    let s = one_f_one_b(2, 1);
+    let base = run(&s, 1.0, 1.0, 1.0, 0.0);
+    let mut costs = CostTable::uniform(2, 1.0, 1.0, 1.0, 0.0);
+    costs.edge_comm.insert((0, 1), 5.0);
+    assert_eq!(costs.comm_between(0, 1), 5.0);
+    assert_eq!(costs.comm_between(1, 0), 5.0);
+    assert_eq!(costs.comm_between(1, 2), 0.0);
+    let r = simulate(&s, &costs).unwrap();
+    assert!(
+        (r.makespan - (base.makespan + 2.0 * 5.0)).abs() < EPS,
+        "{} vs {}",
+        r.makespan,
+        base.makespan
+    );
+    // With sends and receives the link time is on the same edges.
+    let r2 = simulate(&insert_communication(&s), &costs).unwrap();
+    assert!((r2.makespan - r.makespan).abs() < EPS);
+    // A DAG where only the slow branch pays: 0 → {1, 2} → 3, edge (0, 2) costs 3 and the
+    // rest the default 0.5; same-rank dependencies never pay.
+    let s = dag_1f1b(4, &[(0, 1), (0, 2), (1, 3), (2, 3)], 1).unwrap();
+    let mut costs = CostTable::uniform(4, 1.0, 1.0, 1.0, 0.5);
+    costs.edge_comm.insert((0, 2), 3.0);
+    let r = simulate(&s, &costs).unwrap();
+    // F: 0 [0,1], 2 [4,5], 3 [5.5,6.5]; B: 3 [6.5,8.5], 2 [9,11], 0 [14,16].
+    assert!((r.makespan - 16.0).abs() < EPS, "{}", r.makespan);
+}
+
+#[test]
 fn dag_1f1b_on_two_branches() {
     // 0 → {1, 2} → 3: two parallel branches.
     let s = dag_1f1b(4, &[(0, 1), (0, 2), (1, 3), (2, 3)], 6).unwrap();

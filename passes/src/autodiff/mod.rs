@@ -25,9 +25,11 @@
 //!   feed other W ops and `grad.*` results, so a zero-bubble schedule can delay them. An
 //!   activation is a value computed from the data (an `input` argument: model inputs,
 //!   labels, the key); a value computed from parameters alone (a transposed or reshaped
-//!   weight) is weight-side, and the gradient work for it is W. Backward ops read the forward values they need
-//!   directly (saved activations are explicit) and carry the stage and `loc` of the
-//!   forward op they differentiate.
+//!   weight) is weight-side, and the gradient work for it is W. Backward ops read the
+//!   forward values they need directly (saved activations are explicit) and carry the
+//!   stage and `loc` of the forward op they differentiate; the sum of the gradient
+//!   contributions of a value with several users carries the stage of its producer, so
+//!   on a partitioned program every gradient flows back along a forward edge.
 //! - Training mode ([`AutodiffOptions::train_mode`]): `dropout` becomes
 //!   `dropout(x, %rng) {training = 1, seed = s}` with a seed unique per op (an existing
 //!   unique `seed` attribute is kept), and `batch_norm` normalises with batch statistics.
@@ -705,10 +707,20 @@ impl Gradients {
         let Some(parts) = self.pending.remove(&v) else {
             return Ok(None);
         };
+        // The sum of the contributions belongs to the stage that produced `v` (its
+        // consumers may sit on other stages: each sends its part back to the producer).
+        let saved = (em.stage, em.loc.clone());
+        if parts.len() > 1 {
+            if let Some(p) = em.f.producer(v) {
+                em.stage = em.f.op(p).stage;
+                em.loc = em.f.op(p).loc.clone();
+            }
+        }
         let mut sum = parts[0];
         for &p in &parts[1..] {
             sum = em.add(sum, p)?;
         }
+        (em.stage, em.loc) = saved;
         self.done.insert(v, sum);
         if !self.params.contains(&v) {
             self.value_grads.push((v, sum));

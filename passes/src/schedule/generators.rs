@@ -1,5 +1,10 @@
 //! Built-in schedules. Each returns compute actions only (`F`, `I`/`B`, `W`);
 //! [`insert_communication`] adds the sends and receives for cross-rank edges.
+//!
+//! GPipe, 1F1B, ZB-H1 and ZB-H2 are built per stage from a warm-up count (and, for the
+//! zero-bubble ones, a count of deferred `W`s), so they run on any layout with one stage
+//! per rank: a chain, or a stage DAG ([`builtin_on`]) where the height `h(s)` (longest
+//! path from `s` to a sink) takes the place of the chain's `p−r−1`.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -36,24 +41,164 @@ pub fn builtin(
         "zb-h1" => zb_h1(ranks, microbatches),
         "zb-h2" => zb_h2(ranks, microbatches),
         "zb-v" => zb_v(ranks, microbatches),
+        _ => return Err(unknown(name)),
+    })
+}
+
+fn unknown(name: &str) -> ScheduleError {
+    ScheduleError::Invalid(format!(
+        "unknown schedule `{name}` (known: {})",
+        BUILTIN_NAMES.join(", ")
+    ))
+}
+
+/// A built-in schedule by name over a given `layout`. On a chain, an interleaved chain or a
+/// V it is [`builtin`]'s schedule, and the layout must be the one that schedule uses
+/// (`interleaved-1f1b`: [`Layout::Interleaved`] with `chunks` chunks; `zb-v`:
+/// [`Layout::VShape`]; the others: a plain chain). On a [`Layout::Dag`] with one stage per
+/// rank (`rank_of[s] = s`), with `h(s)` the longest path from `s` to a sink and `H` the
+/// largest: `gpipe`; `1f1b` ([`dag_1f1b`]: `h(s)` warm-up forwards); `zb-h1` (`h(s)+1`
+/// warm-up forwards, `H−h(s)` deferred `W`s); `zb-h2` (`2(h(s)+1)−1` warm-up forwards,
+/// `2(H−h(s))` deferred `W`s) — on a chain DAG exactly the chain schedules.
+/// `interleaved-1f1b` and `zb-v` need a chain.
+pub fn builtin_on(
+    name: &str,
+    layout: &Layout,
+    microbatches: usize,
+    chunks: usize,
+) -> Result<Schedule, ScheduleError> {
+    if !BUILTIN_NAMES.contains(&name) {
+        return Err(unknown(name));
+    }
+    if layout.num_ranks() == 0 || microbatches == 0 {
+        return Err(ScheduleError::Invalid(
+            "a schedule needs at least one stage and one micro-batch".into(),
+        ));
+    }
+    let mismatch = |needs: &str| {
+        ScheduleError::Invalid(format!(
+            "schedule `{name}` needs {needs}, the layout is {}",
+            describe_layout(layout)
+        ))
+    };
+    match (name, layout) {
+        ("interleaved-1f1b" | "zb-v", Layout::Dag { .. }) => Err(ScheduleError::Invalid(format!(
+            "schedule `{name}` needs a chain of stages, the layout is {} (use a sequential partition)",
+            describe_layout(layout)
+        ))),
+        ("interleaved-1f1b", Layout::Interleaved { ranks, chunks: v }) => {
+            if *v != chunks {
+                return Err(mismatch(&format!(
+                    "an interleaved chain of {chunks} chunk(s) per rank"
+                )));
+            }
+            builtin(name, *ranks, microbatches, chunks)
+        }
+        ("interleaved-1f1b", _) => Err(mismatch(&format!(
+            "an interleaved chain of {chunks} chunk(s) per rank"
+        ))),
+        ("zb-v", Layout::VShape { ranks }) => builtin(name, *ranks, microbatches, chunks),
+        ("zb-v", _) => Err(mismatch("a V-shaped layout (two chunks per rank)")),
+        (_, Layout::Interleaved { ranks, chunks: 1 }) => {
+            builtin(name, *ranks, microbatches, chunks)
+        }
+        (_, Layout::Dag { .. }) => {
+            let h = stage_heights(layout)?;
+            let (layout, m) = (layout.clone(), microbatches);
+            Ok(match name {
+                "gpipe" => gpipe_on(layout, m),
+                "1f1b" => one_f_one_b_on(layout, m, |s| h[s]),
+                "zb-h1" => zb_h1_on(layout, m, &h),
+                _ => zb_h2_on(layout, m, &h),
+            })
+        }
+        _ => Err(mismatch("a chain of stages (one chunk per rank)")),
+    }
+}
+
+fn describe_layout(layout: &Layout) -> String {
+    match layout {
+        Layout::Interleaved { ranks, chunks: 1 } => format!("a chain of {ranks} stage(s)"),
+        Layout::Interleaved { ranks, chunks } => {
+            format!("an interleaved chain of {ranks} rank(s) × {chunks} chunks")
+        }
+        Layout::VShape { ranks } => format!("a V over {ranks} rank(s)"),
+        Layout::Dag { rank_of, .. } => format!("a DAG of {} stage(s)", rank_of.len()),
+    }
+}
+
+/// The height of every stage of a layout with one stage per rank (a plain chain: `p−s−1`;
+/// a DAG: the longest path from `s` to a sink), after checking the layout has that shape and,
+/// for a DAG, that its edges are between distinct existing stages and form no cycle.
+fn stage_heights(layout: &Layout) -> Result<Vec<usize>, ScheduleError> {
+    let (ranks, rank_of, edges) = match layout {
+        Layout::Interleaved { ranks, chunks: 1 } => return Ok(chain_heights(*ranks)),
+        Layout::Dag {
+            ranks,
+            rank_of,
+            edges,
+        } => (*ranks, rank_of, edges),
         _ => {
             return Err(ScheduleError::Invalid(format!(
-                "unknown schedule `{name}` (known: {})",
-                BUILTIN_NAMES.join(", ")
+                "this schedule needs one stage per rank, the layout is {}",
+                describe_layout(layout)
             )))
         }
-    })
+    };
+    let n = rank_of.len();
+    if ranks != n || rank_of.iter().enumerate().any(|(s, &r)| r != s) {
+        return Err(ScheduleError::Invalid(format!(
+            "DAG schedules need one stage per rank (stage s on rank s); the layout puts {n} stage(s) on ranks {rank_of:?} of {ranks}"
+        )));
+    }
+    if let Some(e) = edges.iter().find(|e| e.0 >= n || e.1 >= n || e.0 == e.1) {
+        return Err(ScheduleError::Invalid(format!(
+            "stage edge {} -> {} is not between two distinct stages of 0..{n}",
+            e.0, e.1
+        )));
+    }
+    // Longest path to a sink, by Kahn's algorithm on the reversed graph.
+    let mut outdeg: Vec<usize> = (0..n).map(|s| layout.succs(s).len()).collect();
+    let mut height = vec![0usize; n];
+    let mut queue: VecDeque<usize> = (0..n).filter(|&s| outdeg[s] == 0).collect();
+    let mut seen = 0;
+    while let Some(x) = queue.pop_front() {
+        seen += 1;
+        for q in layout.preds(x) {
+            height[q] = height[q].max(height[x] + 1);
+            outdeg[q] -= 1;
+            if outdeg[q] == 0 {
+                queue.push_back(q);
+            }
+        }
+    }
+    if seen != n {
+        return Err(ScheduleError::Invalid(
+            "the stage graph has a cycle".to_string(),
+        ));
+    }
+    Ok(height)
+}
+
+/// A chain's heights: `p−s−1`.
+fn chain_heights(ranks: usize) -> Vec<usize> {
+    (0..ranks).rev().collect()
 }
 
 /// GPipe: all forwards, then all (fused) backwards, in micro-batch order.
 pub fn gpipe(ranks: usize, microbatches: usize) -> Schedule {
-    let mut s = Schedule::empty(Layout::chain(ranks), microbatches);
-    for r in 0..ranks {
+    gpipe_on(Layout::chain(ranks), microbatches)
+}
+
+/// GPipe on a layout with one stage per rank.
+fn gpipe_on(layout: Layout, microbatches: usize) -> Schedule {
+    let mut s = Schedule::empty(layout, microbatches);
+    for x in 0..s.num_virtual_stages() {
         for m in 0..microbatches {
-            s.push(Fw, r, m);
+            s.push(Fw, x, m);
         }
         for m in 0..microbatches {
-            s.push(Bf, r, m);
+            s.push(Bf, x, m);
         }
     }
     s
@@ -62,18 +207,28 @@ pub fn gpipe(ranks: usize, microbatches: usize) -> Schedule {
 /// 1F1B (PipeDream-flush): rank `r` runs `p−r−1` warm-up forwards, then alternates one
 /// forward and one fused backward, then drains the remaining backwards.
 pub fn one_f_one_b(ranks: usize, microbatches: usize) -> Schedule {
-    let mut s = Schedule::empty(Layout::chain(ranks), microbatches);
-    for r in 0..ranks {
-        let warmup = (ranks - r - 1).min(microbatches);
+    let h = chain_heights(ranks);
+    one_f_one_b_on(Layout::chain(ranks), microbatches, |r| h[r])
+}
+
+/// 1F1B on a layout with one stage per rank, stage `s` running `warmup(s)` warm-up forwards.
+fn one_f_one_b_on(
+    layout: Layout,
+    microbatches: usize,
+    warmup: impl Fn(usize) -> usize,
+) -> Schedule {
+    let mut s = Schedule::empty(layout, microbatches);
+    for x in 0..s.num_virtual_stages() {
+        let warmup = warmup(x).min(microbatches);
         for m in 0..warmup {
-            s.push(Fw, r, m);
+            s.push(Fw, x, m);
         }
         for i in 0..microbatches - warmup {
-            s.push(Fw, r, warmup + i);
-            s.push(Bf, r, i);
+            s.push(Fw, x, warmup + i);
+            s.push(Bf, x, i);
         }
         for m in microbatches - warmup..microbatches {
-            s.push(Bf, r, m);
+            s.push(Bf, x, m);
         }
     }
     s
@@ -124,36 +279,44 @@ pub fn interleaved_1f1b(
     Ok(s)
 }
 
-/// The zero-bubble chains: rank `r` runs `warmup(r)` forwards, then for each micro-batch a
-/// `B`, a `W` once more than `lag(r)` weight gradients wait, and the next `F`; then drains
-/// the deferred `W`s, which fill the tail bubble while gradients still travel down.
-fn zb_chain(
-    ranks: usize,
+/// The zero-bubble schedules on a layout with one stage per rank (a chain or a DAG): stage
+/// `s` runs `warmup(s)` forwards, then for each micro-batch a `B`, a `W` once more than
+/// `lag(s)` weight gradients wait, and the next `F`; then drains the deferred `W`s, which
+/// fill the tail bubble while gradients still travel down.
+///
+/// On a DAG of heights `h`, neither this nor 1F1B can deadlock when `warmup(s) − h(s)` does
+/// not decrease as `h(s)` grows (1F1B: 0, ZB-H1: 1, ZB-H2: `h(s)+1`): along a chain of
+/// blocked actions, each waiting for a producer's `F` or a consumer's `B`, the potential
+/// `k − h(s)` of a blocked `F` of micro-batch `k` and `j + warmup(s) − h(s)` of a blocked
+/// `B` of micro-batch `j` never grows, and drops at every step but `B`-to-`B` ones, which
+/// go strictly down the DAG, so the chain cannot close.
+fn zb_on(
+    layout: Layout,
     microbatches: usize,
     warmup: impl Fn(usize) -> usize,
     lag: impl Fn(usize) -> usize,
 ) -> Schedule {
-    let mut s = Schedule::empty(Layout::chain(ranks), microbatches);
-    for r in 0..ranks {
-        let w = warmup(r).min(microbatches);
+    let mut s = Schedule::empty(layout, microbatches);
+    for x in 0..s.num_virtual_stages() {
+        let w = warmup(x).min(microbatches);
         for m in 0..w {
-            s.push(Fw, r, m);
+            s.push(Fw, x, m);
         }
         let mut next_f = w;
         let mut next_w = 0;
         for b in 0..microbatches {
-            s.push(Bi, r, b);
-            if b + 1 - next_w > lag(r) {
-                s.push(Bw, r, next_w);
+            s.push(Bi, x, b);
+            if b + 1 - next_w > lag(x) {
+                s.push(Bw, x, next_w);
                 next_w += 1;
             }
             if next_f < microbatches {
-                s.push(Fw, r, next_f);
+                s.push(Fw, x, next_f);
                 next_f += 1;
             }
         }
         for m in next_w..microbatches {
-            s.push(Bw, r, m);
+            s.push(Bw, x, m);
         }
     }
     s
@@ -163,7 +326,13 @@ fn zb_chain(
 /// B and W split, and rank `r` defers `r` weight gradients to the tail, so every rank's peak
 /// stash is `p` micro-batches, as 1F1B's rank 0.
 pub fn zb_h1(ranks: usize, microbatches: usize) -> Schedule {
-    zb_chain(ranks, microbatches, |r| ranks - r, |r| r)
+    zb_h1_on(Layout::chain(ranks), microbatches, &chain_heights(ranks))
+}
+
+/// ZB-H1 over stages of heights `h`: `h(s)+1` warm-up forwards, `H−h(s)` deferred `W`s.
+fn zb_h1_on(layout: Layout, microbatches: usize, h: &[usize]) -> Schedule {
+    let top = h.iter().copied().max().unwrap_or(0);
+    zb_on(layout, microbatches, |s| h[s] + 1, |s| top - h[s])
 }
 
 /// ZB-H2 (same paper, §3.1): more warm-up forwards (`2(p−r)−1` on rank `r`) fill the
@@ -171,7 +340,19 @@ pub fn zb_h1(ranks: usize, microbatches: usize) -> Schedule {
 /// runs without a gap from its first action to its last (the paper's parallelogram, which
 /// lets ranks end at different times); peak stash `2p−1` micro-batches on every rank.
 pub fn zb_h2(ranks: usize, microbatches: usize) -> Schedule {
-    zb_chain(ranks, microbatches, |r| 2 * (ranks - r) - 1, |r| 2 * r)
+    zb_h2_on(Layout::chain(ranks), microbatches, &chain_heights(ranks))
+}
+
+/// ZB-H2 over stages of heights `h`: `2(h(s)+1)−1` warm-up forwards, `2(H−h(s))` deferred
+/// `W`s.
+fn zb_h2_on(layout: Layout, microbatches: usize, h: &[usize]) -> Schedule {
+    let top = h.iter().copied().max().unwrap_or(0);
+    zb_on(
+        layout,
+        microbatches,
+        |s| 2 * (h[s] + 1) - 1,
+        |s| 2 * (top - h[s]),
+    )
 }
 
 /// ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024): two chunks per
@@ -276,55 +457,13 @@ pub fn dag_1f1b(
     edges: &[(usize, usize)],
     microbatches: usize,
 ) -> Result<Schedule, ScheduleError> {
-    if let Some(e) = edges
-        .iter()
-        .find(|e| e.0 >= num_stages || e.1 >= num_stages || e.0 == e.1)
-    {
-        return Err(ScheduleError::Invalid(format!(
-            "stage edge {} -> {} is not between two distinct stages of 0..{num_stages}",
-            e.0, e.1
-        )));
-    }
     let layout = Layout::Dag {
         ranks: num_stages,
         rank_of: (0..num_stages).collect(),
         edges: edges.to_vec(),
     };
-    // Longest path to a sink, by Kahn's algorithm on the reversed graph.
-    let mut outdeg: Vec<usize> = (0..num_stages).map(|s| layout.succs(s).len()).collect();
-    let mut height = vec![0usize; num_stages];
-    let mut queue: VecDeque<usize> = (0..num_stages).filter(|&s| outdeg[s] == 0).collect();
-    let mut seen = 0;
-    while let Some(x) = queue.pop_front() {
-        seen += 1;
-        for q in layout.preds(x) {
-            height[q] = height[q].max(height[x] + 1);
-            outdeg[q] -= 1;
-            if outdeg[q] == 0 {
-                queue.push_back(q);
-            }
-        }
-    }
-    if seen != num_stages {
-        return Err(ScheduleError::Invalid(
-            "the stage graph has a cycle".to_string(),
-        ));
-    }
-    let mut s = Schedule::empty(layout, microbatches);
-    for (x, h) in height.iter().enumerate() {
-        let warmup = (*h).min(microbatches);
-        for m in 0..warmup {
-            s.push(Fw, x, m);
-        }
-        for i in 0..microbatches - warmup {
-            s.push(Fw, x, warmup + i);
-            s.push(Bf, x, i);
-        }
-        for m in microbatches - warmup..microbatches {
-            s.push(Bf, x, m);
-        }
-    }
-    Ok(s)
+    let heights = stage_heights(&layout)?;
+    Ok(one_f_one_b_on(layout, microbatches, |s| heights[s]))
 }
 
 /// Add communication: `SEND_F` right after the forward of a stage with a consumer on another

@@ -5,7 +5,8 @@
 //! virtual stage `c·p + r` on rank `r`), a V shape (ZB-V: chunk 0 runs down ranks `0..p`,
 //! chunk 1 back up `p-1..=0`), or an arbitrary stage DAG with a stage→rank map (GraphPipe).
 //!
-//! - [`generators`]: the built-in schedules (compute actions only) and
+//! - [`generators`]: the built-in schedules (compute actions only) — [`builtin_on`] also
+//!   builds GPipe, 1F1B, ZB-H1 and ZB-H2 on a stage DAG with one stage per rank — and
 //!   [`insert_communication`], which adds `SEND_*`/`RECV_*` actions for cross-rank edges.
 //! - [`validate()`]: counts, dependency order and deadlock freedom, before anything runs.
 //! - [`csv`]: torch.distributed.pipelining's CSV action format (`0F1`, `1I0`, `2W3`, `1B2`).
@@ -15,8 +16,8 @@ pub mod generators;
 pub(crate) mod validate;
 
 pub use generators::{
-    builtin, dag_1f1b, gpipe, insert_communication, interleaved_1f1b, one_f_one_b, zb_h1, zb_h2,
-    zb_v, BUILTIN_NAMES,
+    builtin, builtin_on, dag_1f1b, gpipe, insert_communication, interleaved_1f1b, one_f_one_b,
+    zb_h1, zb_h2, zb_v, BUILTIN_NAMES,
 };
 pub use validate::{validate, ScheduleError};
 

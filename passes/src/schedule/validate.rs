@@ -160,11 +160,13 @@ pub(crate) fn index(schedule: &Schedule) -> Result<HashMap<Key, (usize, usize)>,
 pub(crate) type Timing = Vec<Vec<(f64, f64, Option<(usize, usize)>)>>;
 
 /// Run every rank's list in order, each action as soon as its rank is free and its
-/// dependencies are done (plus `comm` for data from another rank).
+/// dependencies are done, plus `comm(from, to)` for data from another rank: `from` is the
+/// virtual stage of the dependency, `to` that of the waiting action (a gradient goes back
+/// over the forward edge `to → from`).
 pub(crate) fn execute(
     schedule: &Schedule,
     duration: &dyn Fn(&Action) -> f64,
-    comm: f64,
+    comm: &dyn Fn(usize, usize) -> f64,
 ) -> Result<Timing, ScheduleError> {
     let pos = index(schedule)?;
     let layout = &schedule.layout;
@@ -192,7 +194,7 @@ pub(crate) fn execute(
                         ready = false;
                         break;
                     };
-                    let t = end + if cross { comm } else { 0.0 };
+                    let t = end + if cross { comm(key.1, a.stage) } else { 0.0 };
                     if t > start {
                         start = t;
                         why = Some((dr, di));
@@ -337,5 +339,5 @@ pub fn validate(schedule: &Schedule) -> Result<(), ScheduleError> {
             }
         }
     }
-    execute(schedule, &|_| 1.0, 0.0).map(|_| ())
+    execute(schedule, &|_| 1.0, &|_, _| 0.0).map(|_| ())
 }

@@ -1,8 +1,10 @@
 //! Discrete-event simulation of a [`Schedule`] with per-stage costs.
 //!
 //! Each rank runs its list in order; an action starts when its rank is free and its
-//! dependencies are done, plus [`CostTable::comm_time`] for data from another rank. Sends
-//! and receives take no rank time (the link time is on the edge). The costs come from the
+//! dependencies are done, plus the link time for data from another rank
+//! ([`CostTable::comm_between`]: the edge's [`CostTable::edge_comm`] entry, else
+//! [`CostTable::comm_time`]; activations and their gradients pay the same). Sends and
+//! receives take no rank time (the link time is on the edge). The costs come from the
 //! cost model ([`CostTable`] is the interface it fills) or from [`CostTable::uniform`].
 //!
 //! Memory: a micro-batch's activations on a stage are stashed from its `F` until its `W` (or
@@ -12,6 +14,8 @@
 mod render;
 
 pub use render::{to_svg, to_trace_json};
+
+use std::collections::BTreeMap;
 
 use crate::schedule::validate::{execute, ScheduleError};
 use crate::schedule::{Action, ActionKind, Schedule};
@@ -36,8 +40,12 @@ pub struct StageCosts {
 pub struct CostTable {
     /// One entry per virtual stage.
     pub stages: Vec<StageCosts>,
-    /// Latency + bytes / bandwidth of one cross-rank transfer.
+    /// Latency + bytes / bandwidth of one cross-rank transfer over an edge not in
+    /// `edge_comm`.
     pub comm_time: f64,
+    /// Time of one cross-rank transfer over the forward edge (producer, consumer) of virtual
+    /// stages, and of the gradient going back over it.
+    pub edge_comm: BTreeMap<(usize, usize), f64>,
     /// Optimizer state as a multiple of the weights (2 for Adam's two moments).
     pub optimizer_state_factor: f64,
     /// Time of one stage's optimizer step.
@@ -66,9 +74,20 @@ impl CostTable {
                 num_virtual_stages
             ],
             comm_time,
+            edge_comm: BTreeMap::new(),
             optimizer_state_factor: 2.0,
             optimizer_step: 0.0,
         }
+    }
+
+    /// Time of a transfer between virtual stages `a` and `b`, in either direction: the
+    /// `edge_comm` entry of `(a, b)` or else `(b, a)`, else `comm_time`.
+    pub fn comm_between(&self, a: usize, b: usize) -> f64 {
+        self.edge_comm
+            .get(&(a, b))
+            .or_else(|| self.edge_comm.get(&(b, a)))
+            .copied()
+            .unwrap_or(self.comm_time)
     }
 
     /// Time of `action` (communication takes no rank time).
@@ -125,7 +144,9 @@ pub fn simulate(schedule: &Schedule, costs: &CostTable) -> Result<SimReport, Sch
             costs.stages.len()
         )));
     }
-    let timing = execute(schedule, &|a| costs.duration(a), costs.comm_time)?;
+    let timing = execute(schedule, &|a| costs.duration(a), &|from, to| {
+        costs.comm_between(from, to)
+    })?;
     let p = schedule.per_rank.len();
     let events: Vec<Vec<Event>> = (0..p)
         .map(|r| {

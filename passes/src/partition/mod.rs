@@ -1,0 +1,648 @@
+//! Partitioners: which pipeline stage each forward op runs on.
+//!
+//! The input is a forward function with static shapes (`@main` after `bind-batch`). Its
+//! ops are costed by building the training program once ([`graph::attribute_costs`]:
+//! every forward op's F, B and W time on a device profile, the activations backward keeps,
+//! the weights it reads) and grouped into nodes ([`graph::build_node_graph`]: weights stay
+//! with their layer, thin chains merge). A partitioner then cuts the nodes into `stages`
+//! groups:
+//!
+//! - [`PartitionKind::Graph`] (GraphPipe): a series-parallel decomposition ([`sp`]) lets
+//!   parallel branches get disjoint devices, so the stage graph is a DAG whose longest path
+//!   is shorter than a chain's; a dynamic program ([`dp`]) balances stage times under the
+//!   memory limit. Regions that are not series-parallel are linearised, and a parallel
+//!   block may also be cut as a chain when that is better, so it never loses to
+//!   `Sequential` on its own estimate.
+//! - [`PartitionKind::Sequential`] (PipeDream): the best chain of consecutive runs of the
+//!   topological order, by the same dynamic program.
+//! - [`PartitionKind::Uniform`] (what Megatron users do by hand): equal numbers of layers
+//!   with weights per stage.
+//!
+//! Pinned cuts (`pinned`, ONNX node names or value names) force a stage to start at an op;
+//! the partitioners balance the rest. Every plan puts each op on exactly one stage, no
+//! stage is empty, stages are numbered in a topological order of the stage graph, and the
+//! result is deterministic. The estimate of a plan is `(M − 1)·t + l` (slowest stage `t`,
+//! longest path `l` of stage times and transfers); the planner re-ranks candidates by
+//! simulating the actual schedule.
+//!
+//! As a pass: `partition{stages=N,kind=graph|sequential|uniform,microbatches=M,profile=h100,loss=auto,pin=NAME;NAME}`
+//! sets the `stage` of every op of `@main` (autodiff then carries the stages into `@grad`).
+
+pub mod dp;
+pub mod graph;
+pub mod sp;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use ppir::{ArgKind, Function, Module, Use, ValueDef};
+
+use crate::autodiff::{AutodiffOptions, LossKind};
+use crate::cost::{comm_time, DeviceProfile};
+use crate::registry::PassOptions;
+use crate::{Pass, PassError};
+
+pub use dp::MemoryModel;
+pub use graph::Cost;
+
+const PASS: &str = "partition";
+
+pub(crate) fn fail(message: impl Into<String>) -> PassError {
+    PassError::failed(PASS, message)
+}
+
+/// Which partitioner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PartitionKind {
+    Graph,
+    Sequential,
+    Uniform,
+}
+
+impl PartitionKind {
+    pub const ALL: [PartitionKind; 3] = [
+        PartitionKind::Graph,
+        PartitionKind::Sequential,
+        PartitionKind::Uniform,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PartitionKind::Graph => "graph",
+            PartitionKind::Sequential => "sequential",
+            PartitionKind::Uniform => "uniform",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// What to partition, and how.
+#[derive(Clone, Debug)]
+pub struct PartitionOptions {
+    /// The forward function (default `main`).
+    pub function: String,
+    /// Number of stages to make.
+    pub stages: usize,
+    pub kind: PartitionKind,
+    /// Micro-batches per step (weighs the slowest stage against the pipeline depth).
+    pub microbatches: usize,
+    pub memory: MemoryModel,
+    pub profile: DeviceProfile,
+    /// Ops (by ONNX node name = `loc`, or result value name) that must start a stage.
+    pub pinned: Vec<String>,
+    /// How the training program is built (for the backward costs).
+    pub autodiff: AutodiffOptions,
+    /// How many plans to return at most (best estimate first).
+    pub candidates: usize,
+}
+
+impl PartitionOptions {
+    pub fn new(stages: usize, kind: PartitionKind, profile: DeviceProfile) -> Self {
+        PartitionOptions {
+            function: "main".into(),
+            stages,
+            kind,
+            microbatches: 1,
+            memory: MemoryModel {
+                limit: profile.memory_bytes,
+                stash: stages as f64,
+                optimizer_state: 1.0,
+            },
+            profile,
+            pinned: vec![],
+            autodiff: AutodiffOptions::default(),
+            candidates: 1,
+        }
+    }
+}
+
+/// One stage of a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StagePlan {
+    /// Positions of its ops in the forward function.
+    pub ops: Vec<usize>,
+    pub cost: Cost,
+    /// Estimated bytes (see [`MemoryModel::bytes`]).
+    pub memory: f64,
+    /// Name of its first op (ONNX node name) and last op.
+    pub first: String,
+    pub last: String,
+}
+
+/// A data edge of the stage graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageEdge {
+    pub from: usize,
+    pub to: usize,
+    /// Bytes of forward activations per micro-batch (the gradients going back are as big).
+    pub bytes: f64,
+}
+
+/// A partition of the forward function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partition {
+    pub kind: PartitionKind,
+    /// Stage of each op (by position in the function's op list).
+    pub stage_of_op: Vec<u32>,
+    pub stages: Vec<StagePlan>,
+    pub edges: Vec<StageEdge>,
+    /// `(M − 1)·t + l` in seconds.
+    pub estimate: f64,
+}
+
+impl Partition {
+    /// Whether the stage graph is a chain `0 → 1 → … → n−1` (no branches, no skips).
+    pub fn is_chain(&self) -> bool {
+        self.edges.iter().all(|e| e.to == e.from + 1)
+    }
+}
+
+/// The candidate partitions, best estimate first.
+pub fn partition(m: &Module, opts: &PartitionOptions) -> Result<Vec<Partition>, PassError> {
+    let f = m
+        .function(&opts.function)
+        .ok_or_else(|| fail(format!("the module has no @{}", opts.function)))?;
+    let k = opts.stages;
+    if k == 0 {
+        return Err(fail("the number of stages must be at least 1"));
+    }
+    if f.ops().is_empty() {
+        return Err(fail(format!("@{} has no ops to partition", f.name)));
+    }
+    let costs = graph::attribute_costs(m, &opts.function, &opts.autodiff, &opts.profile)?;
+    let pinned_ops = pinned_positions(f, &opts.pinned)?;
+    if opts.kind == PartitionKind::Uniform && !pinned_ops.is_empty() {
+        return Err(fail(
+            "pinned cuts (--stage-layout) work with the graph and sequential partitioners",
+        ));
+    }
+    let total: f64 = costs.iter().map(|c| c.time()).sum();
+    let g = graph::build_node_graph(f, &costs, &pinned_ops, total / (16.0 * k as f64));
+    let nn = g.nodes.len();
+    if nn < k {
+        return Err(fail(format!(
+            "@{} has {nn} groups of ops that can go to different stages (after keeping weights with their layers), fewer than the {k} stages asked for",
+            f.name
+        )));
+    }
+    let node_cost: Vec<Cost> = g.nodes.iter().map(|n| n.cost).collect();
+    let mut pinned_nodes: Vec<usize> = pinned_ops.iter().map(|&i| g.node_of_op[i]).collect();
+    pinned_nodes.sort_unstable();
+    pinned_nodes.dedup();
+    if pinned_nodes.len() >= k && k > 0 {
+        return Err(fail(format!(
+            "{} pinned cuts make at least {} stages, more than the {k} asked for",
+            pinned_nodes.len(),
+            pinned_nodes.len() + 1
+        )));
+    }
+
+    let groups: Vec<Vec<Vec<usize>>> = match opts.kind {
+        PartitionKind::Uniform => vec![uniform(&g, k)?],
+        PartitionKind::Graph | PartitionKind::Sequential => {
+            let run = |memory: MemoryModel| -> Vec<Vec<Vec<usize>>> {
+                let chain = opts.kind == PartitionKind::Sequential;
+                let (root_sp, pins) = root_tree(&g, &pinned_nodes, chain);
+                let crossing = |a: &[usize], b: &[usize]| crossing_bytes(&g, a, b);
+                let (arena, root) = dp::Arena::new(&root_sp, &node_cost, &crossing);
+                let comm = |bytes: f64| comm_time(bytes, &opts.profile);
+                let mut solver =
+                    dp::Solver::new(&arena, root, memory, opts.microbatches as f64, &comm);
+                solver.pinned = pins;
+                solver.chain_only = chain;
+                let mut front: Vec<dp::Point> = solver.best(root, k).iter().cloned().collect();
+                let mf = opts.microbatches as f64;
+                front.sort_by(|a, b| ((mf - 1.0) * a.t + a.l).total_cmp(&((mf - 1.0) * b.t + b.l)));
+                front
+                    .iter()
+                    .take(opts.candidates.max(1))
+                    .map(|p| solver.stages(p))
+                    .collect()
+            };
+            let found = run(opts.memory);
+            if found.is_empty() {
+                let unlimited = MemoryModel {
+                    limit: f64::INFINITY,
+                    ..opts.memory
+                };
+                let any = run(unlimited);
+                return Err(match any.first() {
+                    Some(stages) => over_memory(&g, stages, &opts.memory),
+                    None => fail(format!(
+                        "no partition of @{} into {k} stages respects the pinned cuts",
+                        f.name
+                    )),
+                });
+            }
+            found
+        }
+    };
+    let mut out = vec![];
+    for stages in groups {
+        let p = materialize(f, &g, &stages, opts)?;
+        if p.stages.iter().any(|s| s.memory > opts.memory.limit) {
+            return Err(over_memory(&g, &stages, &opts.memory));
+        }
+        out.push(p);
+    }
+    out.sort_by(|a, b| a.estimate.total_cmp(&b.estimate));
+    Ok(out)
+}
+
+/// Set the `stage` of every op of the partitioned function.
+pub fn apply(m: &mut Module, function: &str, p: &Partition) -> Result<(), PassError> {
+    let f = m
+        .function_mut(function)
+        .ok_or_else(|| fail(format!("the module has no @{function}")))?;
+    let ops = f.ops().to_vec();
+    if ops.len() != p.stage_of_op.len() {
+        return Err(fail(format!(
+            "the partition has {} ops, @{function} {}",
+            p.stage_of_op.len(),
+            ops.len()
+        )));
+    }
+    for (op, &s) in ops.iter().zip(&p.stage_of_op) {
+        f.op_mut(*op).stage = Some(s);
+    }
+    Ok(())
+}
+
+fn pinned_positions(f: &Function, names: &[String]) -> Result<Vec<usize>, PassError> {
+    let mut out = vec![];
+    for name in names {
+        let pos = f.ops().iter().position(|&op| {
+            let d = f.op(op);
+            d.loc.as_deref() == Some(name.as_str())
+                || d.results().iter().any(|&r| f.value(r).name == *name)
+        });
+        match pos {
+            Some(p) => out.push(p),
+            None => {
+                let known: Vec<&str> = f
+                    .ops()
+                    .iter()
+                    .filter_map(|&op| f.op(op).loc.as_deref())
+                    .take(8)
+                    .collect();
+                return Err(fail(format!(
+                    "no op of @{} is named `{name}` (ONNX node names, e.g. {})",
+                    f.name,
+                    known.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The tree the DP runs on: the graph decomposed (or, for a chain, the nodes in order),
+/// split at the pinned nodes; returns the root and the root-series children that must
+/// start a stage.
+fn root_tree(g: &graph::NodeGraph, pinned: &[usize], chain: bool) -> (sp::Sp, Vec<usize>) {
+    let n = g.nodes.len();
+    let mut bounds: Vec<usize> = pinned.iter().copied().filter(|&p| p > 0).collect();
+    bounds.push(n);
+    let mut children = vec![];
+    let mut pins = vec![];
+    let mut start = 0;
+    for b in bounds {
+        if b <= start {
+            continue;
+        }
+        if start > 0 {
+            pins.push(children.len());
+        }
+        let seg: Vec<usize> = (start..b).collect();
+        if chain {
+            children.extend(seg.into_iter().map(sp::Sp::Leaf));
+        } else {
+            match sp::decompose(g, &seg) {
+                sp::Sp::Series(cs) => children.extend(cs),
+                other => children.push(other),
+            }
+        }
+        start = b;
+    }
+    if children.len() == 1 && pins.is_empty() {
+        return (children.pop().expect("one child"), pins);
+    }
+    (sp::Sp::Series(children), pins)
+}
+
+/// Bytes of the distinct values produced in nodes `a` and read in nodes `b`.
+fn crossing_bytes(g: &graph::NodeGraph, a: &[usize], b: &[usize]) -> f64 {
+    let sa: HashSet<usize> = a.iter().copied().collect();
+    let sb: HashSet<usize> = b.iter().copied().collect();
+    let mut seen = HashSet::new();
+    g.edges
+        .iter()
+        .filter(|e| sa.contains(&e.from) && sb.contains(&e.to) && seen.insert(e.value))
+        .map(|e| e.bytes)
+        .sum()
+}
+
+/// Equal numbers of layers with weights per stage, in topological order; nodes without
+/// weights go with the next layer (the tail with the last stage).
+fn uniform(g: &graph::NodeGraph, k: usize) -> Result<Vec<Vec<usize>>, PassError> {
+    let n = g.nodes.len();
+    let layers: Vec<usize> = (0..n)
+        .filter(|&i| g.nodes[i].cost.param_bytes > 0.0)
+        .collect();
+    let l = layers.len();
+    if l < k {
+        return Err(fail(format!(
+            "the uniform partition needs at least {k} layers with weights, the model has {l}"
+        )));
+    }
+    let mut stage_of = vec![k - 1; n];
+    let mut next = l; // index into layers of the next layer at or after node i
+    for i in (0..n).rev() {
+        if next > 0 && layers[next - 1] >= i {
+            next -= 1;
+        }
+        if next < l {
+            stage_of[i] = next * k / l;
+        }
+    }
+    let mut out = vec![vec![]; k];
+    for (i, &s) in stage_of.iter().enumerate() {
+        out[s].push(i);
+    }
+    Ok(out)
+}
+
+/// Turn node groups into a [`Partition`]: number stages topologically, cost them, find the
+/// stage edges.
+fn materialize(
+    f: &Function,
+    g: &graph::NodeGraph,
+    groups: &[Vec<usize>],
+    opts: &PartitionOptions,
+) -> Result<Partition, PassError> {
+    let k = groups.len();
+    let mut group_of = vec![usize::MAX; g.nodes.len()];
+    for (s, grp) in groups.iter().enumerate() {
+        for &n in grp {
+            group_of[n] = s;
+        }
+    }
+    if let Some(n) = group_of.iter().position(|&s| s == usize::MAX) {
+        return Err(fail(format!(
+            "internal error: node {} ({}) is on no stage",
+            n, g.nodes[n].name
+        )));
+    }
+    // Topological numbering (Kahn, smallest first node first).
+    let mut succ: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); k];
+    let mut indeg = vec![0usize; k];
+    for e in &g.edges {
+        let (a, b) = (group_of[e.from], group_of[e.to]);
+        if a != b && succ[a].insert(b) {
+            indeg[b] += 1;
+        }
+    }
+    let first: Vec<usize> = groups
+        .iter()
+        .map(|grp| grp.iter().copied().min().unwrap_or(usize::MAX))
+        .collect();
+    let mut ready: BTreeSet<(usize, usize)> = (0..k)
+        .filter(|&s| indeg[s] == 0)
+        .map(|s| (first[s], s))
+        .collect();
+    let mut number = vec![usize::MAX; k];
+    let mut next = 0;
+    while let Some(&(fp, s)) = ready.iter().next() {
+        ready.remove(&(fp, s));
+        number[s] = next;
+        next += 1;
+        for &t in &succ[s] {
+            indeg[t] -= 1;
+            if indeg[t] == 0 {
+                ready.insert((first[t], t));
+            }
+        }
+    }
+    if next != k {
+        return Err(fail("internal error: the stage graph has a cycle"));
+    }
+    let n_ops = f.ops().len();
+    let mut stage_of_op = vec![0u32; n_ops];
+    for (i, s) in stage_of_op.iter_mut().enumerate() {
+        *s = number[group_of[g.node_of_op[i]]] as u32;
+    }
+    // Params must live on one stage.
+    let op_pos: HashMap<_, _> = f.ops().iter().enumerate().map(|(i, &op)| (op, i)).collect();
+    for &(v, kind) in f.args() {
+        if kind == ArgKind::Input {
+            continue;
+        }
+        let stages: BTreeSet<u32> = f
+            .users(v)
+            .iter()
+            .filter_map(|u| match u {
+                Use::Operand(op, _) => op_pos.get(op).map(|&i| stage_of_op[i]),
+                Use::Return(_) => None,
+            })
+            .collect();
+        if stages.len() > 1 {
+            let list: Vec<String> = stages.iter().map(|s| s.to_string()).collect();
+            return Err(fail(format!(
+                "{} %{} is read by ops on stages {}: tied weights across stages are not supported (pin cuts with --stage-layout so that its users share a stage)",
+                kind.name(),
+                f.value(v).name,
+                list.join(" and ")
+            )));
+        }
+    }
+    let mut stages: Vec<StagePlan> = (0..k)
+        .map(|_| StagePlan {
+            ops: vec![],
+            cost: Cost::default(),
+            memory: 0.0,
+            first: String::new(),
+            last: String::new(),
+        })
+        .collect();
+    for (i, &s) in stage_of_op.iter().enumerate() {
+        stages[s as usize].ops.push(i);
+    }
+    for (s, grp) in groups.iter().enumerate() {
+        let st = &mut stages[number[s]];
+        for &n in grp {
+            st.cost += g.nodes[n].cost;
+        }
+        st.memory = opts.memory.bytes(&st.cost);
+        let mut nodes = grp.clone();
+        nodes.sort_unstable();
+        st.first = nodes
+            .first()
+            .map(|&n| g.nodes[n].name.clone())
+            .unwrap_or_default();
+        st.last = nodes
+            .last()
+            .map(|&n| g.nodes[n].name.clone())
+            .unwrap_or_default();
+    }
+    // Stage edges with the bytes of distinct values.
+    let mut bytes: BTreeMap<(usize, usize), f64> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    let ops = f.ops();
+    let pos: HashMap<_, _> = ops.iter().enumerate().map(|(i, &op)| (op, i)).collect();
+    for (i, &op) in ops.iter().enumerate() {
+        for &v in f.op(op).operands() {
+            if let ValueDef::Op(q, _) = f.value(v).def {
+                let from = stage_of_op[pos[&q]] as usize;
+                let to = stage_of_op[i] as usize;
+                if from != to && seen.insert((v, to)) {
+                    *bytes.entry((from, to)).or_insert(0.0) +=
+                        f.ty(v).size_bytes().unwrap_or(0) as f64;
+                }
+            }
+        }
+    }
+    let edges: Vec<StageEdge> = bytes
+        .into_iter()
+        .map(|((from, to), bytes)| StageEdge { from, to, bytes })
+        .collect();
+    let estimate = estimate(&stages, &edges, opts);
+    Ok(Partition {
+        kind: opts.kind,
+        stage_of_op,
+        stages,
+        edges,
+        estimate,
+    })
+}
+
+/// `(M − 1)·t + l` for stages numbered topologically.
+fn estimate(stages: &[StagePlan], edges: &[StageEdge], opts: &PartitionOptions) -> f64 {
+    let t = stages.iter().map(|s| s.cost.time()).fold(0.0, f64::max);
+    let mut path = vec![0.0f64; stages.len()];
+    for s in 0..stages.len() {
+        let arrive = edges
+            .iter()
+            .filter(|e| e.to == s)
+            .map(|e| path[e.from] + 2.0 * comm_time(e.bytes, &opts.profile))
+            .fold(0.0, f64::max);
+        path[s] = arrive + stages[s].cost.time();
+    }
+    let l = path.iter().copied().fold(0.0, f64::max);
+    (opts.microbatches as f64 - 1.0) * t + l
+}
+
+fn over_memory(g: &graph::NodeGraph, stages: &[Vec<usize>], memory: &MemoryModel) -> PassError {
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    let (s, need) = stages
+        .iter()
+        .enumerate()
+        .map(|(s, grp)| {
+            let mut c = Cost::default();
+            for &n in grp {
+                c += g.nodes[n].cost;
+            }
+            (s, memory.bytes(&c))
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or((0, 0.0));
+    let name = |grp: &Vec<usize>, last: bool| {
+        let n = if last {
+            grp.iter().max()
+        } else {
+            grp.iter().min()
+        };
+        n.map(|&n| g.nodes[n].name.clone()).unwrap_or_default()
+    };
+    fail(format!(
+        "no plan fits the memory limit: the best one needs {:.3} GiB on stage {s} (ops `{}` to `{}`), the limit is {:.3} GiB (over by {:.3} GiB); use more stages, a schedule that keeps fewer micro-batches in flight, or a larger --memory-limit",
+        gib(need),
+        name(&stages[s], false),
+        name(&stages[s], true),
+        gib(memory.limit),
+        gib(need - memory.limit)
+    ))
+}
+
+/// `partition{...}`: partition `@main` and set its ops' `stage`.
+pub struct PartitionPass {
+    pub options: PartitionOptions,
+}
+
+impl PartitionPass {
+    pub fn from_options(o: &PassOptions) -> Result<Self, PassError> {
+        o.expect_only(
+            PASS,
+            &[
+                "stages",
+                "kind",
+                "microbatches",
+                "profile",
+                "loss",
+                "pin",
+                "function",
+                "memory-limit",
+            ],
+        )?;
+        let stages = o.u64(PASS, "stages")?.ok_or_else(|| {
+            PassError::Usage("pass `partition` needs an option: partition{stages=N}".into())
+        })? as usize;
+        let kind = match o.get("kind") {
+            None => PartitionKind::Graph,
+            Some(k) => PartitionKind::from_name(k).ok_or_else(|| {
+                PassError::Usage(format!(
+                    "pass `partition`: unknown kind `{k}` (graph, sequential, uniform)"
+                ))
+            })?,
+        };
+        let profile = DeviceProfile::builtin(o.get("profile").unwrap_or("h100"))
+            .map_err(|e| PassError::Usage(format!("pass `partition`: {e}")))?;
+        let mut options = PartitionOptions::new(stages, kind, profile);
+        if let Some(m) = o.u64(PASS, "microbatches")? {
+            options.microbatches = m.max(1) as usize;
+        }
+        if let Some(l) = o.u64(PASS, "memory-limit")? {
+            options.memory.limit = l as f64;
+        }
+        if let Some(f) = o.get("function") {
+            options.function = f.to_string();
+            options.autodiff.function = f.to_string();
+        }
+        if let Some(l) = o.get("loss") {
+            options.autodiff.loss = LossKind::from_name(l).ok_or_else(|| {
+                PassError::Usage(format!(
+                    "pass `partition`: unknown loss `{l}` (auto, cross-entropy, mse, output)"
+                ))
+            })?;
+        }
+        if let Some(p) = o.get("pin") {
+            options.pinned = p
+                .split(';')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect();
+        }
+        Ok(PartitionPass { options })
+    }
+}
+
+impl Pass for PartitionPass {
+    fn name(&self) -> &'static str {
+        PASS
+    }
+
+    fn run(&self, module: &mut Module) -> Result<(), PassError> {
+        let best = partition(module, &self.options)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| fail("no partition found"))?;
+        apply(module, &self.options.function, &best)
+    }
+}
+
+/// Stage per op of a forward function, from its ops' `stage` tags (for reports on a
+/// hand-partitioned module); `None` if some op has no stage.
+pub fn stages_of(f: &Function) -> Option<Vec<u32>> {
+    f.ops().iter().map(|&op| f.op(op).stage).collect()
+}

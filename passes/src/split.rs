@@ -1,0 +1,710 @@
+//! `insert-send-recv`: split a partitioned training program into per-stage functions joined
+//! by explicit `send`/`recv`.
+//!
+//! Input: `@grad` (autodiff's training function, ops tagged with a `stage` by the partition
+//! and a `phase`) and, if present, `@optim` (the optimizer step). Output: for every stage `s`
+//! four functions with the function attribute `stage = s`, replacing `@grad` and `@optim`:
+//!
+//! | function | runs | arguments | results |
+//! | --- | --- | --- | --- |
+//! | `@stage<s>.fwd` | `F` of one micro-batch | the inputs (`labels`, `rng`, model inputs) and params/states it reads | `@grad` results it computes (`loss`, `new.<state>`), then its stash |
+//! | `@stage<s>.bwd_input` | `B` (input gradients) | stashed values, inputs, params | `@grad` results it computes, then its stash |
+//! | `@stage<s>.bwd_weight` | `W` (weight gradients) | stashed values, inputs, params | `grad.<p>` for the stage's params |
+//! | `@stage<s>.optim` | `OPT` once per step | the stage's params, states and `grad.<p>` | `new.<p>`, `new.<state>` |
+//!
+//! **Stash contract.** A value an earlier function of the same stage produced is passed by
+//! name: it is a result of the producing function and an `input` argument of the consuming
+//! one, with the value's name, for the same micro-batch (a `fwd` value can go straight to
+//! `bwd_weight`). Names are `@grad`'s, so they are unique within a stage. A fused backward
+//! (`B` in 1F1B) runs `bwd_input` then `bwd_weight`.
+//!
+//! **Communication.** Every use of a value on another stage than its producer's becomes one
+//! `send` right after the producing op (`peer` = consumer stage) and one `recv` in the
+//! consumer's function of the *producer's* phase (`peer` = producer stage), inserted where
+//! it is first needed there; later phases of the consumer read the received value from the
+//! stash. Each (value, consumer stage) has its own `channel` id, unique in the module; a
+//! runtime tells micro-batches apart itself. Forward values define the stage DAG's edges;
+//! an input gradient may only flow back along a forward path (checked), and a
+//! weight-gradient value never crosses stages (checked). `@optim` is split by ownership:
+//! a stage gets the slice of `@optim` that computes the updates of its own params and their
+//! states; values tied to no param (Adam's step counter) are computed by every stage.
+//!
+//! **Stages of untagged ops.** Ops without a `stage` (the appended loss, gradient sums of
+//! parameters, zero gradients) take the stage of their first staged operand's producer or
+//! of the param they read; if none, of their first staged user; a `grad.<p>` constant takes
+//! the stage of `p`. A param or state must be read by one stage only (tied weights across
+//! stages are rejected). A program with no stage tags at all becomes stage 0.
+//!
+//! As a pass: `insert-send-recv{grad=grad,optim=optim}`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use ppir::{
+    ArgKind, Attr, Attrs, Function, Module, NewOp, OpId, OpKind, Phase, Use, ValueDef, ValueId,
+};
+
+use crate::registry::PassOptions;
+use crate::{Pass, PassError};
+
+const PASS: &str = "insert-send-recv";
+
+/// The phases a stage's per-micro-batch functions cover, in execution order.
+pub const STAGE_PHASES: [Phase; 3] = [Phase::Fwd, Phase::BwdInput, Phase::BwdWeight];
+
+/// The name of stage `stage`'s function for `phase`: `stage2.bwd_input`.
+pub fn stage_function_name(stage: u32, phase: Phase) -> String {
+    format!("stage{stage}.{}", phase.name())
+}
+
+/// What to split.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SplitOptions {
+    /// The training function (default `grad`).
+    pub grad: String,
+    /// The optimizer function (default `optim`; skipped when the module has none).
+    pub optim: String,
+}
+
+impl Default for SplitOptions {
+    fn default() -> Self {
+        SplitOptions {
+            grad: "grad".into(),
+            optim: "optim".into(),
+        }
+    }
+}
+
+/// One `send`/`recv` pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Channel {
+    pub id: i64,
+    pub from: u32,
+    pub to: u32,
+    /// The value's name in `@grad` (and in both stages' functions).
+    pub value: String,
+    /// The producer's phase (`fwd`: activations, `bwd_input`: gradients).
+    pub phase: Phase,
+    /// Bytes per micro-batch.
+    pub bytes: u64,
+}
+
+/// The functions of one stage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StageFunctions {
+    pub stage: u32,
+    pub fwd: String,
+    pub bwd_input: String,
+    pub bwd_weight: String,
+    /// `None` when the module had no optimizer function.
+    pub optim: Option<String>,
+    /// The params (and states) this stage owns, in `@grad`'s argument order.
+    pub params: Vec<String>,
+}
+
+/// What [`split_stages`] made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SplitInfo {
+    pub stages: Vec<StageFunctions>,
+    pub channels: Vec<Channel>,
+    /// Forward stage edges (producer, consumer), sorted.
+    pub edges: Vec<(u32, u32)>,
+}
+
+fn fail(message: impl Into<String>) -> PassError {
+    PassError::failed(PASS, message)
+}
+
+fn phase_index(f: &Function, op: OpId) -> Result<usize, PassError> {
+    match f.op(op).phase {
+        None | Some(Phase::Fwd) => Ok(0),
+        Some(Phase::BwdInput) => Ok(1),
+        Some(Phase::BwdWeight) => Ok(2),
+        Some(Phase::Optim) => Err(fail(format!(
+            "@{}: op \"{}\" (%{}) has phase optim; optimizer ops belong in the optimizer function",
+            f.name,
+            f.op(op).kind,
+            f.op(op)
+                .results()
+                .first()
+                .map(|&r| f.value(r).name.as_str())
+                .unwrap_or("")
+        ))),
+    }
+}
+
+/// Stage of every op of `g` (by op slot) and the owner stage of every param/state argument
+/// (by argument name). See the module docs for the rules.
+pub fn assign_stages(g: &Function) -> Result<(Vec<u32>, BTreeMap<String, u32>), PassError> {
+    let n = g.num_op_slots();
+    let mut stage: Vec<Option<u32>> = vec![None; n];
+    for &op in g.ops() {
+        stage[op.index()] = g.op(op).stage;
+    }
+    if g.ops().iter().all(|&op| stage[op.index()].is_none()) {
+        for &op in g.ops() {
+            stage[op.index()] = Some(0);
+        }
+    }
+    // Owners of params and states: the stage of their (staged) users.
+    let mut owner: HashMap<ValueId, u32> = HashMap::new();
+    for &(v, kind) in g.args() {
+        if kind == ArgKind::Input {
+            continue;
+        }
+        let mut stages = BTreeSet::new();
+        for u in g.users(v) {
+            if let Use::Operand(op, _) = u {
+                if let Some(s) = stage[op.index()] {
+                    stages.insert(s);
+                }
+            }
+        }
+        if stages.len() > 1 {
+            let list: Vec<String> = stages.iter().map(|s| s.to_string()).collect();
+            return Err(fail(format!(
+                "{} %{} is read on stages {}; a parameter must live on one stage (tied weights across stages are not supported: put its users on one stage)",
+                kind.name(),
+                g.value(v).name,
+                list.join(" and ")
+            )));
+        }
+        if let Some(&s) = stages.iter().next() {
+            owner.insert(v, s);
+        }
+    }
+    // `grad.<p>` results made without operands (zeros) go with `p`.
+    for &r in g.results() {
+        let name = &g.value(r).name;
+        let (Some(p), ValueDef::Op(op, _)) = (name.strip_prefix("grad."), g.value(r).def) else {
+            continue;
+        };
+        if stage[op.index()].is_none() && g.op(op).operands().is_empty() {
+            if let Some(s) = g.find_value(p).and_then(|pv| owner.get(&pv)) {
+                stage[op.index()] = Some(*s);
+            }
+        }
+    }
+    // Forward: from operands.
+    for &op in g.ops() {
+        if stage[op.index()].is_some() {
+            continue;
+        }
+        let mut found = None;
+        for &v in g.op(op).operands() {
+            let s = match g.value(v).def {
+                ValueDef::Op(q, _) => stage[q.index()],
+                ValueDef::Arg(_) => owner.get(&v).copied(),
+            };
+            if s.is_some() {
+                found = s;
+                break;
+            }
+        }
+        stage[op.index()] = found;
+    }
+    // Backward: from users.
+    for &op in g.ops().iter().rev() {
+        if stage[op.index()].is_some() {
+            continue;
+        }
+        let mut found = None;
+        'results: for &r in g.op(op).results() {
+            for u in g.users(r) {
+                if let Use::Operand(q, _) = u {
+                    if let Some(s) = stage[q.index()] {
+                        found = Some(s);
+                        break 'results;
+                    }
+                }
+            }
+        }
+        stage[op.index()] = found;
+    }
+    let stage: Vec<u32> = stage.into_iter().map(|s| s.unwrap_or(0)).collect();
+    // Unused params and states live on stage 0.
+    let owners = g
+        .args()
+        .iter()
+        .filter(|(_, k)| *k != ArgKind::Input)
+        .map(|&(v, _)| (g.value(v).name.clone(), owner.get(&v).copied().unwrap_or(0)))
+        .collect();
+    Ok((stage, owners))
+}
+
+/// Builds the per-stage functions.
+struct Builder<'g> {
+    g: &'g Function,
+    stage_of: Vec<u32>,
+    funcs: Vec<[Function; 3]>,
+    /// Where a value first exists on a stage: (phase, local value).
+    avail: HashMap<(ValueId, u32), (usize, ValueId)>,
+    /// The local copy of a value in function (stage, phase).
+    local: HashMap<(ValueId, u32, usize), ValueId>,
+    /// Results: `@grad` results, then the stash, per (stage, phase).
+    named: Vec<[Vec<ValueId>; 3]>,
+    stash: Vec<[Vec<ValueId>; 3]>,
+    stashed: HashSet<(u32, usize, ValueId)>,
+    channel_of: HashMap<(ValueId, u32), i64>,
+    channels: Vec<Channel>,
+}
+
+impl<'g> Builder<'g> {
+    fn value_name(&self, v: ValueId) -> String {
+        self.g.value(v).name.clone()
+    }
+
+    /// The value `v` of `@grad` inside function (s, ph), importing it as needed.
+    fn get(&mut self, v: ValueId, s: u32, ph: usize) -> Result<ValueId, PassError> {
+        if let Some(&l) = self.local.get(&(v, s, ph)) {
+            return Ok(l);
+        }
+        let name = self.value_name(v);
+        let ty = self.g.ty(v).clone();
+        let si = s as usize;
+        let l = match self.g.value(v).def {
+            ValueDef::Arg(i) => {
+                let kind = self.g.args()[i].1;
+                self.funcs[si][ph].add_arg(name, ty, kind)
+            }
+            ValueDef::Op(q, _) => {
+                if !self.avail.contains_key(&(v, s)) {
+                    let sq = self.stage_of[q.index()];
+                    if sq == s {
+                        return Err(fail(format!(
+                            "internal error: %{name} is used on stage {s} before it is computed"
+                        )));
+                    }
+                    let pq = phase_index(self.g, q)?;
+                    if pq == 2 {
+                        return Err(fail(format!(
+                            "%{name} is a weight-gradient (bwd_weight) value of stage {sq} used on stage {s}; weight-gradient work must stay on its stage (is a parameter shared across stages?)"
+                        )));
+                    }
+                    let channel = *self.channel_of.get(&(v, s)).ok_or_else(|| {
+                        fail(format!(
+                            "internal error: no channel for %{name} from stage {sq} to {s}"
+                        ))
+                    })?;
+                    let attrs = Attrs::new()
+                        .with("peer", Attr::Int(sq as i64))
+                        .with("channel", Attr::Int(channel));
+                    let mut new = NewOp::new(OpKind::Recv, vec![], vec![ty.clone()])
+                        .attrs(attrs)
+                        .names(vec![name.clone()])
+                        .phase(STAGE_PHASES[pq]);
+                    new.loc = self.g.op(q).loc.clone();
+                    let r = self.funcs[si][pq].push(new);
+                    self.avail.insert((v, s), (pq, r));
+                    self.local.insert((v, s, pq), r);
+                    if pq == ph {
+                        return Ok(r);
+                    }
+                }
+                let (pa, la) = self.avail[&(v, s)];
+                if pa > ph {
+                    return Err(fail(format!(
+                        "%{name} is computed in phase {} of stage {s} but used in the earlier phase {}",
+                        STAGE_PHASES[pa].name(),
+                        STAGE_PHASES[ph].name()
+                    )));
+                }
+                if pa == ph {
+                    return Ok(la);
+                }
+                // Stash from phase pa to ph.
+                if self.stashed.insert((s, pa, la)) {
+                    self.stash[si][pa].push(la);
+                }
+                self.funcs[si][ph].add_arg(name, ty, ArgKind::Input)
+            }
+        };
+        self.local.insert((v, s, ph), l);
+        Ok(l)
+    }
+}
+
+/// Split `opts.grad` (and `opts.optim`) of `m` into per-stage functions; see the module docs.
+pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, PassError> {
+    let g = m
+        .function(&opts.grad)
+        .ok_or_else(|| fail(format!("the module has no @{} to split", opts.grad)))?
+        .clone();
+    let (stage_of, owners) = assign_stages(&g)?;
+    let num_stages = g
+        .ops()
+        .iter()
+        .map(|&op| stage_of[op.index()] + 1)
+        .max()
+        .unwrap_or(1);
+    let mut counts = vec![0usize; num_stages as usize];
+    for &op in g.ops() {
+        counts[stage_of[op.index()] as usize] += 1;
+    }
+    if let Some(s) = counts.iter().position(|&c| c == 0) {
+        return Err(fail(format!(
+            "stage {s} has no ops (stages must be numbered 0..{num_stages} without gaps)"
+        )));
+    }
+
+    // Stages other than the producer's that read each value.
+    let mut consumers: HashMap<ValueId, BTreeSet<u32>> = HashMap::new();
+    for &op in g.ops() {
+        let s = stage_of[op.index()];
+        for &v in g.op(op).operands() {
+            if let ValueDef::Op(q, _) = g.value(v).def {
+                if stage_of[q.index()] != s {
+                    consumers.entry(v).or_default().insert(s);
+                }
+            }
+        }
+    }
+
+    let ns = num_stages as usize;
+    let mut b = Builder {
+        g: &g,
+        stage_of,
+        funcs: (0..ns)
+            .map(|s| {
+                STAGE_PHASES.map(|p| {
+                    let mut f = Function::new(stage_function_name(s as u32, p));
+                    f.attrs.set("stage", Attr::Int(s as i64));
+                    f
+                })
+            })
+            .collect(),
+        avail: HashMap::new(),
+        local: HashMap::new(),
+        named: vec![Default::default(); ns],
+        stash: vec![Default::default(); ns],
+        stashed: HashSet::new(),
+        channel_of: HashMap::new(),
+        channels: vec![],
+    };
+
+    for &op in g.ops() {
+        let s = b.stage_of[op.index()];
+        let ph = phase_index(&g, op)?;
+        let data = g.op(op);
+        let mut operands = Vec::with_capacity(data.operands().len());
+        for &v in data.operands() {
+            operands.push(b.get(v, s, ph)?);
+        }
+        let mut new = NewOp::new(
+            data.kind,
+            operands,
+            g.op(op)
+                .results()
+                .iter()
+                .map(|&r| g.ty(r).clone())
+                .collect(),
+        )
+        .attrs(data.attrs.clone())
+        .names(
+            data.results()
+                .iter()
+                .map(|&r| g.value(r).name.clone())
+                .collect(),
+        );
+        new.phase = data.phase;
+        new.loc = data.loc.clone();
+        let id = b.funcs[s as usize][ph].push_op(new);
+        let locals: Vec<ValueId> = b.funcs[s as usize][ph].op(id).results().to_vec();
+        for (&r, &l) in data.results().iter().zip(&locals) {
+            b.avail.insert((r, s), (ph, l));
+            b.local.insert((r, s, ph), l);
+            let Some(targets) = consumers.get(&r) else {
+                continue;
+            };
+            for &t in targets {
+                let channel = b.channels.len() as i64;
+                let attrs = Attrs::new()
+                    .with("peer", Attr::Int(t as i64))
+                    .with("channel", Attr::Int(channel));
+                let mut send = NewOp::new(OpKind::Send, vec![l], vec![])
+                    .attrs(attrs)
+                    .phase(STAGE_PHASES[ph]);
+                send.loc = data.loc.clone();
+                b.funcs[s as usize][ph].push_op(send);
+                b.channel_of.insert((r, t), channel);
+                b.channels.push(Channel {
+                    id: channel,
+                    from: s,
+                    to: t,
+                    value: g.value(r).name.clone(),
+                    phase: STAGE_PHASES[ph],
+                    bytes: g.ty(r).size_bytes().unwrap_or(0),
+                });
+            }
+        }
+    }
+
+    // `@grad`'s results go to the function that computes them.
+    for &r in g.results() {
+        let ValueDef::Op(q, _) = g.value(r).def else {
+            return Err(fail(format!(
+                "@{} returns its argument %{}; nothing computes it",
+                g.name,
+                g.value(r).name
+            )));
+        };
+        let s = b.stage_of[q.index()];
+        let (ph, l) = b.avail[&(r, s)];
+        let list = &mut b.named[s as usize][ph];
+        if !list.contains(&l) {
+            list.push(l);
+        }
+    }
+    for s in 0..ns {
+        for ph in 0..3 {
+            let mut results = b.named[s][ph].clone();
+            for &v in &b.stash[s][ph] {
+                if !results.contains(&v) {
+                    results.push(v);
+                }
+            }
+            b.funcs[s][ph].set_results(results);
+        }
+    }
+
+    // Forward edges; gradients must go back along them.
+    let edges: BTreeSet<(u32, u32)> = b
+        .channels
+        .iter()
+        .filter(|c| c.phase == Phase::Fwd)
+        .map(|c| (c.from, c.to))
+        .collect();
+    let reach = reachability(ns, &edges)?;
+    for c in &b.channels {
+        if c.phase == Phase::BwdInput && !reach[c.to as usize][c.from as usize] {
+            return Err(fail(format!(
+                "the gradient %{} flows from stage {} to stage {}, but no forward path leads from stage {} to stage {}: the partition does not match the gradient flow",
+                c.value, c.from, c.to, c.to, c.from
+            )));
+        }
+    }
+
+    let mut stages: Vec<StageFunctions> = (0..num_stages)
+        .map(|s| StageFunctions {
+            stage: s,
+            fwd: stage_function_name(s, Phase::Fwd),
+            bwd_input: stage_function_name(s, Phase::BwdInput),
+            bwd_weight: stage_function_name(s, Phase::BwdWeight),
+            optim: None,
+            params: owners
+                .iter()
+                .filter(|(_, &o)| o == s)
+                .map(|(n, _)| n.clone())
+                .collect(),
+        })
+        .collect();
+    // Params in argument order.
+    let order: HashMap<&str, usize> = g
+        .args()
+        .iter()
+        .enumerate()
+        .map(|(i, &(v, _))| (g.value(v).name.as_str(), i))
+        .collect();
+    for st in &mut stages {
+        st.params.sort_by_key(|p| order.get(p.as_str()).copied());
+    }
+
+    let optim_funcs = match m.function(&opts.optim) {
+        Some(o) => {
+            let fs = split_optimizer(o, &owners, num_stages)?;
+            for (st, f) in stages.iter_mut().zip(&fs) {
+                st.optim = Some(f.name.clone());
+            }
+            Some(fs)
+        }
+        None => None,
+    };
+
+    let channels = std::mem::take(&mut b.channels);
+    let funcs = std::mem::take(&mut b.funcs);
+    m.functions
+        .retain(|f| f.name != opts.grad && f.name != opts.optim);
+    let mut optim_funcs = optim_funcs.map(|v| v.into_iter());
+    for fs in funcs {
+        m.functions.extend(fs);
+        if let Some(it) = optim_funcs.as_mut() {
+            if let Some(f) = it.next() {
+                m.functions.push(f);
+            }
+        }
+    }
+    Ok(SplitInfo {
+        stages,
+        channels,
+        edges: edges.into_iter().collect(),
+    })
+}
+
+/// `reach[a][b]`: a path of forward edges leads from stage a to stage b (a ≠ b); an error if
+/// the edges form a cycle.
+fn reachability(n: usize, edges: &BTreeSet<(u32, u32)>) -> Result<Vec<Vec<bool>>, PassError> {
+    let mut reach = vec![vec![false; n]; n];
+    for &(a, b) in edges {
+        reach[a as usize][b as usize] = true;
+    }
+    for k in 0..n {
+        for i in 0..n {
+            if reach[i][k] {
+                for j in 0..n {
+                    if reach[k][j] {
+                        reach[i][j] = true;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(s) = (0..n).find(|&s| reach[s][s]) {
+        return Err(fail(format!(
+            "the stages form a cycle through stage {s}: forward values go from stage {s} back to itself; a partition must make the stage graph acyclic"
+        )));
+    }
+    Ok(reach)
+}
+
+/// Split the optimizer function by param ownership.
+fn split_optimizer(
+    o: &Function,
+    owners: &BTreeMap<String, u32>,
+    num_stages: u32,
+) -> Result<Vec<Function>, PassError> {
+    // The stages an argument belongs to: a param/state of @grad, or `grad.<p>`.
+    let arg_owner = |name: &str| -> Option<u32> {
+        owners
+            .get(name)
+            .or_else(|| name.strip_prefix("grad.").and_then(|p| owners.get(p)))
+            .copied()
+    };
+    // Per value: the owners of the arguments it depends on.
+    let mut deps: HashMap<ValueId, BTreeSet<u32>> = HashMap::new();
+    for &(v, _) in o.args() {
+        let mut set = BTreeSet::new();
+        if let Some(s) = arg_owner(&o.value(v).name) {
+            set.insert(s);
+        }
+        deps.insert(v, set);
+    }
+    for &op in o.ops() {
+        let mut set = BTreeSet::new();
+        for v in o.op(op).operands() {
+            set.extend(deps[v].iter().copied());
+        }
+        for &r in o.op(op).results() {
+            deps.insert(r, set.clone());
+        }
+    }
+    // Each result: the stages that compute it (every stage if it depends on no param).
+    let mut result_stages: Vec<BTreeSet<u32>> = vec![];
+    for &r in o.results() {
+        let mut s = deps[&r].clone();
+        if s.len() > 1 {
+            let names: Vec<String> = s.iter().map(|x| x.to_string()).collect();
+            return Err(fail(format!(
+                "@{}: result %{} depends on parameters of stages {}",
+                o.name,
+                o.value(r).name,
+                names.join(" and ")
+            )));
+        }
+        if s.is_empty() {
+            s = (0..num_stages).collect();
+        }
+        result_stages.push(s);
+    }
+    let mut out = vec![];
+    for s in 0..num_stages {
+        // Backward slice of this stage's results.
+        let mut needed: HashSet<ValueId> = HashSet::new();
+        let mut stack: Vec<ValueId> = o
+            .results()
+            .iter()
+            .zip(&result_stages)
+            .filter(|(_, st)| st.contains(&s))
+            .map(|(&r, _)| r)
+            .collect();
+        while let Some(v) = stack.pop() {
+            if !needed.insert(v) {
+                continue;
+            }
+            if let ValueDef::Op(op, _) = o.value(v).def {
+                stack.extend(o.op(op).operands().iter().copied());
+            }
+        }
+        let mut f = Function::new(stage_function_name(s, Phase::Optim));
+        f.attrs = o.attrs.clone();
+        f.attrs.set("stage", Attr::Int(s as i64));
+        let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+        for &(v, kind) in o.args() {
+            if needed.contains(&v) {
+                let nv = f.add_arg(o.value(v).name.clone(), o.ty(v).clone(), kind);
+                map.insert(v, nv);
+            }
+        }
+        for &op in o.ops() {
+            let data = o.op(op);
+            if !data.results().iter().any(|r| needed.contains(r)) {
+                continue;
+            }
+            let mut new = NewOp::new(
+                data.kind,
+                data.operands().iter().map(|v| map[v]).collect(),
+                data.results().iter().map(|&r| o.ty(r).clone()).collect(),
+            )
+            .attrs(data.attrs.clone())
+            .names(
+                data.results()
+                    .iter()
+                    .map(|&r| o.value(r).name.clone())
+                    .collect(),
+            );
+            new.phase = data.phase;
+            new.loc = data.loc.clone();
+            let id = f.push_op(new);
+            for (&r, &l) in data.results().iter().zip(f.op(id).results()) {
+                map.insert(r, l);
+            }
+        }
+        let results: Vec<ValueId> = o
+            .results()
+            .iter()
+            .zip(&result_stages)
+            .filter(|(_, st)| st.contains(&s))
+            .map(|(r, _)| map[r])
+            .collect();
+        f.set_results(results);
+        out.push(f);
+    }
+    Ok(out)
+}
+
+/// `insert-send-recv{grad=grad,optim=optim}`.
+pub struct InsertSendRecv {
+    pub options: SplitOptions,
+}
+
+impl InsertSendRecv {
+    pub fn from_options(o: &PassOptions) -> Result<Self, PassError> {
+        o.expect_only(PASS, &["grad", "optim"])?;
+        let mut options = SplitOptions::default();
+        if let Some(g) = o.get("grad") {
+            options.grad = g.to_string();
+        }
+        if let Some(g) = o.get("optim") {
+            options.optim = g.to_string();
+        }
+        Ok(InsertSendRecv { options })
+    }
+}
+
+impl Pass for InsertSendRecv {
+    fn name(&self) -> &'static str {
+        PASS
+    }
+
+    fn run(&self, module: &mut Module) -> Result<(), PassError> {
+        split_stages(module, &self.options).map(|_| ())
+    }
+}
