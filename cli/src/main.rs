@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod compile_cmd;
 mod npz;
 mod onnx_cmds;
 mod program;
@@ -12,17 +13,34 @@ mod train_cmd;
 
 /// ppcc — a pipeline-parallel training compiler.
 ///
-/// ppcc imports a model graph (ONNX), builds its training program, cuts it into pipeline
-/// stages and generates one module per device. Subcommands below are what exists today.
+/// `ppcc MODEL.onnx -o DIR --stages P --microbatches M` compiles a model: it builds the
+/// training program (autodiff, loss, optimizer), cuts it into pipeline stages that form a
+/// DAG (parallel branches on different devices), inserts send/recv on every cut edge,
+/// picks a schedule and predicts its time and memory. The subcommands import, evaluate,
+/// train on one device and simulate schedules.
 #[derive(Parser)]
-#[command(name = "ppcc", version, about, long_about, propagate_version = true)]
+#[command(
+    name = "ppcc",
+    version,
+    about,
+    long_about,
+    propagate_version = true,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    subcommand_value_name = "COMMAND",
+    subcommand_help_heading = "Commands"
+)]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    #[command(flatten)]
+    compile: compile_cmd::CompileArgs,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Compile a model into a pipeline plan (the same as `ppcc MODEL.onnx -o DIR ...`).
+    Compile(compile_cmd::CompileArgs),
     /// Import an ONNX model and print (or write) its ppir.
     Import(onnx_cmds::ImportArgs),
     /// Run a model's forward pass with the reference interpreter.
@@ -37,12 +55,9 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Import(a) => onnx_cmds::import(a),
-        Command::Eval(a) => onnx_cmds::eval(a),
-        Command::Conform(a) => onnx_cmds::conform(a),
-        Command::Train(a) => train_cmd::train(a),
-        Command::Simulate(a) => simulate_cmd::simulate_cmd(a),
+    let result = match (cli.command, cli.compile) {
+        (Some(c), _) => run(c),
+        (None, a) => compile_cmd::compile(a),
     };
     match result {
         Ok(code) => code,
@@ -50,5 +65,16 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Compile(a) => compile_cmd::compile(a),
+        Command::Import(a) => onnx_cmds::import(a),
+        Command::Eval(a) => onnx_cmds::eval(a),
+        Command::Conform(a) => onnx_cmds::conform(a),
+        Command::Train(a) => train_cmd::train(a),
+        Command::Simulate(a) => simulate_cmd::simulate_cmd(a),
     }
 }

@@ -328,8 +328,8 @@ module {
 }
 "#;
         let mut m = ppir::text::parse_module(src).unwrap();
-        assert_eq!(model_batch(&m).unwrap(), Some(8));
-        set_batch(&mut m, Some(8), 2).unwrap();
+        assert_eq!(crate::program::model_batch(&m).unwrap(), Some(8));
+        crate::program::set_batch(&mut m, Some(8), 2).unwrap();
         let f = m.function("main").unwrap();
         assert_eq!(f.result_types()[0], TensorType::of(DType::F32, &[2, 2]));
 
@@ -342,7 +342,9 @@ module {
 }
 "#;
         let mut m = ppir::text::parse_module(fixed).unwrap();
-        let e = set_batch(&mut m, Some(4), 1).unwrap_err().to_string();
+        let e = crate::program::set_batch(&mut m, Some(4), 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fixed at 4"), "{e}");
     }
 }

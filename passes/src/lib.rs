@@ -19,6 +19,7 @@ pub mod canonicalize;
 pub mod cost;
 pub mod optim;
 pub mod partition;
+pub mod planner;
 mod registry;
 pub mod schedule;
 pub mod simulate;

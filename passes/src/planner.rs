@@ -156,9 +156,8 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             None => Layout::chain(k),
         };
         let schedule = match &o.schedule {
-            ScheduleSpec::Builtin(name) => {
-                builtin_on(name, &layout, o.microbatches, o.chunks).map_err(|e| fail(e.to_string()))?
-            }
+            ScheduleSpec::Builtin(name) => builtin_on(name, &layout, o.microbatches, o.chunks)
+                .map_err(|e| fail(e.to_string()))?,
             ScheduleSpec::Custom(s) => s.clone(),
         };
         let schedule = insert_communication(&schedule);

@@ -547,12 +547,11 @@ fn reachability(n: usize, edges: &BTreeSet<(u32, u32)>) -> Result<Vec<Vec<bool>>
         reach[a as usize][b as usize] = true;
     }
     for k in 0..n {
-        for i in 0..n {
-            if reach[i][k] {
-                for j in 0..n {
-                    if reach[k][j] {
-                        reach[i][j] = true;
-                    }
+        let via = reach[k].clone();
+        for row in reach.iter_mut() {
+            if row[k] {
+                for (r, &v) in row.iter_mut().zip(&via) {
+                    *r |= v;
                 }
             }
         }

@@ -13,7 +13,7 @@
 
 mod render;
 
-pub use render::{to_svg, to_trace_json};
+pub use render::{to_svg, to_svg_seconds, to_trace_json, to_trace_json_seconds};
 
 use std::collections::BTreeMap;
 

@@ -21,6 +21,16 @@ fn short_name(e: &Event) -> String {
 /// (`ph: "X"`) per compute action, `pid` 0, `tid` = rank; one cost unit is written as 1 µs
 /// (the trace format's time unit).
 pub fn to_trace_json(report: &SimReport) -> String {
+    trace_json(report, 1.0)
+}
+
+/// [`to_trace_json`] for a simulation in seconds: timestamps in microseconds, as the
+/// trace format defines them.
+pub fn to_trace_json_seconds(report: &SimReport) -> String {
+    trace_json(report, 1e6)
+}
+
+fn trace_json(report: &SimReport, scale: f64) -> String {
     let mut out = String::from("{\"traceEvents\":[\n");
     let mut first = true;
     for rank in 0..report.events.len() {
@@ -43,8 +53,8 @@ pub fn to_trace_json(report: &SimReport) -> String {
             short_name(e),
             e.action.kind.describe(),
             e.rank,
-            e.start,
-            e.end - e.start,
+            e.start * scale,
+            (e.end - e.start) * scale,
             e.action.stage,
             e.action.micro_batch,
             e.action.chunk
@@ -67,6 +77,34 @@ fn colour(kind: ActionKind) -> &'static str {
 /// An SVG timeline: one lane per rank, one box per compute action coloured by kind and
 /// labelled with its micro-batch, a time axis and a legend.
 pub fn to_svg(report: &SimReport) -> String {
+    svg(report, &fmt_num, "")
+}
+
+/// [`to_svg`] for a simulation in seconds (axis in s, ms or µs), with a title line.
+pub fn to_svg_seconds(report: &SimReport, title: &str) -> String {
+    let span = report.makespan;
+    let (unit, mult) = if span >= 1.0 {
+        ("s", 1.0)
+    } else if span >= 1e-3 {
+        ("ms", 1e3)
+    } else {
+        ("µs", 1e6)
+    };
+    let fmt = move |x: f64| {
+        let v = x * mult;
+        let digits = if v == 0.0 || v.abs() >= 100.0 {
+            0
+        } else if v.abs() >= 10.0 {
+            1
+        } else {
+            2
+        };
+        format!("{v:.digits$} {unit}")
+    };
+    svg(report, &fmt, title)
+}
+
+fn svg(report: &SimReport, fmt_num: &dyn Fn(f64) -> String, title: &str) -> String {
     let lanes = report.events.len();
     let (left, top, lane_h, width) = (70.0, 40.0, 34.0, 1000.0);
     let span = if report.makespan > 0.0 {
@@ -88,7 +126,12 @@ pub fn to_svg(report: &SimReport) -> String {
     );
     let _ = writeln!(
         s,
-        "<text x=\"{left}\" y=\"20\" font-size=\"13\">makespan {} · bubble {:.1}%</text>",
+        "<text x=\"{left}\" y=\"20\" font-size=\"13\">{}makespan {} · bubble {:.1}%</text>",
+        if title.is_empty() {
+            String::new()
+        } else {
+            format!("{} · ", escape(title))
+        },
         fmt_num(report.makespan),
         report.bubble_fraction * 100.0
     );
@@ -176,6 +219,12 @@ pub fn to_svg(report: &SimReport) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 fn fmt_num(x: f64) -> String {

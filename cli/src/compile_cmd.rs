@@ -1,0 +1,678 @@
+//! `ppcc MODEL.onnx -o DIR`: compile a model into a pipeline plan.
+//!
+//! Import → bind the micro-batch → plan (cost model, partition, schedule, simulation; the
+//! sequential partition as a baseline) → stage tags on `@main` → training program
+//! (`@grad`, `@optim`) → per-stage functions joined by send/recv (`insert-send-recv`) →
+//! verify → write DIR:
+//!
+//! ```text
+//! DIR/plan.json            the plan: stages, devices, stage DAG edges and channels, schedule,
+//!                          predicted time/bubble/memory, the sequential baseline, training options
+//! DIR/stage<i>/stage.ppir  stage i's functions (fwd, bwd_input, bwd_weight, optim)
+//! DIR/stage<i>/params.npz  initial values of stage i's params and states
+//! DIR/schedule.csv         the schedule in torch.distributed.pipelining's CSV format
+//! DIR/timeline.svg         the predicted timeline (one lane per device)
+//! DIR/trace.json           the predicted timeline as a Chrome/Perfetto trace
+//! ```
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use ppcc_passes::cost::{host_profile_cached, DeviceProfile};
+use ppcc_passes::optim::OptimizerKind;
+use ppcc_passes::partition::{apply, PartitionKind};
+use ppcc_passes::planner::{plan, Plan, PlannerOptions, ScheduleSpec};
+use ppcc_passes::schedule::csv::{from_csv, to_csv};
+use ppcc_passes::schedule::{Layout, BUILTIN_NAMES};
+use ppcc_passes::simulate::{to_svg_seconds, to_trace_json_seconds};
+use ppcc_passes::split::{split_stages, SplitInfo, SplitOptions};
+use ppir::{ArgKind, Module, Phase};
+use serde_json::{json, Value};
+
+use crate::npz::write_npz;
+use crate::program::{build_training, check, prepare, ProgramArgs};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PartitionArg {
+    /// `graph` when the schedule runs one stage per device, else `sequential`.
+    Auto,
+    /// GraphPipe: a stage DAG; parallel branches run on different devices at once.
+    Graph,
+    /// PipeDream: the best chain of stages (dynamic programming over a topological order).
+    Sequential,
+    /// Equal numbers of layers with weights per stage.
+    Uniform,
+}
+
+/// How a CSV schedule's virtual stages map to devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CsvLayoutArg {
+    /// Virtual stage c·P + r on device r (`--chunks 1`: a plain chain).
+    Interleaved,
+    /// Two chunks in a V (ZB-V).
+    V,
+}
+
+/// Compile a model into a pipeline-parallel training plan.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Writes DIR/plan.json (stages, devices, the stage DAG with bytes per edge, send/recv
+channels, the schedule, predicted iteration time, bubble and memory per device, and the
+same predictions for the sequential partition as a baseline), DIR/stage<i>/stage.ppir
+(stage i's fwd, bwd_input, bwd_weight and optim functions with explicit send/recv),
+DIR/stage<i>/params.npz (initial weights), DIR/schedule.csv, DIR/timeline.svg and
+DIR/trace.json; prints a short table.
+
+Examples:
+  ppcc examples/two_tower.onnx -o build/ --stages 3 --microbatches 4 --loss mse
+  ppcc examples/gpt.onnx -o build/ --stages 2 --microbatches 1 --schedule zb-h1
+  ppcc model.onnx -o build/ --stages 4 --microbatches 8 --schedule interleaved-1f1b --chunks 2
+  ppcc model.onnx -o build/ --stages 4 --schedule my_schedule.csv --partition sequential
+  ppcc model.onnx -o build/ --stages 4 --stage-layout block3/Add,block6/Add,block9/Add")]
+pub struct CompileArgs {
+    /// The ONNX model (float initializers are the trained parameters).
+    #[arg(required = true, value_name = "MODEL.onnx")]
+    pub model: Option<PathBuf>,
+    /// Output directory (created; existing plan files in it are replaced).
+    #[arg(short, long, value_name = "DIR", required = true)]
+    pub output: Option<PathBuf>,
+    /// Devices (pipeline ranks), P.
+    #[arg(long, value_name = "P", default_value_t = 2)]
+    pub stages: usize,
+    /// Micro-batches per step, M (must divide the global batch). Default: the largest
+    /// divisor of the global batch up to 2·P.
+    #[arg(long, value_name = "M")]
+    pub microbatches: Option<u64>,
+    /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v) or a torch
+    /// CSV file (one row per device, cells like 0F1, 1I0, 2W3, 1B2).
+    #[arg(long, value_name = "NAME|FILE.csv", default_value = "1f1b")]
+    pub schedule: String,
+    /// The partitioner.
+    #[arg(long, value_enum, default_value_t = PartitionArg::Auto)]
+    pub partition: PartitionArg,
+    /// Stages per device for interleaved-1f1b (V).
+    #[arg(long, value_name = "V")]
+    pub chunks: Option<usize>,
+    /// Stage layout of a CSV schedule.
+    #[arg(long, value_enum, default_value_t = CsvLayoutArg::Interleaved)]
+    pub csv_layout: CsvLayoutArg,
+    /// Device profile for the cost model: h100, a100, host (measured here once, cached)
+    /// or a profile JSON file.
+    #[arg(long, value_name = "NAME|FILE.json", default_value = "h100")]
+    pub device_profile: String,
+    /// Memory per device (bytes; suffixes K, M, G, KiB, MiB, GiB). Default: the profile's.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_limit: Option<String>,
+    /// Comma-separated ONNX node names (or value names) that must start a stage; the
+    /// partitioner balances the rest.
+    #[arg(long, value_name = "NAME,NAME")]
+    pub stage_layout: Option<String>,
+    #[command(flatten)]
+    pub program: ProgramArgs,
+}
+
+/// `16G`, `512MiB`, `1000000` → bytes.
+pub fn parse_bytes(s: &str) -> Result<f64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)
+        .with_context(|| format!("--memory-limit: `{s}` is not a positive size"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => (1u64 << 30) as f64,
+        "tib" => (1u64 << 40) as f64,
+        u => bail!("--memory-limit: unknown unit `{u}` (K, M, G, T, KiB, MiB, GiB, TiB)"),
+    };
+    Ok(n * mult)
+}
+
+fn load_profile(spec: &str) -> Result<DeviceProfile> {
+    Ok(match spec {
+        "host" => host_profile_cached(false)?,
+        name if !name.ends_with(".json") => DeviceProfile::builtin(name)?,
+        path => DeviceProfile::from_file(path)?,
+    })
+}
+
+/// The default number of micro-batches: the largest divisor of `global` up to `2·p`.
+fn default_microbatches(global: Option<u64>, p: usize) -> u64 {
+    let cap = (2 * p).max(1) as u64;
+    match global {
+        Some(n) if n > 0 => (1..=cap.min(n)).rev().find(|d| n % d == 0).unwrap_or(1),
+        _ => cap,
+    }
+}
+
+pub fn compile(a: CompileArgs) -> Result<ExitCode> {
+    let started = Instant::now();
+    let model = a.model.clone().context("give the model to compile")?;
+    let output = a
+        .output
+        .clone()
+        .context("give the output directory with -o DIR")?;
+    if a.stages == 0 {
+        bail!("--stages must be at least 1");
+    }
+    let profile = load_profile(&a.device_profile)?;
+    let memory_limit = a.memory_limit.as_deref().map(parse_bytes).transpose()?;
+
+    // The model's global batch decides the default number of micro-batches.
+    let model_global = match a.program.batch {
+        Some(b) => Some(b),
+        None => {
+            let imported = ppcc_frontends::onnx::import_onnx_file_full(
+                &model,
+                &ppcc_frontends::onnx::ImportOptions::default(),
+            )
+            .with_context(|| format!("importing {}", model.display()))?;
+            crate::program::model_batch(&imported.module)?
+        }
+    };
+    let microbatches = a
+        .microbatches
+        .unwrap_or_else(|| default_microbatches(model_global, a.stages));
+
+    // Schedule.
+    let is_builtin = BUILTIN_NAMES.contains(&a.schedule.as_str());
+    let chunks = a.chunks.unwrap_or(if a.schedule == "interleaved-1f1b" {
+        2
+    } else {
+        1
+    });
+    if chunks == 0 {
+        bail!("--chunks must be at least 1");
+    }
+    if a.chunks.is_some() && is_builtin && a.schedule != "interleaved-1f1b" && chunks != 1 {
+        bail!("--chunks applies to interleaved-1f1b (and CSV schedules) only");
+    }
+    let spec = if is_builtin {
+        ScheduleSpec::Builtin(a.schedule.clone())
+    } else if a.schedule.ends_with(".csv") || Path::new(&a.schedule).exists() {
+        let text = std::fs::read_to_string(&a.schedule)
+            .with_context(|| format!("cannot read {}", a.schedule))?;
+        let layout = match a.csv_layout {
+            CsvLayoutArg::Interleaved => Layout::Interleaved {
+                ranks: a.stages,
+                chunks,
+            },
+            CsvLayoutArg::V => Layout::VShape { ranks: a.stages },
+        };
+        let s =
+            from_csv(&text, layout).with_context(|| format!("invalid schedule {}", a.schedule))?;
+        if s.num_microbatches as u64 != microbatches {
+            bail!(
+                "{} uses {} micro-batches, --microbatches is {microbatches}",
+                a.schedule,
+                s.num_microbatches
+            );
+        }
+        ScheduleSpec::Custom(s)
+    } else {
+        bail!(
+            "unknown schedule `{}` (built-in: {}; or a .csv file)",
+            a.schedule,
+            BUILTIN_NAMES.join(", ")
+        );
+    };
+    let one_stage_per_device = matches!(&spec, ScheduleSpec::Builtin(n) if n != "zb-v" && !(n == "interleaved-1f1b" && chunks > 1));
+    let kind = match a.partition {
+        PartitionArg::Auto if one_stage_per_device => PartitionKind::Graph,
+        PartitionArg::Auto => PartitionKind::Sequential,
+        PartitionArg::Graph => PartitionKind::Graph,
+        PartitionArg::Sequential => PartitionKind::Sequential,
+        PartitionArg::Uniform => PartitionKind::Uniform,
+    };
+
+    let bar = spinner();
+    bar.set_message("importing");
+    let prepared = prepare(&model, &a.program, microbatches)?;
+    let mut module = prepared.module;
+    let optimizer = a.program.optimizer(microbatches)?;
+    let optimizer_state = match optimizer.kind {
+        OptimizerKind::Sgd if optimizer.momentum != 0.0 => 1.0,
+        OptimizerKind::Sgd => 0.0,
+        OptimizerKind::AdamW => 2.0,
+    };
+    let pinned: Vec<String> = a
+        .stage_layout
+        .as_deref()
+        .map(|s| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    let options = PlannerOptions {
+        function: "main".into(),
+        ranks: a.stages,
+        microbatches: microbatches as usize,
+        schedule: spec.clone(),
+        chunks,
+        partition: kind,
+        profile: profile.clone(),
+        memory_limit,
+        pinned: pinned.clone(),
+        autodiff: a.program.autodiff(),
+        optimizer_state,
+    };
+    bar.set_message(format!("planning ({} partition)", kind.name()));
+    let plan_started = Instant::now();
+    let best = plan(&module, &options)?;
+    let plan_seconds = plan_started.elapsed().as_secs_f64();
+    bar.set_message("planning the sequential baseline");
+    let baseline = if kind == PartitionKind::Sequential {
+        Ok(best.clone())
+    } else {
+        plan(
+            &module,
+            &PlannerOptions {
+                partition: PartitionKind::Sequential,
+                pinned: vec![],
+                ..options.clone()
+            },
+        )
+    };
+
+    bar.set_message("building the training program");
+    apply(&mut module, "main", &best.partition)?;
+    let training = build_training(&mut module, &a.program, microbatches)?;
+    bar.set_message("inserting send/recv");
+    let split = split_stages(&mut module, &SplitOptions::default())?;
+    check(&module, "the per-stage program")?;
+    if split.stages.len() != best.partition.stages.len() {
+        bail!(
+            "internal error: the plan has {} stages, the program {}",
+            best.partition.stages.len(),
+            split.stages.len()
+        );
+    }
+
+    bar.set_message("writing");
+    std::fs::create_dir_all(&output)
+        .with_context(|| format!("cannot create {}", output.display()))?;
+    for st in &split.stages {
+        write_stage(&module, st, &output)?;
+    }
+    let write = |name: &str, text: String| -> Result<()> {
+        let p = output.join(name);
+        std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
+    };
+    write("schedule.csv", to_csv(&best.schedule))?;
+    let title = format!(
+        "{} · {} · {} partition · {} devices × {microbatches} micro-batches ({})",
+        model
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default(),
+        spec.name(),
+        kind.name(),
+        a.stages,
+        profile.name
+    );
+    write("timeline.svg", to_svg_seconds(&best.report, &title))?;
+    write("trace.json", to_trace_json_seconds(&best.report))?;
+    let plan_json = plan_json(&PlanDoc {
+        a: &a,
+        model: &model,
+        microbatches,
+        chunks,
+        kind,
+        profile: &profile,
+        memory_limit: memory_limit.unwrap_or(profile.memory_bytes),
+        plan: &best,
+        baseline: &baseline,
+        split: &split,
+        module: &module,
+        training: &training,
+        prepared_global: prepared.global,
+        prepared_micro: prepared.micro,
+        onnx_name: &prepared.onnx_name,
+        weight_sources: &prepared.weight_sources,
+        plan_seconds,
+    });
+    write(
+        "plan.json",
+        serde_json::to_string_pretty(&plan_json).context("serializing plan.json")?,
+    )?;
+    bar.finish_and_clear();
+    print_table(
+        &model,
+        &output,
+        &a,
+        kind,
+        &spec,
+        microbatches,
+        &best,
+        &baseline,
+        &split,
+    );
+    eprintln!(
+        "wrote {0}/plan.json, {0}/stage0..{1}/stage.ppir, {0}/schedule.csv, {0}/timeline.svg ({2:.1} s)",
+        output.display(),
+        split.stages.len() - 1,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn spinner() -> indicatif::ProgressBar {
+    if std::io::stderr().is_terminal() {
+        let pb = indicatif::ProgressBar::new_spinner();
+        pb.enable_steady_tick(std::time::Duration::from_millis(120));
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    }
+}
+
+/// `DIR/stage<i>/stage.ppir` (functions, no weight values) and `params.npz`.
+fn write_stage(m: &Module, st: &ppcc_passes::split::StageFunctions, dir: &Path) -> Result<()> {
+    let mut names = vec![st.fwd.clone(), st.bwd_input.clone(), st.bwd_weight.clone()];
+    names.extend(st.optim.clone());
+    let mut sm = Module::new();
+    sm.name = m.name.clone();
+    let mut weights = std::collections::BTreeMap::new();
+    for n in &names {
+        let f = m
+            .function(n)
+            .with_context(|| format!("internal error: no @{n}"))?;
+        for &(v, kind) in f.args() {
+            if kind == ArgKind::Input {
+                continue;
+            }
+            let name = &f.value(v).name;
+            if let Some(t) = m.weights.get(name) {
+                weights.insert(name.clone(), t.clone());
+            }
+        }
+        sm.functions.push(f.clone());
+    }
+    let sdir = dir.join(format!("stage{}", st.stage));
+    std::fs::create_dir_all(&sdir).with_context(|| format!("cannot create {}", sdir.display()))?;
+    let p = sdir.join("stage.ppir");
+    std::fs::write(&p, ppir::text::print_module(&sm, &Default::default()))
+        .with_context(|| format!("cannot write {}", p.display()))?;
+    let arrays: Vec<(String, ppir::Tensor)> = weights.into_iter().collect();
+    write_npz(&sdir.join("params.npz"), &arrays)?;
+    Ok(())
+}
+
+struct PlanDoc<'a> {
+    a: &'a CompileArgs,
+    model: &'a Path,
+    microbatches: u64,
+    chunks: usize,
+    kind: PartitionKind,
+    profile: &'a DeviceProfile,
+    memory_limit: f64,
+    plan: &'a Plan,
+    baseline: &'a Result<Plan, ppcc_passes::PassError>,
+    split: &'a SplitInfo,
+    module: &'a Module,
+    training: &'a crate::program::Training,
+    prepared_global: u64,
+    prepared_micro: u64,
+    onnx_name: &'a std::collections::HashMap<String, String>,
+    weight_sources: &'a std::collections::BTreeMap<String, String>,
+    plan_seconds: f64,
+}
+
+fn prediction(p: &Plan) -> Value {
+    json!({
+        "iteration_seconds": p.report.makespan,
+        "bubble_fraction": p.report.bubble_fraction,
+        "lower_bound_seconds": p.lower_bound,
+        "busy_seconds": p.report.busy,
+        "peak_memory_bytes": p.report.peak_memory,
+        "peak_stash_microbatches": p.report.peak_stash,
+        "stage_graph_is_chain": p.partition.is_chain(),
+        "stage_seconds": p.partition.stages.iter().map(|s| s.cost.time()).collect::<Vec<_>>(),
+        "edges": p.partition.edges.iter().map(|e| json!({"from": e.from, "to": e.to, "bytes": e.bytes})).collect::<Vec<_>>(),
+    })
+}
+
+fn plan_json(d: &PlanDoc) -> Value {
+    let p = d.plan;
+    let layout = &p.layout;
+    let stages: Vec<Value> = p
+        .partition
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(s, st)| {
+            let sf = &d.split.stages[s];
+            json!({
+                "stage": s,
+                "device": layout.rank_of(s),
+                "chunk": layout.chunk_of(s),
+                "ops": st.ops.len(),
+                "first_op": st.first,
+                "last_op": st.last,
+                "forward_seconds": st.cost.f,
+                "backward_input_seconds": st.cost.b,
+                "backward_weight_seconds": st.cost.w,
+                "activation_bytes_per_microbatch": st.cost.act_bytes,
+                "param_bytes": st.cost.param_bytes,
+                "functions": {
+                    "fwd": sf.fwd, "bwd_input": sf.bwd_input, "bwd_weight": sf.bwd_weight, "optim": sf.optim,
+                },
+                "params": sf.params,
+                "dir": format!("stage{s}"),
+            })
+        })
+        .collect();
+    let channels: Vec<Value> = d
+        .split
+        .channels
+        .iter()
+        .map(|c| {
+            json!({"id": c.id, "from": c.from, "to": c.to, "value": c.value,
+                   "phase": c.phase.name(), "bytes": c.bytes})
+        })
+        .collect();
+    let o = &d.training.optimizer;
+    let info = &d.training.info;
+    let grad_inputs: Vec<Value> = {
+        // Data inputs of the training program: every input argument of a stage function
+        // that is not stashed (model inputs, labels, rng).
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = vec![];
+        for st in &d.split.stages {
+            if let Some(f) = d.module.function(&st.fwd) {
+                for &(v, k) in f.args() {
+                    let n = f.value(v).name.clone();
+                    if k == ArgKind::Input && seen.insert(n.clone()) {
+                        out.push(json!({
+                            "name": n,
+                            "onnx_name": d.onnx_name.get(&n),
+                            "type": f.ty(v).to_string(),
+                        }));
+                    }
+                }
+            }
+        }
+        out
+    };
+    json!({
+        "format": "ppcc-plan",
+        "version": 1,
+        "ppcc_version": env!("CARGO_PKG_VERSION"),
+        "model": d.model.display().to_string(),
+        "devices": d.a.stages,
+        "virtual_stages": p.partition.stages.len(),
+        "microbatches": d.microbatches,
+        "global_batch": d.prepared_global,
+        "micro_batch": d.prepared_micro,
+        "schedule": {
+            "name": d.a.schedule,
+            "chunks": d.chunks,
+            "file": "schedule.csv",
+            "layout": match layout {
+                Layout::Interleaved { chunks, .. } => json!({"kind": "interleaved", "chunks": chunks}),
+                Layout::VShape { .. } => json!({"kind": "v"}),
+                Layout::Dag { rank_of, edges, .. } => json!({"kind": "dag", "rank_of": rank_of, "edges": edges}),
+            },
+        },
+        "partition": d.kind.name(),
+        "device_profile": d.profile.name,
+        "memory_limit_bytes": d.memory_limit,
+        "planner_seconds": d.plan_seconds,
+        "candidates_simulated": p.candidates,
+        "stages": stages,
+        "edges": d.split.edges,
+        "channels": channels,
+        "prediction": prediction(p),
+        "baseline": match d.baseline {
+            Ok(b) => { let mut v = prediction(b); v["partition"] = json!("sequential"); v }
+            Err(e) => json!({"partition": "sequential", "error": e.to_string()}),
+        },
+        "training": {
+            "loss": info.loss_kind.name(),
+            "train_mode": !d.a.program.eval_mode,
+            "labels": info.labels.as_ref().map(|t| t.to_string()),
+            "needs_rng": info.needs_rng_key,
+            "inputs": grad_inputs,
+            "params": info.params,
+            "updated_states": info.updated_states,
+            "weight_sources": d.weight_sources,
+            "optimizer": {
+                "kind": o.kind.name(), "lr": o.lr, "momentum": o.momentum,
+                "weight_decay": o.weight_decay, "beta1": o.beta1, "beta2": o.beta2, "eps": o.eps,
+                "microbatches": o.microbatches,
+            },
+        },
+        "phases": [Phase::Fwd.name(), Phase::BwdInput.name(), Phase::BwdWeight.name(), Phase::Optim.name()],
+    })
+}
+
+fn ms(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.3} s")
+    } else if s >= 1e-3 {
+        format!("{:.3} ms", s * 1e3)
+    } else {
+        format!("{:.1} us", s * 1e6)
+    }
+}
+
+fn human_bytes(b: f64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v:.0} {}", units[i])
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn print_table(
+    model: &Path,
+    output: &Path,
+    a: &CompileArgs,
+    kind: PartitionKind,
+    spec: &ScheduleSpec,
+    m: u64,
+    p: &Plan,
+    baseline: &Result<Plan, ppcc_passes::PassError>,
+    split: &SplitInfo,
+) {
+    println!(
+        "{} -> {}: {} devices, {} stages, {m} micro-batches, schedule {}, {} partition",
+        model.display(),
+        output.display(),
+        a.stages,
+        p.partition.stages.len(),
+        spec.name(),
+        kind.name()
+    );
+    println!(
+        "{:>5} {:>6} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10}  first .. last op",
+        "stage", "device", "ops", "F", "B", "W", "params", "stash/mb"
+    );
+    for (s, st) in p.partition.stages.iter().enumerate() {
+        println!(
+            "{:>5} {:>6} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10}  {} .. {}",
+            s,
+            p.layout.rank_of(s),
+            st.ops.len(),
+            ms(st.cost.f),
+            ms(st.cost.b),
+            ms(st.cost.w),
+            human_bytes(st.cost.param_bytes),
+            human_bytes(st.cost.act_bytes),
+            st.first,
+            st.last
+        );
+    }
+    let edges: Vec<String> = p
+        .partition
+        .edges
+        .iter()
+        .map(|e| format!("{}->{} ({})", e.from, e.to, human_bytes(e.bytes)))
+        .collect();
+    println!(
+        "stage graph: {}{}; {} send/recv channels",
+        if edges.is_empty() {
+            "no edges".to_string()
+        } else {
+            edges.join(", ")
+        },
+        if p.partition.is_chain() {
+            " (a chain)"
+        } else {
+            " (a DAG)"
+        },
+        split.channels.len()
+    );
+    let peak = p.report.peak_memory.iter().copied().fold(0.0, f64::max);
+    println!(
+        "predicted: iteration {}, bubble {:.1}%, lower bound {}, peak memory {}",
+        ms(p.report.makespan),
+        100.0 * p.report.bubble_fraction,
+        ms(p.lower_bound),
+        human_bytes(peak)
+    );
+    match baseline {
+        Ok(b) if kind != PartitionKind::Sequential => println!(
+            "sequential baseline: iteration {}, bubble {:.1}% ({:.2}x {})",
+            ms(b.report.makespan),
+            100.0 * b.report.bubble_fraction,
+            if p.report.makespan > 0.0 {
+                b.report.makespan / p.report.makespan
+            } else {
+                1.0
+            },
+            if b.report.makespan >= p.report.makespan {
+                "speed-up of this plan"
+            } else {
+                "i.e. this plan is slower"
+            }
+        ),
+        Ok(_) => {}
+        Err(e) => println!("sequential baseline: {e}"),
+    }
+}
