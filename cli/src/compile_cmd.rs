@@ -111,6 +111,10 @@ pub struct CompileArgs {
     /// partitioner balances the rest.
     #[arg(long, value_name = "NAME,NAME")]
     pub stage_layout: Option<String>,
+    /// Write only the plan (plan.json, schedule.csv, timeline.svg, trace.json), not the
+    /// per-stage programs: for exploring plans quickly.
+    #[arg(long)]
+    pub plan_only: bool,
     #[command(flatten)]
     pub program: ProgramArgs,
 }
@@ -291,26 +295,30 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         )
     };
 
-    bar.set_message("building the training program");
-    apply(&mut module, "main", &best.partition)?;
-    let training = build_training(&mut module, &a.program, microbatches)?;
-    bar.set_message("inserting send/recv");
-    let split = split_stages(&mut module, &SplitOptions::default())?;
-    check(&module, "the per-stage program")?;
-    if split.stages.len() != best.partition.stages.len() {
-        bail!(
-            "internal error: the plan has {} stages, the program {}",
-            best.partition.stages.len(),
-            split.stages.len()
-        );
-    }
-
-    bar.set_message("writing");
     std::fs::create_dir_all(&output)
         .with_context(|| format!("cannot create {}", output.display()))?;
-    for st in &split.stages {
-        write_stage(&module, st, &output)?;
-    }
+    let program = if a.plan_only {
+        None
+    } else {
+        bar.set_message("building the training program");
+        apply(&mut module, "main", &best.partition)?;
+        let training = build_training(&mut module, &a.program, microbatches)?;
+        bar.set_message("inserting send/recv");
+        let split = split_stages(&mut module, &SplitOptions::default())?;
+        check(&module, "the per-stage program")?;
+        if split.stages.len() != best.partition.stages.len() {
+            bail!(
+                "internal error: the plan has {} stages, the program {}",
+                best.partition.stages.len(),
+                split.stages.len()
+            );
+        }
+        bar.set_message("writing");
+        for st in &split.stages {
+            write_stage(&module, st, &output)?;
+        }
+        Some((training, split))
+    };
     let write = |name: &str, text: String| -> Result<()> {
         let p = output.join(name);
         std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
@@ -339,9 +347,8 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         memory_limit: memory_limit.unwrap_or(profile.memory_bytes),
         plan: &best,
         baseline: &baseline,
-        split: &split,
+        program: program.as_ref(),
         module: &module,
-        training: &training,
         prepared_global: prepared.global,
         prepared_micro: prepared.micro,
         onnx_name: &prepared.onnx_name,
@@ -362,12 +369,19 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         microbatches,
         &best,
         &baseline,
-        &split,
+        program.as_ref().map(|p| &p.1),
     );
+    let stages = match &program {
+        Some((_, split)) => format!(
+            "{}/stage0..{}/stage.ppir, ",
+            output.display(),
+            split.stages.len() - 1
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "wrote {0}/plan.json, {0}/stage0..{1}/stage.ppir, {0}/schedule.csv, {0}/timeline.svg ({2:.1} s)",
+        "wrote {0}/plan.json, {stages}{0}/schedule.csv, {0}/timeline.svg ({1:.1} s)",
         output.display(),
-        split.stages.len() - 1,
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
@@ -425,9 +439,8 @@ struct PlanDoc<'a> {
     memory_limit: f64,
     plan: &'a Plan,
     baseline: &'a Result<Plan, ppcc_passes::PassError>,
-    split: &'a SplitInfo,
+    program: Option<&'a (crate::program::Training, SplitInfo)>,
     module: &'a Module,
-    training: &'a crate::program::Training,
     prepared_global: u64,
     prepared_micro: u64,
     onnx_name: &'a std::collections::HashMap<String, String>,
@@ -458,8 +471,7 @@ fn plan_json(d: &PlanDoc) -> Value {
         .iter()
         .enumerate()
         .map(|(s, st)| {
-            let sf = &d.split.stages[s];
-            json!({
+            let mut v = json!({
                 "stage": s,
                 "device": layout.rank_of(s),
                 "chunk": layout.chunk_of(s),
@@ -471,47 +483,19 @@ fn plan_json(d: &PlanDoc) -> Value {
                 "backward_weight_seconds": st.cost.w,
                 "activation_bytes_per_microbatch": st.cost.act_bytes,
                 "param_bytes": st.cost.param_bytes,
-                "functions": {
+            });
+            if let Some((_, split)) = d.program {
+                let sf = &split.stages[s];
+                v["functions"] = json!({
                     "fwd": sf.fwd, "bwd_input": sf.bwd_input, "bwd_weight": sf.bwd_weight, "optim": sf.optim,
-                },
-                "params": sf.params,
-                "dir": format!("stage{s}"),
-            })
-        })
-        .collect();
-    let channels: Vec<Value> = d
-        .split
-        .channels
-        .iter()
-        .map(|c| {
-            json!({"id": c.id, "from": c.from, "to": c.to, "value": c.value,
-                   "phase": c.phase.name(), "bytes": c.bytes})
-        })
-        .collect();
-    let o = &d.training.optimizer;
-    let info = &d.training.info;
-    let grad_inputs: Vec<Value> = {
-        // Data inputs of the training program: every input argument of a stage function
-        // that is not stashed (model inputs, labels, rng).
-        let mut seen = std::collections::BTreeSet::new();
-        let mut out = vec![];
-        for st in &d.split.stages {
-            if let Some(f) = d.module.function(&st.fwd) {
-                for &(v, k) in f.args() {
-                    let n = f.value(v).name.clone();
-                    if k == ArgKind::Input && seen.insert(n.clone()) {
-                        out.push(json!({
-                            "name": n,
-                            "onnx_name": d.onnx_name.get(&n),
-                            "type": f.ty(v).to_string(),
-                        }));
-                    }
-                }
+                });
+                v["params"] = json!(sf.params);
+                v["dir"] = json!(format!("stage{s}"));
             }
-        }
-        out
-    };
-    json!({
+            v
+        })
+        .collect();
+    let mut doc = json!({
         "format": "ppcc-plan",
         "version": 1,
         "ppcc_version": env!("CARGO_PKG_VERSION"),
@@ -535,16 +519,51 @@ fn plan_json(d: &PlanDoc) -> Value {
         "device_profile": d.profile.name,
         "memory_limit_bytes": d.memory_limit,
         "planner_seconds": d.plan_seconds,
-        "candidates_simulated": p.candidates,
+        "candidates": p.candidates.iter().map(|(chain, t)| json!({"stage_graph_is_chain": chain, "iteration_seconds": t})).collect::<Vec<_>>(),
         "stages": stages,
-        "edges": d.split.edges,
-        "channels": channels,
+        "edges": p.partition.edges.iter().map(|e| [e.from, e.to]).collect::<Vec<_>>(),
         "prediction": prediction(p),
         "baseline": match d.baseline {
             Ok(b) => { let mut v = prediction(b); v["partition"] = json!("sequential"); v }
             Err(e) => json!({"partition": "sequential", "error": e.to_string()}),
         },
-        "training": {
+        "program": d.program.is_some(),
+    });
+    let Some((training, split)) = d.program else {
+        return doc;
+    };
+    doc["channels"] = split
+        .channels
+        .iter()
+        .map(|c| {
+            json!({"id": c.id, "from": c.from, "to": c.to, "value": c.value,
+                   "phase": c.phase.name(), "bytes": c.bytes})
+        })
+        .collect();
+    let o = &training.optimizer;
+    let info = &training.info;
+    let grad_inputs: Vec<Value> = {
+        // Data inputs of the training program: every input argument of a stage function
+        // that is not stashed (model inputs, labels, rng).
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = vec![];
+        for st in &split.stages {
+            if let Some(f) = d.module.function(&st.fwd) {
+                for &(v, k) in f.args() {
+                    let n = f.value(v).name.clone();
+                    if k == ArgKind::Input && seen.insert(n.clone()) {
+                        out.push(json!({
+                            "name": n,
+                            "onnx_name": d.onnx_name.get(&n),
+                            "type": f.ty(v).to_string(),
+                        }));
+                    }
+                }
+            }
+        }
+        out
+    };
+    doc["training"] = json!({
             "loss": info.loss_kind.name(),
             "train_mode": !d.a.program.eval_mode,
             "labels": info.labels.as_ref().map(|t| t.to_string()),
@@ -558,9 +577,14 @@ fn plan_json(d: &PlanDoc) -> Value {
                 "weight_decay": o.weight_decay, "beta1": o.beta1, "beta2": o.beta2, "eps": o.eps,
                 "microbatches": o.microbatches,
             },
-        },
-        "phases": [Phase::Fwd.name(), Phase::BwdInput.name(), Phase::BwdWeight.name(), Phase::Optim.name()],
-    })
+    });
+    doc["phases"] = json!([
+        Phase::Fwd.name(),
+        Phase::BwdInput.name(),
+        Phase::BwdWeight.name(),
+        Phase::Optim.name()
+    ]);
+    doc
 }
 
 fn ms(s: f64) -> String {
@@ -598,7 +622,7 @@ fn print_table(
     m: u64,
     p: &Plan,
     baseline: &Result<Plan, ppcc_passes::PassError>,
-    split: &SplitInfo,
+    split: Option<&SplitInfo>,
 ) {
     println!(
         "{} -> {}: {} devices, {} stages, {m} micro-batches, schedule {}, {} partition",
@@ -634,8 +658,12 @@ fn print_table(
         .iter()
         .map(|e| format!("{}->{} ({})", e.from, e.to, human_bytes(e.bytes)))
         .collect();
+    let channels = match split {
+        Some(s) => format!("; {} send/recv channels", s.channels.len()),
+        None => String::new(),
+    };
     println!(
-        "stage graph: {}{}; {} send/recv channels",
+        "stage graph: {}{}{channels}",
         if edges.is_empty() {
             "no edges".to_string()
         } else {
@@ -645,8 +673,7 @@ fn print_table(
             " (a chain)"
         } else {
             " (a DAG)"
-        },
-        split.channels.len()
+        }
     );
     let peak = p.report.peak_memory.iter().copied().fold(0.0, f64::max);
     println!(

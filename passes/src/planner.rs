@@ -72,8 +72,8 @@ pub struct Plan {
     pub report: SimReport,
     /// Total work / devices: `M · Σ(F+B+W) / P`.
     pub lower_bound: f64,
-    /// How many candidate partitions were simulated.
-    pub candidates: usize,
+    /// Every candidate partition simulated: (stage graph is a chain, makespan).
+    pub candidates: Vec<(bool, f64)>,
 }
 
 /// Micro-batches of activations a stage of `schedule` keeps at most (for the partitioner's
@@ -142,7 +142,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     popts.autodiff = o.autodiff.clone();
     popts.candidates = 4;
     let candidates = partition(m, &popts)?;
-    let n_candidates = candidates.len();
+    let mut simulated = vec![];
     let mut best: Option<Plan> = None;
     let mut first_error = None;
     for part in candidates {
@@ -172,6 +172,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
                 continue;
             }
         };
+        simulated.push((part.is_chain(), report.makespan));
         let better = best
             .as_ref()
             .is_none_or(|b| report.makespan < b.report.makespan * (1.0 - 1e-12));
@@ -184,16 +185,17 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
                 schedule,
                 costs,
                 report,
-                candidates: n_candidates,
+                candidates: vec![],
             });
         }
     }
-    let plan = best.ok_or_else(|| {
+    let mut plan = best.ok_or_else(|| {
         fail(format!(
             "no candidate could be simulated: {}",
             first_error.unwrap_or_default()
         ))
     })?;
+    plan.candidates = simulated;
     if let Some((r, &peak)) = plan
         .report
         .peak_memory

@@ -22,7 +22,8 @@
 //! `send` right after the producing op (`peer` = consumer stage) and one `recv` in the
 //! consumer's function of the *producer's* phase (`peer` = producer stage), inserted where
 //! it is first needed there; later phases of the consumer read the received value from the
-//! stash. Each (value, consumer stage) has its own `channel` id, unique in the module; a
+//! stash. Constants (ops without operands) are not sent: the consumer makes its own copy.
+//! Each (value, consumer stage) has its own `channel` id, unique in the module; a
 //! runtime tells micro-batches apart itself. Forward values define the stage DAG's edges;
 //! an input gradient may only flow back along a forward path (checked), and a
 //! weight-gradient value never crosses stages (checked). `@optim` is split by ownership:
@@ -231,6 +232,13 @@ pub fn assign_stages(g: &Function) -> Result<(Vec<u32>, BTreeMap<String, u32>), 
     Ok((stage, owners))
 }
 
+/// An op with no operands and one result (a constant): cheaper to make again on another
+/// stage than to send.
+pub fn is_source_op(f: &Function, op: OpId) -> bool {
+    let d = f.op(op);
+    d.operands().is_empty() && d.results().len() == 1 && !d.kind.has_side_effect()
+}
+
 /// Builds the per-stage functions.
 struct Builder<'g> {
     g: &'g Function,
@@ -265,6 +273,16 @@ impl<'g> Builder<'g> {
             ValueDef::Arg(i) => {
                 let kind = self.g.args()[i].1;
                 self.funcs[si][ph].add_arg(name, ty, kind)
+            }
+            ValueDef::Op(q, _) if self.stage_of[q.index()] != s && is_source_op(self.g, q) => {
+                // A constant: made again where it is needed rather than sent.
+                let data = self.g.op(q);
+                let mut new = NewOp::new(data.kind, vec![], vec![ty])
+                    .attrs(data.attrs.clone())
+                    .names(vec![name])
+                    .phase(STAGE_PHASES[ph]);
+                new.loc = data.loc.clone();
+                self.funcs[si][ph].push(new)
             }
             ValueDef::Op(q, _) => {
                 if !self.avail.contains_key(&(v, s)) {
@@ -352,7 +370,7 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
         let s = stage_of[op.index()];
         for &v in g.op(op).operands() {
             if let ValueDef::Op(q, _) = g.value(v).def {
-                if stage_of[q.index()] != s {
+                if stage_of[q.index()] != s && !is_source_op(&g, q) {
                     consumers.entry(v).or_default().insert(s);
                 }
             }

@@ -8,6 +8,7 @@ use ppir::{ArgKind, Function, Module, Phase, Use, ValueDef, ValueId};
 
 use crate::autodiff::{build_gradient_function, AutodiffOptions};
 use crate::cost::{compute_dtype, op_cost, op_time, DeviceProfile};
+use crate::split::is_source_op;
 use crate::PassError;
 
 use super::fail;
@@ -207,7 +208,8 @@ pub struct NodeGraph {
 ///
 /// - An op that reads no activation (a constant, a transposed or reshaped weight) joins the
 ///   earliest op that consumes its value through activations, so weights and what is
-///   computed from them stay with their layer.
+///   computed from them stay with their layer. Constants make no edges: every stage that
+///   reads one makes its own copy.
 /// - `pinned` ops (positions) start a node: a cut may fall right before them.
 /// - Chains (a node whose only successor has it as only predecessor) merge while their
 ///   time stays below `max_chain_time`, so the partitioners see tens to hundreds of nodes,
@@ -282,7 +284,7 @@ pub fn build_node_graph(
             for v in f.op(op).operands() {
                 if let ValueDef::Op(q, _) = f.value(*v).def {
                     let (a, b) = (node_of_op[pos[&q]], node_of_op[i]);
-                    if a != b {
+                    if a != b && !is_source_op(f, q) {
                         succs[a].push(b);
                         preds[b].push(a);
                     }
@@ -377,7 +379,7 @@ pub fn build_node_graph(
         for &v in f.op(op).operands() {
             if let ValueDef::Op(q, _) = f.value(v).def {
                 let (a, b) = (node_of_op[pos[&q]], node_of_op[i]);
-                if a != b && seen.insert((v, b)) {
+                if a != b && !is_source_op(f, q) && seen.insert((v, b)) {
                     edges.push(Edge {
                         from: a,
                         to: b,

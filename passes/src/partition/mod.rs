@@ -153,9 +153,12 @@ pub struct Partition {
 }
 
 impl Partition {
-    /// Whether the stage graph is a chain `0 → 1 → … → n−1` (no branches, no skips).
+    /// Whether the stages must run one after another: every stage feeds the next
+    /// (`s → s+1`), so the stage graph has a single topological order (edges that skip
+    /// stages may exist). A graph partition that is not a chain runs some stages side by
+    /// side.
     pub fn is_chain(&self) -> bool {
-        self.edges.iter().all(|e| e.to == e.from + 1)
+        (1..self.stages.len()).all(|s| self.edges.iter().any(|e| e.from == s - 1 && e.to == s))
     }
 }
 
@@ -202,24 +205,46 @@ pub fn partition(m: &Module, opts: &PartitionOptions) -> Result<Vec<Partition>, 
     let groups: Vec<Vec<Vec<usize>>> = match opts.kind {
         PartitionKind::Uniform => vec![uniform(&g, k)?],
         PartitionKind::Graph | PartitionKind::Sequential => {
-            let run = |memory: MemoryModel| -> Vec<Vec<Vec<usize>>> {
-                let chain = opts.kind == PartitionKind::Sequential;
+            let mf = opts.microbatches as f64;
+            let solve = |memory: MemoryModel, chain: bool| -> Vec<(f64, Vec<Vec<usize>>)> {
                 let (root_sp, pins) = root_tree(&g, &pinned_nodes, chain);
                 let crossing = |a: &[usize], b: &[usize]| crossing_bytes(&g, a, b);
                 let (arena, root) = dp::Arena::new(&root_sp, &node_cost, &crossing);
                 let comm = |bytes: f64| comm_time(bytes, &opts.profile);
-                let mut solver =
-                    dp::Solver::new(&arena, root, memory, opts.microbatches as f64, &comm);
+                let mut solver = dp::Solver::new(&arena, root, memory, mf, &comm);
                 solver.pinned = pins;
                 solver.chain_only = chain;
-                let mut front: Vec<dp::Point> = solver.best(root, k).iter().cloned().collect();
-                let mf = opts.microbatches as f64;
-                front.sort_by(|a, b| ((mf - 1.0) * a.t + a.l).total_cmp(&((mf - 1.0) * b.t + b.l)));
+                let front = solver.best(root, k);
                 front
                     .iter()
-                    .take(opts.candidates.max(1))
-                    .map(|p| solver.stages(p))
+                    .map(|p| ((mf - 1.0) * p.t + p.l, solver.stages(p)))
                     .collect()
+            };
+            // The graph partitioner also considers every chain, so it never loses to the
+            // sequential one on its estimate.
+            // The best few DAG plans are kept too, so the planner can report how the best
+            // DAG compares when a chain wins.
+            let run = |memory: MemoryModel| -> Vec<Vec<Vec<usize>>> {
+                let mut all = solve(memory, true);
+                let mut graph_only = vec![];
+                if opts.kind == PartitionKind::Graph {
+                    graph_only = solve(memory, false);
+                    graph_only.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    all.extend(graph_only.iter().cloned());
+                }
+                all.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let mut out: Vec<Vec<Vec<usize>>> = vec![];
+                let picked = all
+                    .into_iter()
+                    .take(opts.candidates.max(1))
+                    .chain(graph_only.into_iter().take(3));
+                for (_, mut stages) in picked {
+                    stages.sort();
+                    if !out.contains(&stages) {
+                        out.push(stages);
+                    }
+                }
+                out
             };
             let found = run(opts.memory);
             if found.is_empty() {
@@ -469,22 +494,23 @@ fn materialize(
     for (i, &s) in stage_of_op.iter().enumerate() {
         stages[s as usize].ops.push(i);
     }
+    let op_name = |i: usize| {
+        let d = f.op(f.ops()[i]);
+        d.loc.clone().unwrap_or_else(|| {
+            d.results()
+                .first()
+                .map(|&r| format!("%{}", f.value(r).name))
+                .unwrap_or_else(|| d.kind.to_string())
+        })
+    };
     for (s, grp) in groups.iter().enumerate() {
         let st = &mut stages[number[s]];
         for &n in grp {
             st.cost += g.nodes[n].cost;
         }
         st.memory = opts.memory.bytes(&st.cost);
-        let mut nodes = grp.clone();
-        nodes.sort_unstable();
-        st.first = nodes
-            .first()
-            .map(|&n| g.nodes[n].name.clone())
-            .unwrap_or_default();
-        st.last = nodes
-            .last()
-            .map(|&n| g.nodes[n].name.clone())
-            .unwrap_or_default();
+        st.first = st.ops.first().map(|&i| op_name(i)).unwrap_or_default();
+        st.last = st.ops.last().map(|&i| op_name(i)).unwrap_or_default();
     }
     // Stage edges with the bytes of distinct values.
     let mut bytes: BTreeMap<(usize, usize), f64> = BTreeMap::new();
@@ -496,7 +522,7 @@ fn materialize(
             if let ValueDef::Op(q, _) = f.value(v).def {
                 let from = stage_of_op[pos[&q]] as usize;
                 let to = stage_of_op[i] as usize;
-                if from != to && seen.insert((v, to)) {
+                if from != to && !crate::split::is_source_op(f, q) && seen.insert((v, to)) {
                     *bytes.entry((from, to)).or_insert(0.0) +=
                         f.ty(v).size_bytes().unwrap_or(0) as f64;
                 }
