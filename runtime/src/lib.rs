@@ -19,6 +19,7 @@
 
 pub mod data;
 pub mod trainer;
+pub mod transport;
 
 pub use data::{ArraySource, Batch, BatchSource, Distribution, InputSpec, SyntheticSource};
 pub use trainer::{Call, Executor, Interpreter, StepReport, Trainer, TrainerOptions};
