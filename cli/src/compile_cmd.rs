@@ -35,6 +35,8 @@ use serde_json::{json, Value};
 
 use crate::npz::write_npz;
 use crate::program::{build_training, check, prepare, ProgramArgs};
+use ppcc_runtime::data::default_specs;
+use ppcc_runtime::{Distribution, InputSpec};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PartitionArg {
@@ -303,6 +305,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         bar.set_message("building the training program");
         apply(&mut module, "main", &best.partition)?;
         let training = build_training(&mut module, &a.program, microbatches)?;
+        let data = data_specs(&module, prepared.first_output.as_ref())?;
         bar.set_message("inserting send/recv");
         let split = split_stages(&mut module, &SplitOptions::default())?;
         check(&module, "the per-stage program")?;
@@ -317,7 +320,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         for st in &split.stages {
             write_stage(&module, st, &output)?;
         }
-        Some((training, split))
+        Some((training, split, data))
     };
     let write = |name: &str, text: String| -> Result<()> {
         let p = output.join(name);
@@ -348,7 +351,6 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         plan: &best,
         baseline: &baseline,
         program: program.as_ref(),
-        module: &module,
         prepared_global: prepared.global,
         prepared_micro: prepared.micro,
         onnx_name: &prepared.onnx_name,
@@ -372,7 +374,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         program.as_ref().map(|p| &p.1),
     );
     let stages = match &program {
-        Some((_, split)) => format!(
+        Some((_, split, _)) => format!(
             "{}/stage0..{}/stage.ppir, ",
             output.display(),
             split.stages.len() - 1
@@ -385,6 +387,32 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The data inputs of `@grad` (model inputs and labels; not `rng`) with their synthetic
+/// distributions, per micro-batch.
+fn data_specs(module: &Module, first_output: Option<&ppir::TensorType>) -> Result<Vec<InputSpec>> {
+    let g = module
+        .function("grad")
+        .context("internal error: no @grad")?;
+    let micro = g
+        .args()
+        .iter()
+        .find(|(_, k)| *k == ArgKind::Input)
+        .and_then(|&(v, _)| g.ty(v).dims.first().and_then(|d| d.known()))
+        .unwrap_or(1);
+    let names: Vec<String> = g
+        .args()
+        .iter()
+        .filter(|(_, k)| *k == ArgKind::Input)
+        .map(|&(v, _)| g.value(v).name.clone())
+        .filter(|n| n != "rng" && n != "labels")
+        .collect();
+    let mut specs = default_specs(g, &names, micro);
+    if let Some(v) = g.find_value("labels") {
+        specs.push(crate::train_cmd::label_spec(g.ty(v), first_output)?);
+    }
+    Ok(specs)
 }
 
 fn spinner() -> indicatif::ProgressBar {
@@ -439,8 +467,7 @@ struct PlanDoc<'a> {
     memory_limit: f64,
     plan: &'a Plan,
     baseline: &'a Result<Plan, ppcc_passes::PassError>,
-    program: Option<&'a (crate::program::Training, SplitInfo)>,
-    module: &'a Module,
+    program: Option<&'a (crate::program::Training, SplitInfo, Vec<InputSpec>)>,
     prepared_global: u64,
     prepared_micro: u64,
     onnx_name: &'a std::collections::HashMap<String, String>,
@@ -484,7 +511,7 @@ fn plan_json(d: &PlanDoc) -> Value {
                 "activation_bytes_per_microbatch": st.cost.act_bytes,
                 "param_bytes": st.cost.param_bytes,
             });
-            if let Some((_, split)) = d.program {
+            if let Some((_, split, _)) = d.program {
                 let sf = &split.stages[s];
                 v["functions"] = json!({
                     "fwd": sf.fwd, "bwd_input": sf.bwd_input, "bwd_weight": sf.bwd_weight, "optim": sf.optim,
@@ -509,6 +536,7 @@ fn plan_json(d: &PlanDoc) -> Value {
             "name": d.a.schedule,
             "chunks": d.chunks,
             "file": "schedule.csv",
+            "actions": p.schedule.per_rank.iter().map(|r| r.iter().map(|a| a.to_string()).collect::<Vec<_>>()).collect::<Vec<_>>(),
             "layout": match layout {
                 Layout::Interleaved { chunks, .. } => json!({"kind": "interleaved", "chunks": chunks}),
                 Layout::VShape { .. } => json!({"kind": "v"}),
@@ -529,7 +557,7 @@ fn plan_json(d: &PlanDoc) -> Value {
         },
         "program": d.program.is_some(),
     });
-    let Some((training, split)) = d.program else {
+    let Some((training, split, data)) = d.program else {
         return doc;
     };
     doc["channels"] = split
@@ -542,27 +570,22 @@ fn plan_json(d: &PlanDoc) -> Value {
         .collect();
     let o = &training.optimizer;
     let info = &training.info;
-    let grad_inputs: Vec<Value> = {
-        // Data inputs of the training program: every input argument of a stage function
-        // that is not stashed (model inputs, labels, rng).
-        let mut seen = std::collections::BTreeSet::new();
-        let mut out = vec![];
-        for st in &split.stages {
-            if let Some(f) = d.module.function(&st.fwd) {
-                for &(v, k) in f.args() {
-                    let n = f.value(v).name.clone();
-                    if k == ArgKind::Input && seen.insert(n.clone()) {
-                        out.push(json!({
-                            "name": n,
-                            "onnx_name": d.onnx_name.get(&n),
-                            "type": f.ty(v).to_string(),
-                        }));
-                    }
-                }
-            }
-        }
-        out
-    };
+    // The data the training program reads (per micro-batch types) and how synthetic
+    // data draws it, in @grad's argument order.
+    let grad_inputs: Vec<Value> = data
+        .iter()
+        .map(|spec| {
+            json!({
+                "name": spec.name,
+                "onnx_name": d.onnx_name.get(&spec.name),
+                "type": spec.ty.to_string(),
+                "synthetic": match spec.dist {
+                    Distribution::Normal => json!("normal"),
+                    Distribution::Uniform { low, high } => json!({"uniform": [low, high]}),
+                },
+            })
+        })
+        .collect();
     doc["training"] = json!({
             "loss": info.loss_kind.name(),
             "train_mode": !d.a.program.eval_mode,

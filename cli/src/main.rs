@@ -8,6 +8,7 @@ mod compile_cmd;
 mod npz;
 mod onnx_cmds;
 mod program;
+mod run_cmd;
 mod simulate_cmd;
 mod train_cmd;
 
@@ -41,6 +42,8 @@ struct Cli {
 enum Command {
     /// Compile a model into a pipeline plan (the same as `ppcc MODEL.onnx -o DIR ...`).
     Compile(compile_cmd::CompileArgs),
+    /// Train a compiled plan with one worker per device, in the schedule's order.
+    Run(run_cmd::RunArgs),
     /// Import an ONNX model and print (or write) its ppir.
     Import(onnx_cmds::ImportArgs),
     /// Run a model's forward pass with the reference interpreter.
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Compile(a) => compile_cmd::compile(a),
+        Command::Run(a) => run_cmd::run(a),
         Command::Import(a) => onnx_cmds::import(a),
         Command::Eval(a) => onnx_cmds::eval(a),
         Command::Conform(a) => onnx_cmds::conform(a),

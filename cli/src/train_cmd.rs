@@ -200,12 +200,12 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
 }
 
 /// The output line of one step.
-fn step_line(step: u64, loss: f64) -> String {
+pub(crate) fn step_line(step: u64, loss: f64) -> String {
     format!("step {step} loss {loss:?}")
 }
 
 /// Synthetic labels: class ids below the logits' last dimension, or N(0,1) targets.
-fn label_spec(ty: &TensorType, first_output: Option<&TensorType>) -> Result<InputSpec> {
+pub(crate) fn label_spec(ty: &TensorType, first_output: Option<&TensorType>) -> Result<InputSpec> {
     let dist = if ty.dtype.is_float() {
         Distribution::Normal
     } else {
@@ -229,7 +229,7 @@ fn label_spec(ty: &TensorType, first_output: Option<&TensorType>) -> Result<Inpu
 
 /// The arrays `wanted` (IR name → global-batch type) from an `.npz`'s arrays (by ONNX
 /// name), converted to the wanted element types where that loses nothing meaningful.
-fn npz_source(
+pub(crate) fn npz_source(
     path: &str,
     arrays: Vec<(String, Tensor)>,
     wanted: &[(String, TensorType)],
@@ -273,7 +273,7 @@ fn npz_source(
 }
 
 /// `t` as `dtype`: floats to floats (rounded), integers to integers; never float ↔ integer.
-fn convert(name: &str, t: Tensor, dtype: DType) -> Result<Tensor> {
+pub(crate) fn convert(name: &str, t: Tensor, dtype: DType) -> Result<Tensor> {
     if t.dtype == dtype {
         return Ok(t);
     }

@@ -1,0 +1,616 @@
+//! The pipelined training loop: one worker per device runs its list of actions.
+//!
+//! A compiled plan (`ppcc MODEL -o DIR`) holds, per virtual stage, four functions
+//! (`fwd`, `bwd_input`, `bwd_weight`, `optim`; see `ppcc_passes::split`) and, per device,
+//! the ordered actions of the schedule (`0F1`, `1I0`, `2W3`, `1B2`, ...). A
+//! [`RankWorker`] owns the stages of one device and, for each step:
+//!
+//! - `F` (stage s, micro-batch m): calls `fwd` with the micro-batch's rows of the data
+//!   inputs, `rng = [step, m]`, the stage's weights; `loss` is recorded, `new.<state>`
+//!   replaces the state at once (as the single-device trainer does), every other result is
+//!   kept in m's stash;
+//! - `I` calls `bwd_input`, `W` calls `bwd_weight` (then m's stash is freed), `B` calls
+//!   both; `grad.<p>` results are summed over micro-batches in micro-batch order (the
+//!   first taken as is, then `acc + g` in the parameter's dtype, exactly as `@accumulate`);
+//! - send/recv ops inside the functions go through the [`Transport`] with the tag
+//!   (channel, micro-batch, step); the schedule's `SEND_*`/`RECV_*` actions are markers;
+//! - after its actions, each stage runs `optim` with the summed gradients (which scales
+//!   them by 1/M) and replaces every weight it returns as `new.<w>`.
+//!
+//! Arguments are bound by name: weights for `param`/`state` arguments; for inputs, first
+//! the stash of the same micro-batch, then `rng`, then the data arrays, then (for `optim`)
+//! the summed `grad.<p>`. The functions run behind [`StageExecutable`]; the interpreter
+//! is [`InterpretedStage`], native modules plug in later.
+//!
+//! [`run_local`] runs one step with one thread per device over [`LocalNet`]; a failure or
+//! panic on any device aborts the others (their receives fail at once) and the step
+//! returns the first real cause, naming the stage.
+
+mod plan;
+
+pub use plan::{parse_action, ActionKind, PlanAction, PlanSpec, StageSpec};
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use ppir::interp::{eval_op, run_function, Comm, InterpOptions};
+use ppir::{ArgKind, Attrs, DType, Function, Module, OpKind, Tensor, TensorType};
+
+use crate::data::slice_rows;
+use crate::transport::local::LocalNet;
+use crate::transport::{Tag, Transport, TransportError};
+use crate::Batch;
+
+/// An error on one device, with the stage and what it was doing.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}{message}", context(*.stage, *.step, *.micro_batch, .function.as_deref()))]
+pub struct WorkerError {
+    pub rank: usize,
+    pub stage: Option<u32>,
+    pub step: u64,
+    pub micro_batch: Option<u32>,
+    pub function: Option<String>,
+    pub message: String,
+    /// The error is only the consequence of another device's failure.
+    pub aborted: bool,
+}
+
+fn context(stage: Option<u32>, step: u64, mb: Option<u32>, function: Option<&str>) -> String {
+    let mut s = String::new();
+    if let Some(st) = stage {
+        s.push_str(&format!("stage {st}, "));
+    }
+    s.push_str(&format!("step {step}"));
+    if let Some(m) = mb {
+        s.push_str(&format!(", micro-batch {m}"));
+    }
+    if let Some(f) = function {
+        s.push_str(&format!(", @{f}"));
+    }
+    s.push_str(": ");
+    s
+}
+
+/// Runs the functions of one stage.
+pub trait StageExecutable: Send {
+    /// The function's signature: (argument name, kind, type) and result names.
+    fn signature(
+        &self,
+        function: &str,
+    ) -> Option<(Vec<(String, ArgKind, TensorType)>, Vec<String>)>;
+    /// Call `function`; its send/recv ops use `comm`.
+    fn call(
+        &mut self,
+        function: &str,
+        args: Vec<Tensor>,
+        comm: &mut dyn Comm,
+    ) -> Result<Vec<Tensor>, String>;
+}
+
+/// A stage's functions on the reference interpreter.
+pub struct InterpretedStage {
+    pub module: Module,
+    pub options: InterpOptions,
+}
+
+impl StageExecutable for InterpretedStage {
+    fn signature(
+        &self,
+        function: &str,
+    ) -> Option<(Vec<(String, ArgKind, TensorType)>, Vec<String>)> {
+        let f = self.module.function(function)?;
+        Some(signature(f))
+    }
+
+    fn call(
+        &mut self,
+        function: &str,
+        args: Vec<Tensor>,
+        comm: &mut dyn Comm,
+    ) -> Result<Vec<Tensor>, String> {
+        let f = self
+            .module
+            .function(function)
+            .ok_or_else(|| format!("the stage has no function @{function}"))?;
+        run_function(f, args, &self.options, Some(comm)).map_err(|e| e.to_string())
+    }
+}
+
+/// Arguments and result names of `f`.
+pub fn signature(f: &Function) -> (Vec<(String, ArgKind, TensorType)>, Vec<String>) {
+    (
+        f.args()
+            .iter()
+            .map(|&(v, k)| (f.value(v).name.clone(), k, f.ty(v).clone()))
+            .collect(),
+        f.results()
+            .iter()
+            .map(|&r| f.value(r).name.clone())
+            .collect(),
+    )
+}
+
+/// One executed action, for traces.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timed {
+    pub rank: usize,
+    pub stage: u32,
+    pub kind: ActionKind,
+    pub micro_batch: u32,
+    /// Seconds since the step began.
+    pub start: f64,
+    pub end: f64,
+    /// Seconds of it spent waiting in receives.
+    pub waiting: f64,
+}
+
+/// What one device did in one step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RankReport {
+    /// Losses of the micro-batches whose loss this device computes, in micro-batch order.
+    pub losses: Vec<f64>,
+    pub actions: Vec<Timed>,
+    /// Peak bytes of stashed activations.
+    pub peak_stash_bytes: u64,
+}
+
+/// A stage on a device: its functions, weights, stash and gradient sums.
+pub struct StageWorker {
+    pub spec: StageSpec,
+    pub exec: Box<dyn StageExecutable>,
+    /// Params and states by name.
+    pub weights: BTreeMap<String, Tensor>,
+    stash: HashMap<u32, HashMap<String, Tensor>>,
+    grads: BTreeMap<String, Tensor>,
+}
+
+impl StageWorker {
+    pub fn new(
+        spec: StageSpec,
+        exec: Box<dyn StageExecutable>,
+        weights: BTreeMap<String, Tensor>,
+    ) -> Result<Self, String> {
+        for f in spec.functions() {
+            let (args, _) = exec
+                .signature(f)
+                .ok_or_else(|| format!("stage {}: no function @{f}", spec.stage))?;
+            for (name, kind, _) in args {
+                if kind != ArgKind::Input && !weights.contains_key(&name) {
+                    return Err(format!(
+                        "stage {}: @{f} needs the weight `{name}`, which the stage's params do not hold",
+                        spec.stage
+                    ));
+                }
+            }
+        }
+        Ok(StageWorker {
+            spec,
+            exec,
+            weights,
+            stash: HashMap::new(),
+            grads: BTreeMap::new(),
+        })
+    }
+
+    fn stash_bytes(&self) -> u64 {
+        self.stash
+            .values()
+            .flat_map(|m| m.values())
+            .map(tensor_bytes)
+            .sum()
+    }
+}
+
+fn tensor_bytes(t: &Tensor) -> u64 {
+    (t.shape.iter().product::<usize>() * t.dtype.size_bytes()) as u64
+}
+
+/// Everything a worker needs to know about the run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub microbatches: usize,
+    /// Rows per micro-batch.
+    pub micro_rows: usize,
+    /// Device of each virtual stage.
+    pub rank_of: Vec<usize>,
+    /// Longest a receive waits.
+    pub recv_timeout: Duration,
+    /// Value name of each channel (for messages).
+    pub channel_values: HashMap<i64, String>,
+    /// Test hook: panic in stage `.0` at step `.1`.
+    pub fault: Option<(u32, u64)>,
+}
+
+/// One device: its stages and its actions.
+pub struct RankWorker {
+    pub rank: usize,
+    pub stages: Vec<StageWorker>,
+    pub actions: Vec<PlanAction>,
+    pub config: RunConfig,
+}
+
+/// `Comm` for one call: send/recv ops of stage `stage`, micro-batch `mb`.
+struct CallComm<'a> {
+    transport: &'a mut dyn Transport,
+    config: &'a RunConfig,
+    stage: u32,
+    mb: u32,
+    step: u64,
+    waiting: Duration,
+}
+
+impl Comm for CallComm<'_> {
+    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), String> {
+        let to_rank = *self
+            .config
+            .rank_of
+            .get(peer as usize)
+            .ok_or_else(|| format!("send to unknown stage {peer}"))?;
+        let tag = Tag {
+            from: self.stage,
+            to: peer,
+            channel,
+            micro_batch: self.mb,
+            step: self.step,
+        };
+        self.transport
+            .send(to_rank, tag, t)
+            .map_err(|e| e.to_string())
+    }
+
+    fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, String> {
+        let from_rank = *self
+            .config
+            .rank_of
+            .get(peer as usize)
+            .ok_or_else(|| format!("receive from unknown stage {peer}"))?;
+        let tag = Tag {
+            from: peer,
+            to: self.stage,
+            channel,
+            micro_batch: self.mb,
+            step: self.step,
+        };
+        let t0 = Instant::now();
+        let r = self
+            .transport
+            .recv(from_rank, tag, ty, self.config.recv_timeout);
+        self.waiting += t0.elapsed();
+        r.map_err(|e| match e {
+            TransportError::Timeout { waited, .. } => format!(
+                "waited {:.1} s for %{} (channel {channel}) from stage {peer}, micro-batch {}: stage {peer} never sent it",
+                waited.as_secs_f64(),
+                self.config
+                    .channel_values
+                    .get(&channel)
+                    .map(String::as_str)
+                    .unwrap_or("?"),
+                self.mb
+            ),
+            TransportError::Aborted(reason) => format!("{ABORTED}{reason}"),
+            other => other.to_string(),
+        })
+    }
+}
+
+const ABORTED: &str = "stopped because another device failed: ";
+
+impl RankWorker {
+    /// Run this device's actions of step `step` on the global batch `batch`, then the
+    /// optimizer step of each of its stages.
+    pub fn step(
+        &mut self,
+        step: u64,
+        batch: &Batch,
+        transport: &mut dyn Transport,
+    ) -> Result<RankReport, WorkerError> {
+        let t0 = Instant::now();
+        let mut report = RankReport::default();
+        let rank = self.rank;
+        let err = |stage: Option<u32>, mb: Option<u32>, function: Option<&str>, message: String| {
+            let aborted = message.contains(ABORTED);
+            WorkerError {
+                rank,
+                stage,
+                step,
+                micro_batch: mb,
+                function: function.map(String::from),
+                message,
+                aborted,
+            }
+        };
+        let actions = self.actions.clone();
+        for a in &actions {
+            let idx = self
+                .stages
+                .iter()
+                .position(|s| s.spec.stage == a.stage)
+                .ok_or_else(|| {
+                    err(
+                        Some(a.stage),
+                        None,
+                        None,
+                        format!("device {rank} has no stage {} for action {a}", a.stage),
+                    )
+                })?;
+            if let Some((fs, fstep)) = self.config.fault {
+                if fs == a.stage
+                    && fstep == step
+                    && a.kind == ActionKind::Forward
+                    && a.micro_batch == 0
+                {
+                    panic!("injected fault in stage {fs} at step {fstep}");
+                }
+            }
+            let functions: Vec<String> = match a.kind {
+                ActionKind::Forward => vec![self.stages[idx].spec.fwd.clone()],
+                ActionKind::BackwardInput => vec![self.stages[idx].spec.bwd_input.clone()],
+                ActionKind::BackwardWeight => vec![self.stages[idx].spec.bwd_weight.clone()],
+                ActionKind::FullBackward => vec![
+                    self.stages[idx].spec.bwd_input.clone(),
+                    self.stages[idx].spec.bwd_weight.clone(),
+                ],
+                _ => continue,
+            };
+            let start = t0.elapsed().as_secs_f64();
+            let mut waiting = 0.0;
+            for f in &functions {
+                waiting += self
+                    .call(
+                        idx,
+                        f,
+                        a.micro_batch,
+                        step,
+                        batch,
+                        transport,
+                        &mut report.losses,
+                    )
+                    .map_err(|m| err(Some(a.stage), Some(a.micro_batch), Some(f), m))?;
+            }
+            if matches!(
+                a.kind,
+                ActionKind::BackwardWeight | ActionKind::FullBackward
+            ) {
+                self.stages[idx].stash.remove(&a.micro_batch);
+            }
+            let stash: u64 = self.stages.iter().map(|s| s.stash_bytes()).sum();
+            report.peak_stash_bytes = report.peak_stash_bytes.max(stash);
+            report.actions.push(Timed {
+                rank,
+                stage: a.stage,
+                kind: a.kind,
+                micro_batch: a.micro_batch,
+                start,
+                end: t0.elapsed().as_secs_f64(),
+                waiting,
+            });
+        }
+        // Optimizer steps.
+        for idx in 0..self.stages.len() {
+            let stage = self.stages[idx].spec.stage;
+            let leftover = self.stages[idx].stash.len();
+            if leftover > 0 {
+                return Err(err(
+                    Some(stage),
+                    None,
+                    None,
+                    format!("{leftover} micro-batch(es) still stashed at the end of the step: the schedule misses their weight-gradient actions"),
+                ));
+            }
+            let Some(f) = self.stages[idx].spec.optim.clone() else {
+                continue;
+            };
+            let start = t0.elapsed().as_secs_f64();
+            self.call(idx, &f, 0, step, batch, transport, &mut report.losses)
+                .map_err(|m| err(Some(stage), None, Some(&f), m))?;
+            self.stages[idx].grads.clear();
+            report.actions.push(Timed {
+                rank,
+                stage,
+                kind: ActionKind::OptimizerStep,
+                micro_batch: 0,
+                start,
+                end: t0.elapsed().as_secs_f64(),
+                waiting: 0.0,
+            });
+        }
+        Ok(report)
+    }
+
+    /// Call one function; returns the seconds spent waiting in receives.
+    #[allow(clippy::too_many_arguments)]
+    fn call(
+        &mut self,
+        idx: usize,
+        function: &str,
+        mb: u32,
+        step: u64,
+        batch: &Batch,
+        transport: &mut dyn Transport,
+        losses: &mut Vec<f64>,
+    ) -> Result<f64, String> {
+        let micro_rows = self.config.micro_rows;
+        let st = &mut self.stages[idx];
+        let (args_sig, results) = st
+            .exec
+            .signature(function)
+            .ok_or_else(|| format!("no function @{function}"))?;
+        let is_optim = st.spec.optim.as_deref() == Some(function);
+        let mut args = Vec::with_capacity(args_sig.len());
+        for (name, kind, _ty) in &args_sig {
+            let t = if *kind != ArgKind::Input {
+                st.weights.get(name).cloned()
+            } else if let Some(t) = st.stash.get(&mb).and_then(|m| m.get(name)) {
+                Some(t.clone())
+            } else if name == "rng" {
+                Some(Tensor::from_i64(
+                    DType::I64,
+                    vec![2],
+                    vec![step as i64, mb as i64],
+                ))
+            } else if let Some(t) = batch.get(name) {
+                if t.shape.first().copied() != Some(micro_rows * self.config.microbatches) {
+                    return Err(format!(
+                        "array `{name}` has shape {:?}; expected {} rows ({} micro-batch(es) of {micro_rows})",
+                        t.shape,
+                        micro_rows * self.config.microbatches,
+                        self.config.microbatches
+                    ));
+                }
+                Some(slice_rows(t, mb as usize * micro_rows, micro_rows))
+            } else if is_optim {
+                name.strip_prefix("grad.")
+                    .and_then(|p| st.grads.get(p))
+                    .cloned()
+            } else {
+                None
+            };
+            args.push(t.ok_or_else(|| {
+                format!(
+                    "no value for argument %{name} (not stashed, not a weight, not in the data)"
+                )
+            })?);
+        }
+        let mut comm = CallComm {
+            transport,
+            config: &self.config,
+            stage: st.spec.stage,
+            mb,
+            step,
+            waiting: Duration::ZERO,
+        };
+        let outs = st.exec.call(function, args, &mut comm)?;
+        let waiting = comm.waiting.as_secs_f64();
+        for (name, t) in results.into_iter().zip(outs) {
+            if name == "loss" && !is_optim {
+                losses.push(t.to_f64_vec().first().copied().unwrap_or(f64::NAN));
+            } else if let Some(w) = name.strip_prefix("new.") {
+                if st.weights.contains_key(w) {
+                    st.weights.insert(w.to_string(), t);
+                } else if !is_optim {
+                    st.stash.entry(mb).or_default().insert(name, t);
+                }
+            } else if let (false, Some(p)) = (is_optim, name.strip_prefix("grad.")) {
+                let summed = match st.grads.remove(p) {
+                    None => t,
+                    Some(acc) => eval_op(
+                        OpKind::Add,
+                        &Attrs::new(),
+                        &[&acc, &t],
+                        &[TensorType::of(
+                            acc.dtype,
+                            &acc.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+                        )],
+                        &InterpOptions::default(),
+                    )
+                    .map_err(|e| format!("accumulating grad.{p}: {e}"))?
+                    .pop()
+                    .ok_or_else(|| format!("accumulating grad.{p}: no result"))?,
+                };
+                st.grads.insert(p.to_string(), summed);
+            } else if !is_optim {
+                st.stash.entry(mb).or_default().insert(name, t);
+            }
+        }
+        Ok(waiting)
+    }
+}
+
+/// One step on every device, each a thread, over `net`. Returns the reports by rank, or
+/// the root cause of a failure (a panic counts as a failure of its device).
+pub fn run_local(
+    workers: &mut [RankWorker],
+    net: &LocalNet,
+    step: u64,
+    batch: &Batch,
+) -> Result<Vec<RankReport>, WorkerError> {
+    let results: Vec<Result<RankReport, WorkerError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .iter_mut()
+            .map(|w| {
+                let net = net.clone();
+                scope.spawn(move || {
+                    let mut ep = net.endpoint(w.rank);
+                    let rank = w.rank;
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        w.step(step, batch, &mut ep)
+                    }));
+                    let r = match r {
+                        Ok(r) => r,
+                        Err(p) => {
+                            let msg = p
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "panic".into());
+                            Err(WorkerError {
+                                rank,
+                                stage: w.stages.first().map(|s| s.spec.stage),
+                                step,
+                                micro_batch: None,
+                                function: None,
+                                message: format!("device {rank} panicked: {msg}"),
+                                aborted: false,
+                            })
+                        }
+                    };
+                    if let Err(e) = &r {
+                        if !e.aborted {
+                            net.abort(&format!("device {rank} failed: {e}"));
+                        }
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(WorkerError {
+                        rank: usize::MAX,
+                        stage: None,
+                        step,
+                        micro_batch: None,
+                        function: None,
+                        message: "a worker thread died".into(),
+                        aborted: false,
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut reports = vec![];
+    let mut first: Option<WorkerError> = None;
+    for r in results {
+        match r {
+            Ok(rep) => reports.push(rep),
+            Err(e) => {
+                let replace = match &first {
+                    None => true,
+                    Some(f) => f.aborted && !e.aborted,
+                };
+                if replace {
+                    first = Some(e);
+                }
+            }
+        }
+    }
+    match first {
+        Some(e) => Err(e),
+        None => Ok(reports),
+    }
+}
+
+/// The mean loss of a step from the devices' reports (micro-batch order).
+pub fn step_loss(reports: &[RankReport]) -> Option<f64> {
+    let losses: Vec<f64> = reports
+        .iter()
+        .flat_map(|r| r.losses.iter().copied())
+        .collect();
+    if losses.is_empty() {
+        None
+    } else {
+        Some(losses.iter().sum::<f64>() / losses.len() as f64)
+    }
+}
