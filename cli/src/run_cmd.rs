@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ppcc_runtime::data::with_batch;
 use ppcc_runtime::pipeline::{
-    run_local, step_loss, InterpretedStage, PlanSpec, RankReport, RankWorker, RunConfig,
+    run_local, step_loss, Fault, InterpretedStage, PlanSpec, RankReport, RankWorker, RunConfig,
     StageWorker, Timed,
 };
 use ppcc_runtime::transport::local::LocalNet;
@@ -87,7 +87,8 @@ pub struct RunArgs {
     /// Longest a device waits for a tensor from another before it reports which one.
     #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
     pub recv_timeout: f64,
-    /// Test hook: make stage S panic at step K (`S:K`).
+    /// Test hook: make stage S panic at step K (`S:K`), or stall for T seconds
+    /// (`S:K:stall=T`).
     #[arg(long, value_name = "S:K", hide = true)]
     pub inject_fault: Option<String>,
 }
@@ -252,9 +253,24 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let fault = a
         .inject_fault
         .as_deref()
-        .map(|f| -> Result<(u32, u64)> {
-            let (s, k) = f.split_once(':').context("--inject-fault takes S:K")?;
-            Ok((s.parse()?, k.parse()?))
+        .map(|f| -> Result<Fault> {
+            let parts: Vec<&str> = f.split(':').collect();
+            let (Some(s), Some(k)) = (parts.first(), parts.get(1)) else {
+                bail!("--inject-fault takes S:K or S:K:stall=T");
+            };
+            let stall = match parts.get(2) {
+                None => None,
+                Some(x) => Some(Duration::from_secs_f64(
+                    x.strip_prefix("stall=")
+                        .context("--inject-fault S:K:stall=T")?
+                        .parse()?,
+                )),
+            };
+            Ok(Fault {
+                stage: s.parse()?,
+                step: k.parse()?,
+                stall,
+            })
         })
         .transpose()?;
     let plan = PlanSpec::load(&a.dir).map_err(|e| anyhow::anyhow!(e))?;

@@ -217,8 +217,17 @@ pub struct RunConfig {
     pub recv_timeout: Duration,
     /// Value name of each channel (for messages).
     pub channel_values: HashMap<i64, String>,
-    /// Test hook: panic in stage `.0` at step `.1`.
-    pub fault: Option<(u32, u64)>,
+    /// Test hook: stage `.0` fails at step `.1` (before its first forward).
+    pub fault: Option<Fault>,
+}
+
+/// A failure injected for tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub stage: u32,
+    pub step: u64,
+    /// Stall (sleep for this long, sending nothing) instead of panicking.
+    pub stall: Option<Duration>,
 }
 
 /// One device: its stages and its actions.
@@ -278,7 +287,7 @@ impl Comm for CallComm<'_> {
         self.waiting += t0.elapsed();
         r.map_err(|e| match e {
             TransportError::Timeout { waited, .. } => format!(
-                "waited {:.1} s for %{} (channel {channel}) from stage {peer}, micro-batch {}: stage {peer} never sent it",
+                "waited {:.1} s for %{} (channel {channel}) from stage {peer}, micro-batch {} (stage {peer} has not sent it)",
                 waited.as_secs_f64(),
                 self.config
                     .channel_values
@@ -333,13 +342,16 @@ impl RankWorker {
                         format!("device {rank} has no stage {} for action {a}", a.stage),
                     )
                 })?;
-            if let Some((fs, fstep)) = self.config.fault {
-                if fs == a.stage
-                    && fstep == step
+            if let Some(f) = self.config.fault {
+                if f.stage == a.stage
+                    && f.step == step
                     && a.kind == ActionKind::Forward
                     && a.micro_batch == 0
                 {
-                    panic!("injected fault in stage {fs} at step {fstep}");
+                    match f.stall {
+                        Some(d) => std::thread::sleep(d),
+                        None => panic!("injected fault in stage {} at step {step}", f.stage),
+                    }
                 }
             }
             let functions: Vec<String> = match a.kind {
