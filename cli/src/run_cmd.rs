@@ -408,13 +408,20 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             &step_times
         };
         let mean = timed.iter().sum::<f64>() / timed.len() as f64;
+        let versus = if plan.device_profile == "host" {
+            format!(
+                "{:+.1}%",
+                100.0 * (mean - plan.predicted_iteration) / plan.predicted_iteration
+            )
+        } else {
+            "a prediction for that device; compile with --device-profile host to predict this machine".into()
+        };
         eprintln!(
-            "time per step: measured {} (mean of {} steps), predicted {} ({} profile, {:+.1}%)",
+            "time per step: measured {} (mean of {} steps), predicted {} ({} profile: {versus})",
             fmt_time(mean),
             timed.len(),
             fmt_time(plan.predicted_iteration),
             plan.device_profile,
-            100.0 * (mean - plan.predicted_iteration) / plan.predicted_iteration
         );
         let n = step_times.len() as f64;
         for (r, w) in workers.iter().enumerate() {

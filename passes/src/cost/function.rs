@@ -4,7 +4,7 @@
 use ppir::{ArgKind, DType, Function, OpId, Phase};
 
 use super::op::{cost, OpCost};
-use super::profile::{op_time, DeviceProfile};
+use super::profile::DeviceProfile;
 use super::CostError;
 
 /// One value per training phase, plus one for ops without a phase tag.
@@ -136,8 +136,7 @@ pub fn compute_dtype(f: &Function, op: OpId) -> DType {
 pub fn function_times(f: &Function, profile: &DeviceProfile) -> Result<PhaseTimes, CostError> {
     let mut out = PhaseTimes::default();
     for &op in f.ops() {
-        let c = op_cost(f, op)?;
-        *out.get_mut(f.op(op).phase) += op_time(&c, compute_dtype(f, op), profile);
+        *out.get_mut(f.op(op).phase) += super::op_time_in(f, op, profile)?;
     }
     Ok(out)
 }
@@ -147,10 +146,7 @@ pub fn function_times(f: &Function, profile: &DeviceProfile) -> Result<PhaseTime
 pub fn op_times(f: &Function, profile: &DeviceProfile) -> Result<Vec<(OpId, f64)>, CostError> {
     f.ops()
         .iter()
-        .map(|&op| {
-            let c = op_cost(f, op)?;
-            Ok((op, op_time(&c, compute_dtype(f, op), profile)))
-        })
+        .map(|&op| Ok((op, super::op_time_in(f, op, profile)?)))
         .collect()
 }
 

@@ -32,6 +32,7 @@
 
 mod function;
 mod host;
+mod measure;
 mod op;
 mod profile;
 
@@ -44,6 +45,7 @@ pub use function::{
 pub use host::{
     host_cache_path, host_key, host_profile_cached, host_profile_cached_at, measure_host,
 };
+pub use measure::{measured_op_time, op_time_in};
 pub use op::{op_cost_of, OpCost, TRANSCENDENTAL_FLOPS};
 pub use profile::{bound, comm_time, op_time, Bound, DeviceProfile, BUILTIN_PROFILES};
 

@@ -49,6 +49,10 @@ pub struct DeviceProfile {
     pub link_latency: f64,
     /// Fixed cost of running one op (kernel launch, dispatch), seconds.
     pub op_overhead: f64,
+    /// Time each op by running it with the reference interpreter on this machine
+    /// ([`super::op_time_in`]) instead of the roofline (the `host` profile: predictions of
+    /// what `ppcc run` will measure here).
+    pub measure_ops: bool,
 }
 
 impl DeviceProfile {
@@ -140,6 +144,11 @@ impl DeviceProfile {
             link_bandwidth: num("link_bandwidth")?,
             link_latency: num("link_latency")?,
             op_overhead: num("op_overhead")?,
+            measure_ops: match obj.get("measure_ops") {
+                None => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(bad("`measure_ops` must be true or false".into())),
+            },
         };
         for (key, x) in [
             ("memory_bandwidth", profile.memory_bandwidth),
@@ -169,6 +178,9 @@ impl DeviceProfile {
         m.insert("link_bandwidth".into(), self.link_bandwidth.into());
         m.insert("link_latency".into(), self.link_latency.into());
         m.insert("op_overhead".into(), self.op_overhead.into());
+        if self.measure_ops {
+            m.insert("measure_ops".into(), true.into());
+        }
         Value::Object(m)
     }
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use ppir::{ArgKind, Function, Module, Phase, Use, ValueDef, ValueId};
 
 use crate::autodiff::{build_gradient_function, AutodiffOptions};
-use crate::cost::{compute_dtype, op_cost, op_time, DeviceProfile};
+use crate::cost::{op_time_in, DeviceProfile};
 use crate::split::is_source_op;
 use crate::PassError;
 
@@ -89,8 +89,7 @@ pub fn attribute_costs(
             continue;
         };
         let o = (o as usize).min(n.saturating_sub(1));
-        let c = op_cost(g, op).map_err(|e| fail(e.to_string()))?;
-        let t = op_time(&c, compute_dtype(g, op), profile);
+        let t = op_time_in(g, op, profile).map_err(|e| fail(e.to_string()))?;
         let data = g.op(op);
         match data.phase {
             Some(Phase::BwdInput) => costs[o].b += t,

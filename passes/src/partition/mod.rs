@@ -26,6 +26,7 @@
 //! simulating the actual schedule.
 //!
 //! As a pass: `partition{stages=N,kind=graph|sequential|uniform,microbatches=M,profile=h100,loss=auto,pin=NAME;NAME}`
+//! (`microbatches` defaults to 2N)
 //! sets the `stage` of every op of `@main` (autodiff then carries the stages into `@grad`).
 
 pub mod dp;
@@ -215,9 +216,11 @@ pub fn partition(m: &Module, opts: &PartitionOptions) -> Result<Vec<Partition>, 
                 solver.pinned = pins;
                 solver.chain_only = chain;
                 let front = solver.best(root, k);
+                // Ties (e.g. one micro-batch, where only the sum counts) go to the better
+                // balanced plan.
                 front
                     .iter()
-                    .map(|p| ((mf - 1.0) * p.t + p.l, solver.stages(p)))
+                    .map(|p| ((mf - 1.0) * p.t + p.l + 1e-9 * p.t, solver.stages(p)))
                     .collect()
             };
             // The graph partitioner also considers every chain, so it never loses to the
@@ -625,9 +628,10 @@ impl PartitionPass {
         let profile = DeviceProfile::builtin(o.get("profile").unwrap_or("h100"))
             .map_err(|e| PassError::Usage(format!("pass `partition`: {e}")))?;
         let mut options = PartitionOptions::new(stages, kind, profile);
-        if let Some(m) = o.u64(PASS, "microbatches")? {
-            options.microbatches = m.max(1) as usize;
-        }
+        options.microbatches = match o.u64(PASS, "microbatches")? {
+            Some(m) => m.max(1) as usize,
+            None => 2 * stages.max(1),
+        };
         if let Some(l) = o.u64(PASS, "memory-limit")? {
             options.memory.limit = l as f64;
         }
