@@ -204,21 +204,29 @@ fn checkpoint_latest(d: &Path) -> Result<(u64, PathBuf)> {
     Ok((step, d.join(format!("step-{step}"))))
 }
 
-/// Write every stage's weights to `d/step-<k>/` through a temporary folder and a rename,
-/// then point `d/latest` at it (also by rename), so a crash never leaves a half checkpoint.
-fn write_checkpoint(d: &Path, step: u64, stages: &[(u32, &Weights)]) -> Result<()> {
-    std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-    let tmp = d.join(format!(".step-{step}.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
+/// Where the stage files of the checkpoint of step `step` are written before it is
+/// committed (the same for every process).
+fn checkpoint_tmp(d: &Path, step: u64) -> PathBuf {
+    d.join(format!(".step-{step}.tmp"))
+}
+
+/// Write `stages`' weights as `dir/stage<i>.npz`.
+fn write_stage_files(dir: &Path, stages: &[(u32, &Weights)]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for (s, w) in stages {
         let arrays: Vec<(String, Tensor)> = w.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        write_npz(&tmp.join(format!("stage{s}.npz")), &arrays)?;
+        write_npz(&dir.join(format!("stage{s}.npz")), &arrays)?;
     }
+    Ok(())
+}
+
+/// Move the written checkpoint `tmp` to `d/step-<k>/` and point `d/latest` at it, both by
+/// rename, so a crash never leaves a half checkpoint behind `latest`.
+fn commit_checkpoint(d: &Path, step: u64, tmp: &Path) -> Result<()> {
     std::fs::write(tmp.join("step"), format!("{step}\n"))?;
     let fin = d.join(format!("step-{step}"));
     let _ = std::fs::remove_dir_all(&fin);
-    std::fs::rename(&tmp, &fin)
+    std::fs::rename(tmp, &fin)
         .with_context(|| format!("cannot move the checkpoint into {}", fin.display()))?;
     let latest_tmp = d.join(format!(".latest.tmp-{}", std::process::id()));
     std::fs::write(&latest_tmp, format!("{step}\n"))?;
@@ -240,45 +248,163 @@ fn mib(b: f64) -> String {
     format!("{:.2} MiB", b / (1u64 << 20) as f64)
 }
 
-pub fn run(a: RunArgs) -> Result<ExitCode> {
-    if a.transport == TransportArg::Mpi {
-        bail!("--transport mpi is not available in this build yet; use --transport local");
+/// How the steps are driven: every device as a thread here, or this process's device
+/// under MPI.
+enum Driver {
+    Local(LocalNet),
+    #[cfg(feature = "mpi")]
+    Mpi(Box<ppcc_runtime::transport::mpi::MpiTransport>),
+}
+
+impl Driver {
+    /// The devices this process runs.
+    fn ranks(&self, devices: usize) -> Vec<usize> {
+        match self {
+            Driver::Local(_) => (0..devices).collect(),
+            #[cfg(feature = "mpi")]
+            Driver::Mpi(t) => vec![ppcc_runtime::transport::Transport::rank(t.as_ref())],
+        }
     }
+
+    /// This process prints the summary and writes the shared files.
+    fn leader(&self) -> bool {
+        match self {
+            Driver::Local(_) => true,
+            #[cfg(feature = "mpi")]
+            Driver::Mpi(t) => ppcc_runtime::transport::Transport::rank(t.as_ref()) == 0,
+        }
+    }
+
+    fn step(
+        &mut self,
+        workers: &mut [RankWorker],
+        k: u64,
+        batch: &ppcc_runtime::Batch,
+    ) -> Result<Vec<RankReport>> {
+        match self {
+            Driver::Local(net) => run_local(workers, net, k, batch)
+                .map_err(|e| anyhow::anyhow!("device {} failed: {e}", e.rank)),
+            #[cfg(feature = "mpi")]
+            Driver::Mpi(t) => {
+                let w = &mut workers[0];
+                match w.step(k, batch, t.as_mut()) {
+                    Ok(r) => Ok(vec![r]),
+                    Err(e) => {
+                        let msg = format!("device {} failed: {e}", e.rank);
+                        ppcc_runtime::transport::Transport::abort(t.as_mut(), &msg);
+                        bail!(msg)
+                    }
+                }
+            }
+        }
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        match self {
+            Driver::Local(_) => Ok(()),
+            #[cfg(feature = "mpi")]
+            Driver::Mpi(t) => Ok(ppcc_runtime::transport::Transport::barrier(t.as_mut())?),
+        }
+    }
+
+    fn finish(self) -> Result<()> {
+        match self {
+            Driver::Local(_) => Ok(()),
+            #[cfg(feature = "mpi")]
+            Driver::Mpi(t) => Ok(t.finish()?),
+        }
+    }
+}
+
+fn parse_fault(f: &str) -> Result<Fault> {
+    let parts: Vec<&str> = f.split(':').collect();
+    let (Some(s), Some(k)) = (parts.first(), parts.get(1)) else {
+        bail!("--inject-fault takes S:K or S:K:stall=T");
+    };
+    let stall = match parts.get(2) {
+        None => None,
+        Some(x) => Some(Duration::from_secs_f64(
+            x.strip_prefix("stall=")
+                .context("--inject-fault S:K:stall=T")?
+                .parse()?,
+        )),
+    };
+    Ok(Fault {
+        stage: s.parse()?,
+        step: k.parse()?,
+        stall,
+    })
+}
+
+/// The workers of `ranks`, with weights from the plan (or the checkpoint `resume`).
+fn build_workers(
+    plan: &PlanSpec,
+    ranks: &[usize],
+    config: &RunConfig,
+    resume: Option<&Path>,
+) -> Result<Vec<RankWorker>> {
+    let mut workers: Vec<RankWorker> = ranks
+        .iter()
+        .map(|&rank| RankWorker {
+            rank,
+            stages: vec![],
+            actions: plan.actions[rank].clone(),
+            config: config.clone(),
+        })
+        .collect();
+    for s in 0..plan.stages.len() {
+        let spec = plan.stages[s].clone();
+        let Some(wi) = ranks.iter().position(|&r| r == spec.device) else {
+            continue;
+        };
+        let (module, mut weights) = load_stage(plan, s)?;
+        if let Some(dir) = resume {
+            let p = dir.join(format!("stage{s}.npz"));
+            let saved: Weights = read_npz(&p)?.into_iter().collect();
+            for (k, v) in saved {
+                if !weights.contains_key(&k) {
+                    bail!(
+                        "{}: `{k}` is not a weight of stage {s} of this plan",
+                        p.display()
+                    );
+                }
+                weights.insert(k, v);
+            }
+        }
+        let worker = StageWorker::new(
+            spec,
+            Box::new(InterpretedStage {
+                module,
+                options: Default::default(),
+            }),
+            weights,
+        )
+        .map_err(|e| anyhow::anyhow!(e))?;
+        workers[wi].stages.push(worker);
+    }
+    Ok(workers)
+}
+
+/// Stage weights of `workers` as (stage, weights).
+fn stage_weights(workers: &[RankWorker]) -> Vec<(u32, &Weights)> {
+    workers
+        .iter()
+        .flat_map(|w| w.stages.iter().map(|s| (s.spec.stage, &s.weights)))
+        .collect()
+}
+
+pub fn run(a: RunArgs) -> Result<ExitCode> {
     if a.checkpoint_every.is_some() != a.checkpoint_dir.is_some() {
         bail!("--checkpoint-every K and --checkpoint-dir D go together");
     }
     if a.checkpoint_every == Some(0) {
         bail!("--checkpoint-every must be at least 1");
     }
-    let fault = a
-        .inject_fault
-        .as_deref()
-        .map(|f| -> Result<Fault> {
-            let parts: Vec<&str> = f.split(':').collect();
-            let (Some(s), Some(k)) = (parts.first(), parts.get(1)) else {
-                bail!("--inject-fault takes S:K or S:K:stall=T");
-            };
-            let stall = match parts.get(2) {
-                None => None,
-                Some(x) => Some(Duration::from_secs_f64(
-                    x.strip_prefix("stall=")
-                        .context("--inject-fault S:K:stall=T")?
-                        .parse()?,
-                )),
-            };
-            Ok(Fault {
-                stage: s.parse()?,
-                step: k.parse()?,
-                stall,
-            })
-        })
-        .transpose()?;
+    let fault = a.inject_fault.as_deref().map(parse_fault).transpose()?;
     let plan = PlanSpec::load(&a.dir).map_err(|e| anyhow::anyhow!(e))?;
     let specs = input_specs(&a.dir, &plan)?;
     let mut source = data_source(&a, &plan, &specs)?;
-
-    // Workers.
-    let (mut start_step, resume_dir) = match &a.resume {
+    let (start_step, resume_dir) = match &a.resume {
         Some(d) => {
             let (k, dir) = checkpoint_latest(d)?;
             (k, Some(dir))
@@ -293,56 +419,50 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         channel_values: plan.channel_values.clone(),
         fault,
     };
-    let mut workers: Vec<RankWorker> = (0..plan.devices)
-        .map(|rank| RankWorker {
-            rank,
-            stages: vec![],
-            actions: plan.actions[rank].clone(),
-            config: config.clone(),
-        })
-        .collect();
-    for s in 0..plan.stages.len() {
-        let (module, mut weights) = load_stage(&plan, s)?;
-        if let Some(dir) = &resume_dir {
-            let p = dir.join(format!("stage{s}.npz"));
-            let saved: Weights = read_npz(&p)?.into_iter().collect();
-            for (k, v) in saved {
-                if !weights.contains_key(&k) {
-                    bail!(
-                        "{}: `{k}` is not a weight of stage {s} of this plan",
-                        p.display()
-                    );
-                }
-                weights.insert(k, v);
+    let mut driver = match a.transport {
+        TransportArg::Local => Driver::Local(LocalNet::new(plan.devices)),
+        #[cfg(feature = "mpi")]
+        TransportArg::Mpi => {
+            let t = ppcc_runtime::transport::mpi::MpiTransport::init()?;
+            let size = ppcc_runtime::transport::Transport::size(&t);
+            if size != plan.devices {
+                let msg = format!(
+                    "the plan has {} devices but mpirun started {size} processes: run mpirun -np {}",
+                    plan.devices, plan.devices
+                );
+                let mut t = t;
+                ppcc_runtime::transport::Transport::abort(&mut t, &msg);
+                bail!(msg);
             }
+            Driver::Mpi(Box::new(t))
         }
-        let spec = plan.stages[s].clone();
-        let device = spec.device;
-        let worker = StageWorker::new(
-            spec,
-            Box::new(InterpretedStage {
-                module,
-                options: Default::default(),
-            }),
-            weights,
-        )
-        .map_err(|e| anyhow::anyhow!(e))?;
-        workers[device].stages.push(worker);
+        #[cfg(not(feature = "mpi"))]
+        TransportArg::Mpi => {
+            bail!("this ppcc was built without MPI (cargo feature `mpi`); use --transport local")
+        }
+    };
+    let ranks = driver.ranks(plan.devices);
+    let mut workers = build_workers(&plan, &ranks, &config, resume_dir.as_deref())?;
+    let leader = driver.leader();
+    if leader {
+        if let Some(d) = &resume_dir {
+            eprintln!("resuming from {} at step {start_step}", d.display());
+        }
+        eprintln!(
+            "running {}: {} stages on {} devices, schedule {}, {} micro-batches of {} rows, transport {}",
+            a.dir.display(),
+            plan.stages.len(),
+            plan.devices,
+            plan.schedule,
+            plan.microbatches,
+            plan.micro_batch,
+            match a.transport {
+                TransportArg::Local => "local",
+                TransportArg::Mpi => "mpi",
+            }
+        );
     }
-    if let Some(d) = &resume_dir {
-        eprintln!("resuming from {} at step {start_step}", d.display());
-    }
-
-    eprintln!(
-        "running {}: {} stages on {} devices, schedule {}, {} micro-batches of {} rows, transport local",
-        a.dir.display(),
-        plan.stages.len(),
-        plan.devices,
-        plan.schedule,
-        plan.microbatches,
-        plan.micro_batch
-    );
-    let bar = if std::io::stderr().is_terminal() {
+    let bar = if leader && a.transport == TransportArg::Local && std::io::stderr().is_terminal() {
         let pb = indicatif::ProgressBar::new(a.steps);
         pb.set_style(
             indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps, {elapsed} {msg}")
@@ -352,31 +472,34 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let net = LocalNet::new(plan.devices);
     let mut step_times = vec![];
     let mut trace: Vec<(u64, f64, Timed)> = vec![];
-    let mut peak_stash = vec![0u64; plan.devices];
-    let mut busy = vec![0.0f64; plan.devices];
+    let mut peak_stash = vec![0u64; ranks.len()];
+    let mut busy = vec![0.0f64; ranks.len()];
     let run_start = Instant::now();
     for k in start_step..start_step + a.steps {
         let batch = source.batch(k)?;
         let t0 = Instant::now();
         let offset = run_start.elapsed().as_secs_f64();
-        let reports: Vec<RankReport> = match run_local(&mut workers, &net, k, &batch) {
+        let reports = match driver.step(&mut workers, k, &batch) {
             Ok(r) => r,
             Err(e) => {
                 bar.finish_and_clear();
-                bail!("device {} failed: {e}", e.rank);
+                return Err(e);
             }
         };
         step_times.push(t0.elapsed().as_secs_f64());
-        let loss = step_loss(&reports).context("no stage computed the loss")?;
-        bar.suspend(|| println!("{}", step_line(k, loss)));
-        bar.set_message(format!("loss {loss:.4}"));
+        // Under MPI only the device with the loss stage has it.
+        if let Some(loss) = step_loss(&reports) {
+            bar.suspend(|| println!("{}", step_line(k, loss)));
+            bar.set_message(format!("loss {loss:.4}"));
+        } else if a.transport == TransportArg::Local {
+            bail!("no stage computed the loss");
+        }
         bar.inc(1);
-        for (r, rep) in reports.iter().enumerate() {
-            peak_stash[r] = peak_stash[r].max(rep.peak_stash_bytes);
-            busy[r] += rep
+        for (i, rep) in reports.iter().enumerate() {
+            peak_stash[i] = peak_stash[i].max(rep.peak_stash_bytes);
+            busy[i] += rep
                 .actions
                 .iter()
                 .map(|t| t.end - t.start - t.waiting)
@@ -387,17 +510,17 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         }
         if let (Some(d), Some(every)) = (&a.checkpoint_dir, a.checkpoint_every) {
             if (k + 1) % every == 0 {
-                let stages: Vec<(u32, &Weights)> = workers
-                    .iter()
-                    .flat_map(|w| w.stages.iter().map(|s| (s.spec.stage, &s.weights)))
-                    .collect();
-                write_checkpoint(d, k + 1, &stages)?;
+                let tmp = checkpoint_tmp(d, k + 1);
+                write_stage_files(&tmp, &stage_weights(&workers))?;
+                driver.barrier()?;
+                if leader {
+                    commit_checkpoint(d, k + 1, &tmp)?;
+                }
+                driver.barrier()?;
             }
         }
     }
     bar.finish_and_clear();
-    start_step += a.steps;
-    let _ = start_step;
 
     // Measured against predicted.
     if !step_times.is_empty() {
@@ -416,15 +539,18 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         } else {
             "a prediction for that device; compile with --device-profile host to predict this machine".into()
         };
-        eprintln!(
-            "time per step: measured {} (mean of {} steps), predicted {} ({} profile: {versus})",
-            fmt_time(mean),
-            timed.len(),
-            fmt_time(plan.predicted_iteration),
-            plan.device_profile,
-        );
+        if leader {
+            eprintln!(
+                "time per step: measured {} (mean of {} steps), predicted {} ({} profile: {versus})",
+                fmt_time(mean),
+                timed.len(),
+                fmt_time(plan.predicted_iteration),
+                plan.device_profile,
+            );
+        }
         let n = step_times.len() as f64;
-        for (r, w) in workers.iter().enumerate() {
+        for (i, w) in workers.iter().enumerate() {
+            let r = w.rank;
             let weights: u64 = w
                 .stages
                 .iter()
@@ -432,47 +558,112 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
                 .map(|t| (t.shape.iter().product::<usize>() * t.dtype.size_bytes()) as u64)
                 .sum();
             // Weights, gradients (as big as the params) and the stash at its peak.
-            let measured = 2.0 * weights as f64 + peak_stash[r] as f64;
+            let measured = 2.0 * weights as f64 + peak_stash[i] as f64;
             let stages: Vec<String> = w.stages.iter().map(|s| s.spec.stage.to_string()).collect();
             eprintln!(
                 "device {r} (stage {}): busy {} per step, peak memory {} (weights+grads {}, stash {}), predicted {}",
                 stages.join(","),
-                fmt_time(busy[r] / n),
+                fmt_time(busy[i] / n),
                 mib(measured),
                 mib(2.0 * weights as f64),
-                mib(peak_stash[r] as f64),
+                mib(peak_stash[i] as f64),
                 plan.predicted_peak_memory.get(r).map_or("?".into(), |p| mib(*p))
             );
         }
     }
     if let Some(path) = &a.trace {
-        std::fs::write(path, trace_json(&trace))
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        if a.transport == TransportArg::Local {
+            std::fs::write(path, trace_json(&trace))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        } else {
+            // Each process writes its lane; the leader merges them.
+            let part = part_path(path, ranks[0]);
+            std::fs::write(&part, trace_json(&trace))
+                .with_context(|| format!("cannot write {}", part.display()))?;
+            driver.barrier()?;
+            if leader {
+                merge_traces(path, plan.devices)?;
+            }
+        }
+        if leader {
+            eprintln!("wrote {}", path.display());
+        }
     }
     if let Some(out) = &a.save_onnx {
-        let model = PathBuf::from(&plan.model);
-        let bytes = std::fs::read(&model).with_context(|| {
-            format!(
-                "cannot read the model {} the plan was compiled from",
-                model.display()
-            )
-        })?;
-        let trained: BTreeMap<String, Tensor> = workers
-            .iter()
-            .flat_map(|w| w.stages.iter())
-            .flat_map(|s| s.weights.iter())
-            .filter_map(|(k, v)| Some((plan.weight_sources.get(k)?.clone(), v.clone())))
-            .collect();
-        let (bytes, report) = ppcc_frontends::onnx_export::replace_initializers(&bytes, &trained)?;
-        std::fs::write(out, bytes).with_context(|| format!("cannot write {}", out.display()))?;
-        eprintln!(
-            "wrote {} ({} initializers updated)",
-            out.display(),
-            report.replaced.len()
-        );
+        let trained: BTreeMap<String, Tensor> = if a.transport == TransportArg::Local {
+            stage_weights(&workers)
+                .into_iter()
+                .flat_map(|(_, w)| w.iter())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        } else {
+            let parts = out.with_extension("parts");
+            write_stage_files(&parts, &stage_weights(&workers))?;
+            driver.barrier()?;
+            let mut all = BTreeMap::new();
+            if leader {
+                for s in 0..plan.stages.len() {
+                    all.extend(read_npz(&parts.join(format!("stage{s}.npz")))?);
+                }
+                let _ = std::fs::remove_dir_all(&parts);
+            }
+            all
+        };
+        if leader {
+            save_onnx(&plan, out, &trained)?;
+        }
     }
+    driver.finish()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `FILE.json` → `FILE.rank<r>.json`.
+fn part_path(path: &Path, rank: usize) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    path.with_file_name(format!("{stem}.rank{rank}.json"))
+}
+
+/// Merge the per-process traces `FILE.rank<r>.json` into `FILE` and remove them.
+fn merge_traces(path: &Path, ranks: usize) -> Result<()> {
+    let mut events = vec![];
+    for r in 0..ranks {
+        let part = part_path(path, r);
+        let text = std::fs::read_to_string(&part)
+            .with_context(|| format!("cannot read {}", part.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text)?;
+        if let Some(e) = v["traceEvents"].as_array() {
+            events.extend(e.iter().cloned());
+        }
+        let _ = std::fs::remove_file(&part);
+    }
+    let doc = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"});
+    std::fs::write(path, serde_json::to_string(&doc)?)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn save_onnx(plan: &PlanSpec, out: &Path, weights: &BTreeMap<String, Tensor>) -> Result<()> {
+    let model = PathBuf::from(&plan.model);
+    let bytes = std::fs::read(&model).with_context(|| {
+        format!(
+            "cannot read the model {} the plan was compiled from",
+            model.display()
+        )
+    })?;
+    let trained: BTreeMap<String, Tensor> = weights
+        .iter()
+        .filter_map(|(k, v)| Some((plan.weight_sources.get(k)?.clone(), v.clone())))
+        .collect();
+    let (bytes, report) = ppcc_frontends::onnx_export::replace_initializers(&bytes, &trained)?;
+    std::fs::write(out, bytes).with_context(|| format!("cannot write {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({} initializers updated)",
+        out.display(),
+        report.replaced.len()
+    );
+    Ok(())
 }
 
 /// Chrome/Perfetto trace of what ran: one lane per device, µs.

@@ -71,13 +71,13 @@ fn context(stage: Option<u32>, step: u64, mb: Option<u32>, function: Option<&str
     s
 }
 
+/// A function's arguments (name, kind, type) and result names.
+pub type Signature = (Vec<(String, ArgKind, TensorType)>, Vec<String>);
+
 /// Runs the functions of one stage.
 pub trait StageExecutable: Send {
     /// The function's signature: (argument name, kind, type) and result names.
-    fn signature(
-        &self,
-        function: &str,
-    ) -> Option<(Vec<(String, ArgKind, TensorType)>, Vec<String>)>;
+    fn signature(&self, function: &str) -> Option<Signature>;
     /// Call `function`; its send/recv ops use `comm`.
     fn call(
         &mut self,
@@ -94,10 +94,7 @@ pub struct InterpretedStage {
 }
 
 impl StageExecutable for InterpretedStage {
-    fn signature(
-        &self,
-        function: &str,
-    ) -> Option<(Vec<(String, ArgKind, TensorType)>, Vec<String>)> {
+    fn signature(&self, function: &str) -> Option<Signature> {
         let f = self.module.function(function)?;
         Some(signature(f))
     }
@@ -117,7 +114,7 @@ impl StageExecutable for InterpretedStage {
 }
 
 /// Arguments and result names of `f`.
-pub fn signature(f: &Function) -> (Vec<(String, ArgKind, TensorType)>, Vec<String>) {
+pub fn signature(f: &Function) -> Signature {
     (
         f.args()
             .iter()

@@ -9,12 +9,15 @@
 //! - [`local::LocalNet`]: every rank a thread of this process; one mailbox per rank
 //!   (a mutex-protected map and a condition variable). No setup.
 //! - `mpi` (feature `mpi`): one process per rank under `mpirun`, point-to-point MPI.
+//!   `mpi::MpiTransport::init()` gives this process's endpoint (see `src/bin/mpi_pingpong.rs`).
 //!
 //! Sends never block (the sender's buffer is handed over), so communication overlaps the
 //! sender's next compute. A receive waits at most its timeout, and gives up early when
 //! another rank has failed ([`Transport::abort`]), naming what it waited for.
 
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 use std::time::Duration;
 

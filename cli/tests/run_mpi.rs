@@ -1,0 +1,223 @@
+//! `mpirun -np P ppcc run DIR --transport mpi`: one process per device prints the losses of
+//! `ppcc train`; a failing rank ends the whole job within 10 s; checkpoints written by
+//! several processes resume the same curve. Needs Open MPI's `mpirun` (scripts/setup.sh).
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ppcc-mpi-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+fn output(mut c: Command) -> Out {
+    let t0 = Instant::now();
+    let out = c
+        .current_dir(repo())
+        .stdin(Stdio::null())
+        .output()
+        .expect("the command runs");
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: t0.elapsed(),
+    }
+}
+
+fn ppcc(args: &[&str]) -> Out {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ppcc"));
+    c.args(args);
+    output(c)
+}
+
+fn mpirun(np: usize, args: &[&str]) -> Out {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--oversubscribe",
+        "--allow-run-as-root",
+        "--bind-to",
+        "none",
+        "-np",
+    ])
+    .arg(np.to_string())
+    .arg(env!("CARGO_BIN_EXE_ppcc"))
+    .args(args);
+    output(c)
+}
+
+fn compile(model: &str, dir: &Path, extra: &[&str]) {
+    let mut args = vec![model, "-o", dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = ppcc(&args);
+    assert!(out.ok, "ppcc {args:?}: {}", out.stderr);
+}
+
+fn steps(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("step "))
+        .map(String::from)
+        .collect()
+}
+
+fn check(model: &str, opts: &[&str], stages: &str, schedule: &str) {
+    let mut targs = vec!["train", model, "--steps", "10"];
+    targs.extend_from_slice(opts);
+    let want = ppcc(&targs);
+    assert!(want.ok, "{}", want.stderr);
+    let dir = tmp(&format!(
+        "{}-{stages}-{schedule}",
+        Path::new(model).file_stem().unwrap().to_string_lossy()
+    ));
+    let mut extra = vec!["--stages", stages, "--schedule", schedule];
+    extra.extend_from_slice(opts);
+    compile(model, &dir, &extra);
+    let got = mpirun(
+        stages.parse().unwrap(),
+        &[
+            "run",
+            dir.to_str().unwrap(),
+            "--transport",
+            "mpi",
+            "--steps",
+            "10",
+        ],
+    );
+    assert!(got.ok, "{model} {stages} {schedule}: {}", got.stderr);
+    assert_eq!(
+        steps(&got.stdout),
+        steps(&want.stdout),
+        "{model} {stages} {schedule}"
+    );
+    assert_eq!(steps(&got.stdout).len(), 10);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mpi_runs_equal_train() {
+    check("examples/gpt.onnx", &["--microbatches", "1"], "4", "zb-h1");
+    check("examples/mlp.onnx", &["--microbatches", "4"], "2", "1f1b");
+    check(
+        "examples/two_tower.onnx",
+        &["--microbatches", "4", "--loss", "mse"],
+        "4",
+        "gpipe",
+    );
+}
+
+#[test]
+fn a_failing_rank_ends_the_job() {
+    let dir = tmp("fault");
+    compile(
+        "examples/gpt.onnx",
+        &dir,
+        &["--stages", "3", "--microbatches", "1"],
+    );
+    let out = mpirun(
+        3,
+        &[
+            "run",
+            dir.to_str().unwrap(),
+            "--transport",
+            "mpi",
+            "--steps",
+            "5",
+            "--inject-fault",
+            "1:2",
+            "--recv-timeout",
+            "60",
+        ],
+    );
+    assert!(!out.ok);
+    assert!(out.took < Duration::from_secs(10), "took {:?}", out.took);
+    assert_eq!(steps(&out.stdout).len(), 2, "{}", out.stdout);
+    assert!(
+        out.stderr.contains("injected fault in stage 1 at step 2"),
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mpi_checkpoints_resume_the_curve() {
+    let dir = tmp("ckpt-plan");
+    let ck = tmp("ckpt");
+    compile(
+        "examples/mlp.onnx",
+        &dir,
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--optimizer",
+            "adamw",
+        ],
+    );
+    let d = dir.to_str().unwrap();
+    let full = ppcc(&["run", d, "--steps", "8"]);
+    assert!(full.ok, "{}", full.stderr);
+    let c = ck.to_str().unwrap();
+    let first = mpirun(
+        2,
+        &[
+            "run",
+            d,
+            "--transport",
+            "mpi",
+            "--steps",
+            "4",
+            "--checkpoint-dir",
+            c,
+            "--checkpoint-every",
+            "2",
+        ],
+    );
+    assert!(first.ok, "{}", first.stderr);
+    assert_eq!(
+        std::fs::read_to_string(ck.join("latest")).unwrap().trim(),
+        "4"
+    );
+    let rest = mpirun(
+        2,
+        &[
+            "run",
+            d,
+            "--transport",
+            "mpi",
+            "--steps",
+            "4",
+            "--resume",
+            c,
+        ],
+    );
+    assert!(rest.ok, "{}", rest.stderr);
+    let mut joined = steps(&first.stdout);
+    joined.extend(steps(&rest.stdout));
+    assert_eq!(joined, steps(&full.stdout));
+    // A plan for 2 devices refuses 3 processes.
+    let wrong = mpirun(3, &["run", d, "--transport", "mpi", "--steps", "1"]);
+    assert!(!wrong.ok);
+    assert!(wrong.stderr.contains("mpirun -np 2"), "{}", wrong.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&ck);
+}

@@ -1,0 +1,658 @@
+//! One process per rank under `mpirun`: point-to-point MPI over `MPI_COMM_WORLD`.
+//!
+//! A message is one byte buffer: a header (the full [`Tag`], the dtype, the shape) and
+//! the elements in the wire dtype (`f32` as 4 bytes, `bf16` as 2, `bool` as 1, ...,
+//! little-endian; values are already rounded to their dtype, so the conversion is exact).
+//! The MPI tag is a hash of the [`Tag`] below `MPI_TAG_UB`, so MPI's own matching picks
+//! the message out of whatever else the source sent; the receiver checks the full tag in
+//! the header and keeps a message whose hash collided until it is asked for.
+//!
+//! Sends are immediate (`MPI_Isend` of a buffer this endpoint owns until the send
+//! completes): the caller never waits for the receiver. A background thread tests the
+//! outstanding sends while any exist, so large (rendezvous) transfers make progress while
+//! the caller computes. All MPI calls, the thread's included, are made under one mutex, so
+//! the endpoint needs only `MPI_THREAD_SERIALIZED`.
+//!
+//! A receive probes (`MPI_Improbe`) with a short backoff until the message arrives or its
+//! timeout passes. [`Transport::abort`] prints the reason and calls `MPI_Abort`, which
+//! makes `mpirun` kill every rank (so receives never see [`TransportError::Aborted`]: the
+//! process is gone first). A successful rank ends with [`MpiTransport::finish`]
+//! (completes its sends, finalises MPI); an endpoint dropped without it (an error
+//! returned, a panic) aborts the job the same way, and a rank that exits without
+//! finalising MPI (`std::process::exit`, a signal) makes `mpirun` stop the others.
+
+use std::collections::HashMap;
+use std::os::raw::{c_int, c_void};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mpi::environment::{Threading, Universe};
+use mpi::ffi;
+use mpi::point_to_point::{MatchedReceiveVec, Source};
+use mpi::topology::Communicator;
+use ppir::{DType, Tensor, TensorData, TensorType};
+
+use super::{Tag, Transport, TransportError};
+
+const MAGIC: [u8; 4] = *b"PPT1";
+/// Bytes of the header before the dims: magic, tag (from, to, channel, micro-batch,
+/// step), dtype, rank.
+const FIXED_HEADER: usize = 4 + 4 + 4 + 8 + 4 + 8 + 1 + 4;
+
+/// An `MPI_Isend` in flight and the buffer it reads.
+struct PendingSend {
+    request: ffi::MPI_Request,
+    _buffer: Vec<u8>,
+}
+
+/// The state every MPI call is made under.
+struct State {
+    pending: Vec<PendingSend>,
+    /// The progress thread stops when set.
+    stop: bool,
+}
+
+// SAFETY: `MPI_Request` is an opaque handle (a pointer in Open MPI); MPI allows any thread
+// to use it under MPI_THREAD_SERIALIZED, and every use is under the `State` mutex.
+unsafe impl Send for State {}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when a send is queued or the endpoint shuts down.
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves MPI usable; carry on.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Test every outstanding send; drop those that completed.
+fn test_pending(state: &mut State) -> Result<(), TransportError> {
+    let mut err = None;
+    state.pending.retain_mut(|p| {
+        let mut flag: c_int = 0;
+        // SAFETY: the request is a live Isend request; its buffer lives in `p`.
+        let rc = unsafe { ffi::MPI_Test(&mut p.request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+        if rc != 0 {
+            err = Some(TransportError::Failed(format!(
+                "MPI_Test failed (error {rc})"
+            )));
+            return true;
+        }
+        flag == 0
+    });
+    err.map_or(Ok(()), Err)
+}
+
+/// One rank's endpoint: this process, under `mpirun`.
+pub struct MpiTransport {
+    rank: usize,
+    size: usize,
+    /// Exclusive upper bound of the MPI tags used (`MPI_TAG_UB + 1`).
+    tag_modulus: u64,
+    shared: Arc<Shared>,
+    progress: Option<JoinHandle<()>>,
+    /// Messages received while looking for another tag (hash collisions), by source.
+    early: HashMap<(usize, Tag), Tensor>,
+    /// Set by [`MpiTransport::finish`].
+    finished: bool,
+    /// Dropped last: finalises MPI.
+    universe: Universe,
+}
+
+impl MpiTransport {
+    /// Initialise MPI (`MPI_THREAD_SERIALIZED`) and take this process's rank and the
+    /// number of ranks from `MPI_COMM_WORLD`. Fails if MPI was initialised already.
+    pub fn init() -> Result<Self, TransportError> {
+        let (universe, provided) = mpi::initialize_with_threading(Threading::Serialized)
+            .ok_or_else(|| TransportError::Failed("MPI is already initialised".into()))?;
+        if !matches!(provided, Threading::Serialized | Threading::Multiple) {
+            return Err(TransportError::Failed(format!(
+                "the MPI library provides thread level {provided:?}; the transport needs Serialized"
+            )));
+        }
+        let world = universe.world();
+        let rank = world.rank() as usize;
+        let size = world.size() as usize;
+        let tag_ub = tag_upper_bound()?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                pending: Vec::new(),
+                stop: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let thread_shared = shared.clone();
+        let progress = std::thread::Builder::new()
+            .name(format!("mpi-progress-{rank}"))
+            .spawn(move || progress_loop(&thread_shared))
+            .map_err(|e| TransportError::Failed(format!("cannot start the MPI thread: {e}")))?;
+        Ok(MpiTransport {
+            rank,
+            size,
+            tag_modulus: tag_ub as u64 + 1,
+            shared,
+            progress: Some(progress),
+            early: HashMap::new(),
+            finished: false,
+            universe,
+        })
+    }
+
+    /// Use only the MPI tags below `bound` (at least 1; the same on every rank). Tags
+    /// that hash alike are told apart by the header, so any bound is correct; a small
+    /// one exercises that path (tests).
+    pub fn with_tag_bound(mut self, bound: u64) -> Self {
+        self.tag_modulus = bound.clamp(1, self.tag_modulus);
+        self
+    }
+
+    /// The MPI tag a message travels under.
+    fn mpi_tag(&self, tag: &Tag) -> c_int {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in tag_bytes(tag) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (h % self.tag_modulus) as c_int
+    }
+
+    /// End a successful run: complete the outstanding sends (waiting for their receivers)
+    /// and finalise MPI, which waits until every rank has finished. Every rank must call
+    /// it at the end, on the thread that called [`MpiTransport::init`] (MPI wants
+    /// `MPI_Finalize` there); dropping the endpoint instead aborts the job (see `Drop`).
+    /// A message sent but never received makes this wait forever (a correct run leaves
+    /// none).
+    pub fn finish(mut self) -> Result<(), TransportError> {
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_all();
+        if let Some(h) = self.progress.take() {
+            let _ = h.join();
+        }
+        let mut result = Ok(());
+        let mut state = self.shared.lock();
+        for p in &mut state.pending {
+            // SAFETY: a live Isend request whose buffer is still owned by `p`.
+            let rc = unsafe { ffi::MPI_Wait(&mut p.request, ffi::RSMPI_STATUS_IGNORE) };
+            if rc != 0 {
+                result = Err(TransportError::Failed(format!(
+                    "MPI_Wait failed (error {rc})"
+                )));
+            }
+        }
+        state.pending.clear();
+        drop(state);
+        self.finished = true;
+        // Dropping `self` drops the universe: MPI_Finalize.
+        result
+    }
+
+    /// Sends not yet completed (a finished run leaves none once the receivers have
+    /// taken their messages).
+    pub fn pending_sends(&self) -> usize {
+        self.shared.lock().pending.len()
+    }
+
+    /// One non-blocking look for `tag` from `from_rank`; messages of other tags that
+    /// share its MPI tag are kept in `early`.
+    fn try_recv(&mut self, from_rank: usize, tag: Tag) -> Result<Option<Tensor>, TransportError> {
+        if let Some(t) = self.early.remove(&(from_rank, tag)) {
+            return Ok(Some(t));
+        }
+        let mpi_tag = self.mpi_tag(&tag);
+        let mut state = self.shared.lock();
+        test_pending(&mut state)?;
+        let world = self.universe.world();
+        let source = world.process_at_rank(from_rank as c_int);
+        while let Some(probed) = source.immediate_matched_probe_with_tag(mpi_tag) {
+            let (bytes, _status) = probed.matched_receive_vec::<u8>();
+            let (got, t) = decode(&bytes)?;
+            if got == tag {
+                return Ok(Some(t));
+            }
+            if self.early.insert((from_rank, got), t).is_some() {
+                return Err(TransportError::Failed(format!(
+                    "{got} from rank {from_rank} was received twice"
+                )));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn progress_loop(shared: &Shared) {
+    let mut state = shared.lock();
+    loop {
+        if state.stop {
+            return;
+        }
+        if state.pending.is_empty() {
+            state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+            continue;
+        }
+        if let Err(e) = test_pending(&mut state) {
+            eprintln!("ppcc: MPI transport: {e}");
+            return;
+        }
+        drop(state);
+        std::thread::sleep(Duration::from_micros(200));
+        state = shared.lock();
+    }
+}
+
+/// `MPI_TAG_UB` of `MPI_COMM_WORLD`.
+fn tag_upper_bound() -> Result<c_int, TransportError> {
+    let mut value: *mut c_int = std::ptr::null_mut();
+    let mut flag: c_int = 0;
+    // SAFETY: MPI is initialised; for MPI_TAG_UB the attribute is a pointer to an int
+    // owned by MPI, written into `value`.
+    let rc = unsafe {
+        ffi::MPI_Comm_get_attr(
+            ffi::RSMPI_COMM_WORLD,
+            ffi::MPI_TAG_UB as c_int,
+            &mut value as *mut *mut c_int as *mut c_void,
+            &mut flag,
+        )
+    };
+    if rc != 0 || flag == 0 || value.is_null() {
+        return Err(TransportError::Failed("cannot read MPI_TAG_UB".into()));
+    }
+    // SAFETY: checked non-null above; MPI keeps it alive while initialised.
+    let ub = unsafe { *value };
+    if ub < 32767 {
+        return Err(TransportError::Failed(format!(
+            "MPI_TAG_UB is {ub}, below the standard's minimum"
+        )));
+    }
+    Ok(ub)
+}
+
+impl Drop for MpiTransport {
+    /// An endpoint dropped without [`MpiTransport::finish`] belongs to a rank that failed
+    /// (an error returned, a panic): it aborts the job, so the other ranks stop at once
+    /// instead of waiting out their receive timeouts (MPI_Finalize would wait for them).
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if std::thread::panicking() {
+            self.abort("the rank panicked");
+        }
+        self.abort("the rank stopped without finishing (it failed)");
+    }
+}
+
+impl Transport for MpiTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&mut self, to_rank: usize, tag: Tag, t: Tensor) -> Result<(), TransportError> {
+        if to_rank >= self.size {
+            return Err(TransportError::Failed(format!(
+                "{tag}: no rank {to_rank} (of {})",
+                self.size
+            )));
+        }
+        let buffer = encode(&tag, &t)?;
+        let count = c_int::try_from(buffer.len()).map_err(|_| {
+            TransportError::Failed(format!(
+                "{tag}: message of {} bytes is larger than one MPI message can be",
+                buffer.len()
+            ))
+        })?;
+        let mpi_tag = self.mpi_tag(&tag);
+        let mut state = self.shared.lock();
+        // SAFETY: a null request is a valid initial value; `MPI_Isend` overwrites it.
+        let mut request: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `buffer` is moved into the pending list below and not touched until the
+        // request completes (the Vec's heap storage does not move).
+        let rc = unsafe {
+            ffi::MPI_Isend(
+                buffer.as_ptr() as *const c_void,
+                count,
+                ffi::RSMPI_UINT8_T,
+                to_rank as c_int,
+                mpi_tag,
+                ffi::RSMPI_COMM_WORLD,
+                &mut request,
+            )
+        };
+        if rc != 0 {
+            return Err(TransportError::Failed(format!(
+                "{tag}: MPI_Isend to rank {to_rank} failed (error {rc})"
+            )));
+        }
+        state.pending.push(PendingSend {
+            request,
+            _buffer: buffer,
+        });
+        let result = test_pending(&mut state);
+        let wake = !state.pending.is_empty();
+        drop(state);
+        if wake {
+            self.shared.wake.notify_all();
+        }
+        result
+    }
+
+    fn recv(
+        &mut self,
+        from_rank: usize,
+        tag: Tag,
+        ty: &TensorType,
+        timeout: Duration,
+    ) -> Result<Tensor, TransportError> {
+        if from_rank >= self.size {
+            return Err(TransportError::Failed(format!(
+                "{tag}: no rank {from_rank} (of {})",
+                self.size
+            )));
+        }
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        loop {
+            if let Some(t) = self.try_recv(from_rank, tag)? {
+                check_type(&tag, &t, ty)?;
+                return Ok(t);
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(TransportError::Timeout { tag, waited });
+            }
+            std::thread::sleep(pause.min(timeout - waited));
+            pause = (pause * 2).min(Duration::from_micros(500));
+        }
+    }
+
+    fn abort(&mut self, reason: &str) {
+        eprintln!("ppcc: rank {} aborts the run: {reason}", self.rank);
+        let _state = self.shared.lock();
+        // SAFETY: MPI is initialised; the lock serialises this with the progress thread.
+        unsafe {
+            ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+        }
+        // MPI_Abort does not return; if an implementation does, still stop this rank.
+        std::process::exit(1);
+    }
+
+    fn barrier(&mut self) -> Result<(), TransportError> {
+        // SAFETY: a null request is a valid initial value; `MPI_Ibarrier` overwrites it.
+        let mut request: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        {
+            let _state = self.shared.lock();
+            // SAFETY: MPI is initialised; calls are serialised by the lock.
+            let rc = unsafe { ffi::MPI_Ibarrier(ffi::RSMPI_COMM_WORLD, &mut request) };
+            if rc != 0 {
+                return Err(TransportError::Failed(format!(
+                    "MPI_Ibarrier failed (error {rc})"
+                )));
+            }
+        }
+        let mut pause = Duration::from_micros(5);
+        loop {
+            {
+                let mut state = self.shared.lock();
+                test_pending(&mut state)?;
+                let mut flag: c_int = 0;
+                // SAFETY: `request` is the live Ibarrier request.
+                let rc =
+                    unsafe { ffi::MPI_Test(&mut request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+                if rc != 0 {
+                    return Err(TransportError::Failed(format!(
+                        "MPI_Test of the barrier failed (error {rc})"
+                    )));
+                }
+                if flag != 0 {
+                    return Ok(());
+                }
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(500));
+        }
+    }
+}
+
+/// The receiver's check: dtype, rank and every known dim as `ty` says.
+fn check_type(tag: &Tag, t: &Tensor, ty: &TensorType) -> Result<(), TransportError> {
+    let same_dims = t.shape.len() == ty.dims.len()
+        && t.shape
+            .iter()
+            .zip(&ty.dims)
+            .all(|(&n, d)| d.known().is_none_or(|k| k == n as u64));
+    if t.dtype != ty.dtype || !same_dims {
+        return Err(TransportError::Failed(format!(
+            "{tag}: received {:?} {:?}, expected {ty}",
+            t.dtype, t.shape
+        )));
+    }
+    Ok(())
+}
+
+fn tag_bytes(tag: &Tag) -> impl Iterator<Item = u8> {
+    tag.from
+        .to_le_bytes()
+        .into_iter()
+        .chain(tag.to.to_le_bytes())
+        .chain(tag.channel.to_le_bytes())
+        .chain(tag.micro_batch.to_le_bytes())
+        .chain(tag.step.to_le_bytes())
+}
+
+fn dtype_code(d: DType) -> u8 {
+    DType::ALL.iter().position(|&x| x == d).unwrap_or(0) as u8
+}
+
+/// Bytes per element on the wire.
+fn wire_size(d: DType) -> usize {
+    match d {
+        DType::F64 | DType::I64 => 8,
+        DType::F32 | DType::I32 => 4,
+        DType::F16 | DType::BF16 => 2,
+        DType::I8 | DType::Bool => 1,
+    }
+}
+
+/// The message for `t`: header, then the elements in `t.dtype`.
+fn encode(tag: &Tag, t: &Tensor) -> Result<Vec<u8>, TransportError> {
+    let n = t.num_elements();
+    if t.data.len() != n {
+        return Err(TransportError::Failed(format!(
+            "{tag}: tensor of shape {:?} holds {} elements",
+            t.shape,
+            t.data.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(FIXED_HEADER + 8 * t.shape.len() + n * wire_size(t.dtype));
+    out.extend_from_slice(&MAGIC);
+    out.extend(tag_bytes(tag));
+    out.push(dtype_code(t.dtype));
+    out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
+    for &d in &t.shape {
+        out.extend_from_slice(&(d as u64).to_le_bytes());
+    }
+    match (&t.data, t.dtype) {
+        (TensorData::Float(v), DType::F64) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
+        (TensorData::Float(v), DType::F32) => {
+            v.iter().for_each(|&x| out.extend((x as f32).to_le_bytes()))
+        }
+        (TensorData::Float(v), DType::F16) => v
+            .iter()
+            .for_each(|&x| out.extend(half::f16::from_f64(x).to_le_bytes())),
+        (TensorData::Float(v), DType::BF16) => v
+            .iter()
+            .for_each(|&x| out.extend(half::bf16::from_f64(x).to_le_bytes())),
+        (TensorData::Int(v), DType::I64) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
+        (TensorData::Int(v), DType::I32) => {
+            v.iter().for_each(|&x| out.extend((x as i32).to_le_bytes()))
+        }
+        (TensorData::Int(v), DType::I8) => v.iter().for_each(|&x| out.push(x as i8 as u8)),
+        (TensorData::Int(v), DType::Bool) => v.iter().for_each(|&x| out.push((x != 0) as u8)),
+        _ => {
+            return Err(TransportError::Failed(format!(
+                "{tag}: a {} tensor holds {} data",
+                t.dtype,
+                if t.dtype.is_float() {
+                    "integer"
+                } else {
+                    "float"
+                }
+            )))
+        }
+    }
+    Ok(out)
+}
+
+/// Reads `n` bytes at `*at`.
+fn take<'a>(bytes: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], TransportError> {
+    let s = bytes
+        .get(*at..*at + n)
+        .ok_or_else(|| TransportError::Failed("truncated MPI message".into()))?;
+    *at += n;
+    Ok(s)
+}
+
+fn arr<const N: usize>(s: &[u8]) -> [u8; N] {
+    s.try_into().expect("slice of the requested length")
+}
+
+/// The tag and tensor of a message made by [`encode`].
+fn decode(bytes: &[u8]) -> Result<(Tag, Tensor), TransportError> {
+    let at = &mut 0;
+    if take(bytes, at, 4)? != MAGIC {
+        return Err(TransportError::Failed(
+            "an MPI message that is not a ppcc tensor".into(),
+        ));
+    }
+    let tag = Tag {
+        from: u32::from_le_bytes(arr(take(bytes, at, 4)?)),
+        to: u32::from_le_bytes(arr(take(bytes, at, 4)?)),
+        channel: i64::from_le_bytes(arr(take(bytes, at, 8)?)),
+        micro_batch: u32::from_le_bytes(arr(take(bytes, at, 4)?)),
+        step: u64::from_le_bytes(arr(take(bytes, at, 8)?)),
+    };
+    let code = take(bytes, at, 1)?[0];
+    let dtype = *DType::ALL
+        .get(code as usize)
+        .ok_or_else(|| TransportError::Failed(format!("{tag}: unknown dtype code {code}")))?;
+    let rank = u32::from_le_bytes(arr(take(bytes, at, 4)?)) as usize;
+    let mut shape = Vec::with_capacity(rank.min(64));
+    for _ in 0..rank {
+        shape.push(u64::from_le_bytes(arr(take(bytes, at, 8)?)) as usize);
+    }
+    let n: usize = shape.iter().product();
+    let w = wire_size(dtype);
+    let body = &bytes[*at..];
+    if body.len() != n * w {
+        return Err(TransportError::Failed(format!(
+            "{tag}: {} bytes of data for {dtype} {shape:?}",
+            body.len()
+        )));
+    }
+    let chunks = body.chunks_exact(w);
+    let data = match dtype {
+        DType::F64 => TensorData::Float(chunks.map(|c| f64::from_le_bytes(arr(c))).collect()),
+        DType::F32 => {
+            TensorData::Float(chunks.map(|c| f32::from_le_bytes(arr(c)) as f64).collect())
+        }
+        DType::F16 => TensorData::Float(
+            chunks
+                .map(|c| half::f16::from_le_bytes(arr(c)).to_f64())
+                .collect(),
+        ),
+        DType::BF16 => TensorData::Float(
+            chunks
+                .map(|c| half::bf16::from_le_bytes(arr(c)).to_f64())
+                .collect(),
+        ),
+        DType::I64 => TensorData::Int(chunks.map(|c| i64::from_le_bytes(arr(c))).collect()),
+        DType::I32 => TensorData::Int(chunks.map(|c| i32::from_le_bytes(arr(c)) as i64).collect()),
+        DType::I8 => TensorData::Int(chunks.map(|c| c[0] as i8 as i64).collect()),
+        DType::Bool => TensorData::Int(chunks.map(|c| (c[0] != 0) as i64).collect()),
+    };
+    Ok((tag, Tensor { dtype, shape, data }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(channel: i64, micro_batch: u32) -> Tag {
+        Tag {
+            from: 1,
+            to: 2,
+            channel,
+            micro_batch,
+            step: 7,
+        }
+    }
+
+    #[test]
+    fn encode_decode_every_dtype() {
+        let tensors = vec![
+            Tensor::from_f64(
+                DType::F32,
+                vec![2, 3],
+                vec![0.1, -2.5, 1e30, -0.0, 3.0, 1e-40],
+            ),
+            Tensor::from_f64(DType::F64, vec![3], vec![0.1, f64::MAX, f64::MIN_POSITIVE]),
+            Tensor::from_f64(DType::F16, vec![2], vec![0.1, 65504.0]),
+            Tensor::from_f64(DType::BF16, vec![1, 2], vec![0.1, -3e38]),
+            Tensor::from_i64(DType::I64, vec![3], vec![i64::MIN, -1, i64::MAX]),
+            Tensor::from_i64(DType::I32, vec![2], vec![i32::MIN as i64, 5]),
+            Tensor::from_i64(DType::I8, vec![3], vec![-128, 0, 127]),
+            Tensor::from_i64(DType::Bool, vec![2, 1], vec![1, 0]),
+            Tensor::from_f64(DType::F32, vec![], vec![4.5]),
+            Tensor::zeros(DType::F32, vec![0, 3]),
+        ];
+        for (i, t) in tensors.into_iter().enumerate() {
+            let bytes = encode(&tag(i as i64, 3), &t).unwrap();
+            assert_eq!(
+                bytes.len(),
+                FIXED_HEADER + 8 * t.shape.len() + t.num_elements() * wire_size(t.dtype)
+            );
+            let (got_tag, got) = decode(&bytes).unwrap();
+            assert_eq!(got_tag, tag(i as i64, 3));
+            assert_eq!(got, t);
+            // NaN survives too (compared bitwise-insensitively).
+        }
+        let nan = Tensor::from_f64(DType::F32, vec![1], vec![f64::NAN]);
+        let (_, got) = decode(&encode(&tag(0, 0), &nan).unwrap()).unwrap();
+        assert!(got.as_f64().unwrap()[0].is_nan());
+    }
+
+    #[test]
+    fn decode_rejects_bad_messages() {
+        let t = Tensor::from_f32(vec![2], vec![1.0, 2.0]);
+        let bytes = encode(&tag(1, 0), &t).unwrap();
+        assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+        assert!(decode(&bytes[..10]).is_err());
+        assert!(decode(b"XXXXsomething").is_err());
+        let bad = Tensor {
+            dtype: DType::F32,
+            shape: vec![2],
+            data: TensorData::Int(vec![1, 2]),
+        };
+        assert!(encode(&tag(1, 0), &bad).is_err());
+    }
+
+    #[test]
+    fn type_check() {
+        let t = Tensor::from_f32(vec![2, 3], vec![0.0; 6]);
+        let tg = tag(1, 0);
+        assert!(check_type(&tg, &t, &TensorType::of(DType::F32, &[2, 3])).is_ok());
+        assert!(check_type(&tg, &t, &TensorType::of(DType::F32, &[3, 2])).is_err());
+        assert!(check_type(&tg, &t, &TensorType::of(DType::F64, &[2, 3])).is_err());
+        assert!(check_type(&tg, &t, &TensorType::of(DType::F32, &[6])).is_err());
+        let batch = TensorType::new(DType::F32, vec![ppir::Dim::Batch, ppir::Dim::Known(3)]);
+        assert!(check_type(&tg, &t, &batch).is_ok());
+    }
+}
