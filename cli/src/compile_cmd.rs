@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ppcc_passes::cost::{host_profile_cached, DeviceProfile};
 use ppcc_passes::optim::OptimizerKind;
-use ppcc_passes::partition::{apply, PartitionKind};
+use ppcc_passes::partition::{apply, parse_bytes, PartitionKind};
 use ppcc_passes::planner::{plan, Plan, PlannerOptions, ScheduleSpec};
 use ppcc_passes::schedule::csv::{from_csv, to_csv};
 use ppcc_passes::schedule::{Layout, BUILTIN_NAMES};
@@ -121,33 +121,6 @@ pub struct CompileArgs {
     pub program: ProgramArgs,
 }
 
-/// `16G`, `512MiB`, `1000000` → bytes.
-pub fn parse_bytes(s: &str) -> Result<f64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v > 0.0)
-        .with_context(|| format!("--memory-limit: `{s}` is not a positive size"))?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "m" | "mb" => 1e6,
-        "g" | "gb" => 1e9,
-        "t" | "tb" => 1e12,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => (1u64 << 30) as f64,
-        "tib" => (1u64 << 40) as f64,
-        u => bail!("--memory-limit: unknown unit `{u}` (K, M, G, T, KiB, MiB, GiB, TiB)"),
-    };
-    Ok(n * mult)
-}
-
 fn load_profile(spec: &str) -> Result<DeviceProfile> {
     Ok(match spec {
         "host" => host_profile_cached(false)?,
@@ -176,7 +149,11 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         bail!("--stages must be at least 1");
     }
     let profile = load_profile(&a.device_profile)?;
-    let memory_limit = a.memory_limit.as_deref().map(parse_bytes).transpose()?;
+    let memory_limit = a
+        .memory_limit
+        .as_deref()
+        .map(|m| parse_bytes(m).map_err(|e| anyhow::anyhow!("--memory-limit: {e}")))
+        .transpose()?;
 
     // The model's global batch decides the default number of micro-batches.
     let model_global = match a.program.batch {
@@ -190,9 +167,27 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
             crate::program::model_batch(&imported.module)?
         }
     };
-    let microbatches = a
-        .microbatches
-        .unwrap_or_else(|| default_microbatches(model_global, a.stages));
+    // The default number of micro-batches falls back to one when the model bakes its
+    // batch size into a constant (each micro-batch then has the model's batch).
+    let (microbatches, prepared) = match a.microbatches {
+        Some(m) => (m, prepare(&model, &a.program, m)?),
+        None => {
+            let m = default_microbatches(model_global, a.stages);
+            match prepare(&model, &a.program, m) {
+                Ok(p) => (m, p),
+                Err(e) if m > 1 => match prepare(&model, &a.program, 1) {
+                    Ok(p) => {
+                        eprintln!(
+                            "note: using 1 micro-batch per step: {m} micro-batches do not fit the model ({e:#}); give --microbatches and --batch to choose"
+                        );
+                        (1, p)
+                    }
+                    Err(_) => return Err(e),
+                },
+                Err(e) => return Err(e),
+            }
+        }
+    };
 
     // Schedule.
     let is_builtin = BUILTIN_NAMES.contains(&a.schedule.as_str());
@@ -247,7 +242,6 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
 
     let bar = spinner();
     bar.set_message("importing");
-    let prepared = prepare(&model, &a.program, microbatches)?;
     let mut module = prepared.module;
     let optimizer = a.program.optimizer(microbatches)?;
     let optimizer_state = match optimizer.kind {

@@ -11,7 +11,9 @@
 
 use crate::autodiff::AutodiffOptions;
 use crate::cost::{comm_time, DeviceProfile};
-use crate::partition::{partition, MemoryModel, Partition, PartitionKind, PartitionOptions};
+use crate::partition::{
+    human_bytes, partition, MemoryModel, Partition, PartitionKind, PartitionOptions,
+};
 use crate::schedule::{builtin_on, insert_communication, validate, Layout, Schedule};
 use crate::simulate::{simulate, CostTable, SimReport, StageCosts};
 use crate::PassError;
@@ -141,7 +143,23 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     popts.pinned = o.pinned.clone();
     popts.autodiff = o.autodiff.clone();
     popts.candidates = 4;
-    let candidates = partition(m, &popts)?;
+    let candidates = partition(m, &popts).map_err(|e| {
+        if k == o.ranks {
+            return e;
+        }
+        match e {
+            PassError::Failed { pass, message } => PassError::Failed {
+                pass,
+                message: format!(
+                    "{message} (schedule `{}` needs {k} stages: {} devices × {} stages each)",
+                    o.schedule.name(),
+                    o.ranks,
+                    k / o.ranks.max(1)
+                ),
+            },
+            other => other,
+        }
+    })?;
     let mut simulated = vec![];
     let mut best: Option<Plan> = None;
     let mut first_error = None;
@@ -204,12 +222,11 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
         .max_by(|a, b| a.1.total_cmp(b.1))
     {
         if peak > limit {
-            let gib = |b: f64| b / (1u64 << 30) as f64;
             return Err(fail(format!(
-                "device {r} needs {:.3} GiB at its peak under this schedule, the memory limit is {:.3} GiB (over by {:.3} GiB); use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger --memory-limit",
-                gib(peak),
-                gib(limit),
-                gib(peak - limit)
+                "device {r} needs {} at its peak under this schedule, the memory limit is {} (over by {}); use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger memory limit",
+                human_bytes(peak),
+                human_bytes(limit),
+                human_bytes(peak - limit)
             )));
         }
     }

@@ -71,9 +71,16 @@ pub fn parse_pass_spec(spec: &str) -> Result<(String, PassOptions), PassError> {
                     "pass spec `{spec}`: expected key=value, found `{item}`"
                 ))
             })?;
-            options
+            if options
                 .values
-                .insert(k.trim().to_string(), v.trim().to_string());
+                .insert(k.trim().to_string(), v.trim().to_string())
+                .is_some()
+            {
+                return Err(PassError::Usage(format!(
+                    "pass spec `{spec}`: option `{}` is given twice",
+                    k.trim()
+                )));
+            }
         }
     }
     if name.is_empty() {

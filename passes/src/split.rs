@@ -360,7 +360,8 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
     }
     if let Some(s) = counts.iter().position(|&c| c == 0) {
         return Err(fail(format!(
-            "stage {s} has no ops (stages must be numbered 0..{num_stages} without gaps)"
+            "stage {s} has no ops (stages must be numbered 0 to {} without gaps)",
+            num_stages - 1
         )));
     }
 

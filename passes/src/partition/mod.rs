@@ -303,8 +303,8 @@ fn pinned_positions(f: &Function, names: &[String]) -> Result<Vec<usize>, PassEr
     for name in names {
         let pos = f.ops().iter().position(|&op| {
             let d = f.op(op);
-            d.loc.as_deref() == Some(name.as_str())
-                || d.results().iter().any(|&r| f.value(r).name == *name)
+            let name = name.strip_prefix('%').unwrap_or(name);
+            d.loc.as_deref() == Some(name) || d.results().iter().any(|&r| f.value(r).name == name)
         });
         match pos {
             Some(p) => out.push(p),
@@ -316,7 +316,7 @@ fn pinned_positions(f: &Function, names: &[String]) -> Result<Vec<usize>, PassEr
                     .take(8)
                     .collect();
                 return Err(fail(format!(
-                    "no op of @{} is named `{name}` (ONNX node names, e.g. {})",
+                    "no op of @{} is named `{name}` (give ONNX node names, e.g. {}, or result value names)",
                     f.name,
                     known.join(", ")
                 )));
@@ -562,8 +562,55 @@ fn estimate(stages: &[StagePlan], edges: &[StageEdge], opts: &PartitionOptions) 
     (opts.microbatches as f64 - 1.0) * t + l
 }
 
+/// `3.2 GiB`, `12.0 KiB`, `512 B`.
+pub fn human_bytes(b: f64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut i = 0;
+    while v.abs() >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v:.0} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
+
+/// `16G`, `512MiB`, `1000000` → bytes (K/M/G/T are powers of 1000, KiB/MiB/GiB/TiB of
+/// 1024).
+pub fn parse_bytes(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)
+        .ok_or_else(|| format!("`{s}` is not a positive size"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => (1u64 << 30) as f64,
+        "tib" => (1u64 << 40) as f64,
+        u => {
+            return Err(format!(
+                "unknown unit `{u}` in `{s}` (K, M, G, T, KiB, MiB, GiB, TiB)"
+            ))
+        }
+    };
+    Ok(n * mult)
+}
+
 fn over_memory(g: &graph::NodeGraph, stages: &[Vec<usize>], memory: &MemoryModel) -> PassError {
-    let gib = |b: f64| b / (1u64 << 30) as f64;
     let (s, need) = stages
         .iter()
         .enumerate()
@@ -585,12 +632,12 @@ fn over_memory(g: &graph::NodeGraph, stages: &[Vec<usize>], memory: &MemoryModel
         n.map(|&n| g.nodes[n].name.clone()).unwrap_or_default()
     };
     fail(format!(
-        "no plan fits the memory limit: the best one needs {:.3} GiB on stage {s} (ops `{}` to `{}`), the limit is {:.3} GiB (over by {:.3} GiB); use more stages, a schedule that keeps fewer micro-batches in flight, or a larger --memory-limit",
-        gib(need),
+        "no plan fits the memory limit: in the best one, the stage with ops `{}` to `{}` needs {}, the limit is {} (over by {}); use more stages, a schedule that keeps fewer micro-batches in flight, or a larger memory limit",
         name(&stages[s], false),
         name(&stages[s], true),
-        gib(memory.limit),
-        gib(need - memory.limit)
+        human_bytes(need),
+        human_bytes(memory.limit),
+        human_bytes(need - memory.limit)
     ))
 }
 
@@ -632,8 +679,9 @@ impl PartitionPass {
             Some(m) => m.max(1) as usize,
             None => 2 * stages.max(1),
         };
-        if let Some(l) = o.u64(PASS, "memory-limit")? {
-            options.memory.limit = l as f64;
+        if let Some(l) = o.get("memory-limit") {
+            options.memory.limit = parse_bytes(l)
+                .map_err(|e| PassError::Usage(format!("pass `partition`: memory-limit: {e}")))?;
         }
         if let Some(f) = o.get("function") {
             options.function = f.to_string();

@@ -1,0 +1,498 @@
+//! `ppcc MODEL.onnx -o DIR` end to end: the plan (plan.json) of the graph partitioner on
+//! the two-tower example against its sequential baseline, the per-stage programs (they
+//! parse and, loaded together, verify: every send has its recv), schedule.csv and
+//! timeline.svg; the other partitioners and schedules on the MLP and GPT examples; and the
+//! errors for impossible requests.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn example(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A fresh output directory for one test.
+fn out_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ppcc-compile-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Run `ppcc MODEL -o DIR ARGS`: (success, stdout, stderr).
+fn compile(model: &str, dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .arg(example(model))
+        .arg("-o")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("ppcc runs");
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// Compile, expecting success; returns plan.json.
+fn compile_ok(model: &str, name: &str, args: &[&str]) -> (PathBuf, Value) {
+    let dir = out_dir(name);
+    let (ok, out, err) = compile(model, &dir, args);
+    assert!(ok, "ppcc {model} {args:?} failed:\n{out}\n{err}");
+    let text = std::fs::read_to_string(dir.join("plan.json")).expect("plan.json written");
+    let plan: Value = serde_json::from_str(&text).expect("plan.json parses");
+    (dir, plan)
+}
+
+/// Compile, expecting failure; returns stderr.
+fn compile_err(model: &str, name: &str, args: &[&str]) -> String {
+    let dir = out_dir(name);
+    let (ok, out, err) = compile(model, &dir, args);
+    assert!(!ok, "ppcc {model} {args:?} should fail:\n{out}\n{err}");
+    err
+}
+
+fn f64_of(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// Every stage's stage.ppir parses; all stages' functions in one module verify (the
+/// verifier pairs each send with its recv across functions). Returns the module.
+fn load_stages(dir: &Path, stages: usize) -> ppir::Module {
+    let mut all = ppir::Module::new();
+    for s in 0..stages {
+        let path = dir.join(format!("stage{s}")).join("stage.ppir");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let m = ppir::text::parse_module(&text)
+            .unwrap_or_else(|e| panic!("{} does not parse: {e:?}", path.display()));
+        assert!(
+            dir.join(format!("stage{s}")).join("params.npz").exists(),
+            "stage{s}/params.npz"
+        );
+        let names: Vec<&str> = m.functions.iter().map(|f| f.name.as_str()).collect();
+        for phase in ["fwd", "bwd_input", "bwd_weight", "optim"] {
+            let want = format!("stage{s}.{phase}");
+            assert!(
+                names.contains(&want.as_str()),
+                "{}: no @{want} in {names:?}",
+                path.display()
+            );
+        }
+        all.functions.extend(m.functions);
+        all.weights.extend(m.weights);
+    }
+    if let Err(errors) = ppir::verify::verify_module(&all) {
+        let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        panic!("the stages together do not verify:\n{}", list.join("\n"));
+    }
+    all
+}
+
+#[test]
+fn two_tower_graph_partition_beats_the_sequential_baseline() {
+    let (dir, plan) = compile_ok(
+        "two_tower.onnx",
+        "two-tower",
+        &["--stages", "3", "--microbatches", "4", "--loss", "mse"],
+    );
+    assert_eq!(plan["format"], "ppcc-plan");
+    assert_eq!(plan["partition"], "graph");
+    assert_eq!(plan["devices"], 3);
+    assert_eq!(plan["microbatches"], 4);
+    assert_eq!(plan["global_batch"], 8);
+    assert_eq!(plan["micro_batch"], 2);
+    assert_eq!(plan["schedule"]["name"], "1f1b");
+
+    let stages = plan["stages"].as_array().expect("stages");
+    assert_eq!(stages.len(), 3);
+    for (i, st) in stages.iter().enumerate() {
+        assert_eq!(st["stage"], i as u64);
+        assert_eq!(st["device"], i as u64);
+        assert_eq!(st["dir"], format!("stage{i}"));
+        assert!(st["ops"].as_u64().unwrap() > 0, "stage {i} has no ops");
+        assert_eq!(st["functions"]["fwd"], format!("stage{i}.fwd"));
+        assert_eq!(st["functions"]["optim"], format!("stage{i}.optim"));
+    }
+    // The towers run side by side; the head joins them.
+    assert_eq!(stages[0]["first_op"], "user_tower.fc0/MatMul");
+    assert_eq!(stages[0]["last_op"], "user_tower.relu2/Relu");
+    assert_eq!(stages[1]["first_op"], "item_tower.fc0/MatMul");
+    assert_eq!(stages[1]["last_op"], "item_tower.relu2/Relu");
+    assert_eq!(stages[2]["first_op"], "head/Concat");
+    assert_eq!(stages[2]["last_op"], "head.fc1/Add");
+    assert_eq!(stages[0]["ops"], 9);
+    assert_eq!(stages[1]["ops"], 9);
+    assert_eq!(stages[2]["ops"], 6);
+    assert_eq!(plan["edges"], serde_json::json!([[0, 2], [1, 2]]));
+    // Two activations forward, their two gradients back.
+    let channels = plan["channels"].as_array().unwrap();
+    let summary: Vec<(u64, u64, &str)> = channels
+        .iter()
+        .map(|c| {
+            (
+                c["from"].as_u64().unwrap(),
+                c["to"].as_u64().unwrap(),
+                c["phase"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (0, 2, "fwd"),
+            (1, 2, "fwd"),
+            (2, 0, "bwd_input"),
+            (2, 1, "bwd_input")
+        ]
+    );
+    // 2 rows × 64 floats.
+    assert!(channels.iter().all(|c| c["bytes"] == 512));
+
+    let prediction = &plan["prediction"];
+    assert_eq!(prediction["stage_graph_is_chain"], false);
+    let baseline = &plan["baseline"];
+    assert_eq!(baseline["partition"], "sequential");
+    let (t, t0) = (
+        f64_of(&prediction["iteration_seconds"]),
+        f64_of(&baseline["iteration_seconds"]),
+    );
+    assert!(
+        t > 0.0 && t < t0,
+        "graph {t} s is not faster than sequential {t0} s"
+    );
+    assert!(f64_of(&prediction["lower_bound_seconds"]) <= t);
+    let bubble = f64_of(&prediction["bubble_fraction"]);
+    assert!(bubble > 0.0 && bubble < f64_of(&baseline["bubble_fraction"]));
+    assert_eq!(prediction["peak_memory_bytes"].as_array().unwrap().len(), 3);
+
+    let m = load_stages(&dir, 3);
+    assert_eq!(m.functions.len(), 12);
+
+    let csv = std::fs::read_to_string(dir.join("schedule.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.len(), 3, "{csv}");
+    for (r, row) in rows.iter().enumerate() {
+        // Every rank runs F and B of each of the 4 micro-batches of its stage.
+        for mb in 0..4 {
+            for action in ["F", "B"] {
+                let cell = format!("{r}{action}{mb}");
+                assert!(
+                    row.split(',').any(|c| c == cell),
+                    "row {r} lacks {cell}: {row}"
+                );
+            }
+        }
+    }
+    let svg = std::fs::read_to_string(dir.join("timeline.svg")).unwrap();
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
+    let trace = std::fs::read_to_string(dir.join("trace.json")).unwrap();
+    serde_json::from_str::<Value>(&trace).expect("trace.json parses");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sequential_partition_numbers_stages_in_op_order() {
+    let (dir, plan) = compile_ok(
+        "two_tower.onnx",
+        "two-tower-seq",
+        &[
+            "--stages",
+            "3",
+            "--microbatches",
+            "4",
+            "--loss",
+            "mse",
+            "--partition",
+            "sequential",
+        ],
+    );
+    assert_eq!(plan["partition"], "sequential");
+    let stages = plan["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 3);
+    let firsts: Vec<&str> = stages
+        .iter()
+        .map(|s| s["first_op"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        firsts,
+        [
+            "user_tower.fc0/MatMul",
+            "item_tower.fc0/MatMul",
+            "head/Concat"
+        ]
+    );
+    // Stage edges only go forward in the numbering.
+    for e in plan["edges"].as_array().unwrap() {
+        assert!(e[0].as_u64().unwrap() < e[1].as_u64().unwrap(), "edge {e}");
+    }
+    // The plan is its own baseline.
+    assert_eq!(
+        f64_of(&plan["prediction"]["iteration_seconds"]),
+        f64_of(&plan["baseline"]["iteration_seconds"])
+    );
+    load_stages(&dir, 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mlp_sequential_stages_form_a_chain() {
+    let (dir, plan) = compile_ok(
+        "mlp.onnx",
+        "mlp-seq",
+        &["--stages", "2", "--partition", "sequential"],
+    );
+    assert_eq!(plan["prediction"]["stage_graph_is_chain"], true);
+    assert_eq!(plan["edges"], serde_json::json!([[0, 1]]));
+    load_stages(&dir, 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn zb_v_needs_a_chain_partition() {
+    let err = compile_err(
+        "two_tower.onnx",
+        "zbv",
+        &[
+            "--stages",
+            "3",
+            "--microbatches",
+            "4",
+            "--loss",
+            "mse",
+            "--schedule",
+            "zb-v",
+            "--partition",
+            "graph",
+        ],
+    );
+    assert!(err.contains("--partition sequential"), "{err}");
+    assert!(err.contains("zb-v"), "{err}");
+}
+
+#[test]
+fn interleaved_on_the_mlp_makes_four_virtual_stages() {
+    let (dir, plan) = compile_ok(
+        "mlp.onnx",
+        "mlp-interleaved",
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--schedule",
+            "interleaved-1f1b",
+            "--chunks",
+            "2",
+        ],
+    );
+    assert_eq!(plan["devices"], 2);
+    assert_eq!(plan["schedule"]["chunks"], 2);
+    let stages = plan["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 4);
+    // Virtual stage c·P + r on device r.
+    let placement: Vec<(u64, u64)> = stages
+        .iter()
+        .map(|s| (s["device"].as_u64().unwrap(), s["chunk"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(placement, [(0, 0), (1, 0), (0, 1), (1, 1)]);
+    assert_eq!(plan["edges"], serde_json::json!([[0, 1], [1, 2], [2, 3]]));
+    let csv = std::fs::read_to_string(dir.join("schedule.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 2, "{csv}");
+    load_stages(&dir, 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn interleaved_with_too_few_op_groups_says_so() {
+    // The MLP cannot be cut into 2 × 8 = 16 virtual stages.
+    let err = compile_err(
+        "mlp.onnx",
+        "mlp-interleaved-many",
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--schedule",
+            "interleaved-1f1b",
+            "--chunks",
+            "8",
+        ],
+    );
+    assert!(err.contains("fewer than the 16 stages asked for"), "{err}");
+    assert!(
+        err.contains("needs 16 stages: 2 devices × 8 stages each"),
+        "{err}"
+    );
+}
+
+#[test]
+fn memory_limit_too_small_names_the_stage_and_the_excess() {
+    let err = compile_err(
+        "two_tower.onnx",
+        "memory",
+        &[
+            "--stages",
+            "3",
+            "--microbatches",
+            "4",
+            "--loss",
+            "mse",
+            "--memory-limit",
+            "1K",
+        ],
+    );
+    assert!(err.contains("no plan fits the memory limit"), "{err}");
+    assert!(err.contains("the stage with ops `"), "{err}");
+    assert!(err.contains("the limit is 1000 B (over by "), "{err}");
+}
+
+#[test]
+fn bad_memory_limit_unit() {
+    let err = compile_err("mlp.onnx", "memory-unit", &["--memory-limit", "3 parsecs"]);
+    assert!(
+        err.contains("--memory-limit: unknown unit `parsecs`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_stage_layout_name_is_named() {
+    let err = compile_err(
+        "two_tower.onnx",
+        "layout",
+        &[
+            "--stages",
+            "3",
+            "--microbatches",
+            "4",
+            "--loss",
+            "mse",
+            "--stage-layout",
+            "nonexistent",
+        ],
+    );
+    assert!(
+        err.contains("no op of @main is named `nonexistent`"),
+        "{err}"
+    );
+    assert!(err.contains("user_tower.fc0/MatMul"), "{err}");
+}
+
+#[test]
+fn stage_layout_forces_a_cut() {
+    let (dir, plan) = compile_ok(
+        "two_tower.onnx",
+        "layout-ok",
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--loss",
+            "mse",
+            "--partition",
+            "sequential",
+            "--stage-layout",
+            "head.relu0/Relu",
+        ],
+    );
+    let stages = plan["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2);
+    assert_eq!(stages[1]["first_op"], "head.relu0/Relu");
+    load_stages(&dir, 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_schedule_lists_the_builtins() {
+    let err = compile_err("mlp.onnx", "schedule", &["--schedule", "foo"]);
+    assert!(
+        err.contains(
+            "unknown schedule `foo` (built-in: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v; or a .csv file)"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn zero_stages_is_an_error() {
+    let err = compile_err("mlp.onnx", "zero", &["--stages", "0"]);
+    assert!(err.contains("--stages must be at least 1"), "{err}");
+}
+
+/// MLP and GPT with two stages under every single-chunk built-in schedule (default
+/// partition) and under the uniform partition.
+#[test]
+fn examples_compile_under_every_schedule_and_uniform() {
+    // The GPT's attention reshapes fix its batch at 4 rows, so one micro-batch.
+    for (model, extra) in [
+        ("mlp.onnx", vec![]),
+        ("gpt.onnx", vec!["--microbatches", "1"]),
+    ] {
+        let mut runs: Vec<(String, Vec<&str>)> = ["gpipe", "1f1b", "zb-h1", "zb-h2"]
+            .into_iter()
+            .map(|s| (s.to_string(), vec!["--schedule", s]))
+            .collect();
+        runs.push(("uniform".into(), vec!["--partition", "uniform"]));
+        for (label, args) in runs {
+            let mut all = vec!["--stages", "2"];
+            all.extend(&extra);
+            all.extend(&args);
+            let name = format!("{}-{label}", model.trim_end_matches(".onnx"));
+            let (dir, plan) = compile_ok(model, &name, &all);
+            let stages = plan["stages"].as_array().unwrap();
+            assert_eq!(stages.len(), 2, "{name}");
+            assert!(
+                stages.iter().all(|s| s["ops"].as_u64().unwrap() > 0),
+                "{name}: an empty stage"
+            );
+            if label == "uniform" {
+                assert_eq!(plan["partition"], "uniform", "{name}");
+                assert_eq!(plan["schedule"]["name"], "1f1b", "{name}");
+            } else {
+                assert_eq!(plan["schedule"]["name"], label.as_str(), "{name}");
+            }
+            assert!(
+                f64_of(&plan["prediction"]["iteration_seconds"]) > 0.0,
+                "{name}"
+            );
+            load_stages(&dir, 2);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+#[test]
+fn a_baked_batch_falls_back_to_one_micro_batch_by_default() {
+    // The GPT example fixes its batch of 4 rows in a reshape: the default 4 micro-batches
+    // of 1 row cannot work, so the compiler takes 1 micro-batch and says why.
+    let dir = out_dir("gpt-default-m");
+    let (ok, _stdout, stderr) = compile("gpt.onnx", &dir, &["--stages", "2"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("note: using 1 micro-batch per step"),
+        "{stderr}"
+    );
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["microbatches"], 1);
+    assert_eq!(plan["micro_batch"], 4);
+    // An explicit choice is never overridden.
+    let err = compile_err(
+        "gpt.onnx",
+        "gpt-explicit-m",
+        &["--stages", "2", "--microbatches", "4"],
+    );
+    assert!(
+        err.contains("the model's batch size is fixed at 4"),
+        "{err}"
+    );
+}
