@@ -40,38 +40,51 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--microbatches", type=int, default=16)
     ap.add_argument("--schedule", default="1f1b")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="compile+run pairs of each plan, alternating (medians are reported)")
     args = ap.parse_args()
     for path in (args.ppcc, args.model):
         if not os.path.exists(path):
             sys.exit(f"{path} not found (see the usage at the top of this script)")
     rows = []
+    # Compile and run each plan back to back, alternating, several times: the prediction
+    # (op times measured at compile time) and the measurement then see the machine in the
+    # same state (this VM's speed drifts by ±20% over minutes).
+    pairs = {1: [], 2: []}
+    last = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for stages in (1, 2):
-            out = os.path.join(tmp, f"p{stages}")
-            sh([args.ppcc, args.model, "-o", out, "--stages", str(stages), "--batch", str(args.batch),
-                "--microbatches", str(args.microbatches), "--schedule", args.schedule,
-                "--device-profile", "host"])
-            with open(os.path.join(out, "plan.json")) as f:
-                plan = json.load(f)
-            p = sh([args.ppcc, "run", out, "--steps", str(args.steps)])
-            m = re.search(r"time per step: measured ([0-9.]+) (s|ms|us)", p.stderr)
-            if not m:
-                sys.exit(f"no timing in:\n{p.stderr}")
-            scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[m.group(2)]
-            measured = float(m.group(1)) * scale
-            losses = [l for l in p.stdout.splitlines() if l.startswith("step ")]
-            rows.append((stages, measured, plan["prediction"]["iteration_seconds"],
-                         plan["prediction"]["bubble_fraction"], losses[-1]))
+        for rep in range(args.repeats):
+            for stages in (1, 2):
+                out = os.path.join(tmp, f"p{stages}-{rep}")
+                sh([args.ppcc, args.model, "-o", out, "--stages", str(stages), "--batch", str(args.batch),
+                    "--microbatches", str(args.microbatches), "--schedule", args.schedule,
+                    "--device-profile", "host"])
+                with open(os.path.join(out, "plan.json")) as f:
+                    pred = json.load(f)["prediction"]
+                p = sh([args.ppcc, "run", out, "--steps", str(args.steps)])
+                m = re.search(r"time per step: measured ([0-9.]+) (s|ms|us)", p.stderr)
+                if not m:
+                    sys.exit(f"no timing in:\n{p.stderr}")
+                scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[m.group(2)]
+                measured = float(m.group(1)) * scale
+                pairs[stages].append((measured, pred["iteration_seconds"], pred["bubble_fraction"]))
+                last[stages] = [l for l in p.stdout.splitlines() if l.startswith("step ")][-1]
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    for stages in (1, 2):
+        ms = [x[0] for x in pairs[stages]]
+        errs = [100 * (x[1] - x[0]) / x[0] for x in pairs[stages]]
+        rows.append((stages, med(ms), min(ms), max(ms), med([x[1] for x in pairs[stages]]),
+                     med(errs), min(errs, key=abs), max(errs, key=abs), pairs[stages][0][2], last[stages]))
     base = rows[0][1]
     print(f"model {os.path.relpath(args.model, ROOT)}, global batch {args.batch} = "
-          f"{args.microbatches} micro-batches, schedule {args.schedule}, {args.steps} steps "
-          f"(first step not timed), {os.cpu_count()} cores\n")
-    print("| stages | measured s/step | throughput vs 1 stage | predicted s/step (host) | error | predicted bubble | last loss |")
-    print("|---:|---:|---:|---:|---:|---:|---|")
-    for stages, measured, predicted, bubble, last in rows:
-        print(f"| {stages} | {measured:.3f} | {base / measured:.2f}× | {predicted:.3f} | "
-              f"{100 * (predicted - measured) / measured:+.1f}% | {100 * bubble:.1f}% | `{last}` |")
-    if rows[0][4].split()[-1] != rows[1][4].split()[-1]:
+          f"{args.microbatches} micro-batches, schedule {args.schedule}, {args.steps} steps per run "
+          f"(first step not timed), {args.repeats} compile+run pairs per plan, {os.cpu_count()} cores\n")
+    print("| stages | measured s/step (median) | range | throughput vs 1 stage | predicted s/step (host, median) | prediction error (median) | errors (closest … furthest) | last loss |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    for stages, m, lo, hi, pred, err, err_lo, err_hi, bubble, last_line in rows:
+        print(f"| {stages} | {m:.3f} | {lo:.3f}–{hi:.3f} | {base / m:.2f}× | {pred:.3f} | {err:+.1f}% | "
+              f"{err_lo:+.1f}% … {err_hi:+.1f}% | `{last_line}` |")
+    if rows[0][9].split()[-1] != rows[1][9].split()[-1]:
         print("\nwarning: the 1-stage and 2-stage runs ended with different losses")
 
 

@@ -79,3 +79,52 @@ pub fn op_time_in(
     let c = op_cost(f, op)?;
     Ok(op_time(&c, compute_dtype(f, op), profile))
 }
+
+/// Time every op of `f` as it runs in sequence with the interpreter on synthetic inputs
+/// (floats 0.5, integers 0), the median of `runs` passes per op: the op times of a real
+/// step, with its data flow and cache behaviour (the median rather than the fastest, so a
+/// noisy machine's lucky moments do not make every op look fast). Ops that fail to run
+/// (and everything after them that needs their results) are left out.
+pub fn measure_function_ops(f: &Function, runs: usize) -> HashMap<OpId, f64> {
+    let mut all: HashMap<OpId, Vec<f64>> = HashMap::new();
+    let opts = InterpOptions::default();
+    for _ in 0..runs.max(1) {
+        let mut env: HashMap<ppir::ValueId, Tensor> = HashMap::new();
+        for &(v, _) in f.args() {
+            if let Some(t) = synthetic(f.ty(v)) {
+                env.insert(v, t);
+            }
+        }
+        for &op in f.ops() {
+            let d = f.op(op);
+            if d.kind.has_side_effect() {
+                continue;
+            }
+            let Some(inputs) = d
+                .operands()
+                .iter()
+                .map(|v| env.get(v))
+                .collect::<Option<Vec<&Tensor>>>()
+            else {
+                continue;
+            };
+            let types: Vec<TensorType> = d.results().iter().map(|&r| f.ty(r).clone()).collect();
+            let t0 = Instant::now();
+            let out = eval_op(d.kind, &d.attrs, &inputs, &types, &opts);
+            let t = t0.elapsed().as_secs_f64();
+            let Ok(out) = out else {
+                continue;
+            };
+            all.entry(op).or_default().push(t);
+            for (&r, v) in d.results().iter().zip(out) {
+                env.insert(r, v);
+            }
+        }
+    }
+    all.into_iter()
+        .map(|(op, mut ts)| {
+            ts.sort_by(f64::total_cmp);
+            (op, ts[ts.len() / 2])
+        })
+        .collect()
+}

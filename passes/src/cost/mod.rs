@@ -45,7 +45,7 @@ pub use function::{
 pub use host::{
     host_cache_path, host_key, host_profile_cached, host_profile_cached_at, measure_host,
 };
-pub use measure::{measured_op_time, op_time_in};
+pub use measure::{measure_function_ops, measured_op_time, op_time_in};
 pub use op::{op_cost_of, OpCost, TRANSCENDENTAL_FLOPS};
 pub use profile::{bound, comm_time, op_time, Bound, DeviceProfile, BUILTIN_PROFILES};
 

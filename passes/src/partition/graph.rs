@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use ppir::{ArgKind, Function, Module, Phase, Use, ValueDef, ValueId};
 
 use crate::autodiff::{build_gradient_function, AutodiffOptions};
-use crate::cost::{op_time_in, DeviceProfile};
+use crate::cost::{measure_function_ops, op_time_in, DeviceProfile};
 use crate::split::is_source_op;
 use crate::PassError;
 
@@ -83,13 +83,22 @@ pub fn attribute_costs(
         .function(&info.function)
         .ok_or_else(|| fail("autodiff made no gradient function"))?;
     let origin = origins(g);
+    // On a measuring profile, time the whole training step op by op.
+    let measured = if profile.measure_ops {
+        measure_function_ops(g, 3)
+    } else {
+        Default::default()
+    };
     let mut costs = vec![Cost::default(); n];
     for &op in g.ops() {
         let Some(o) = origin[op.index()] else {
             continue;
         };
         let o = (o as usize).min(n.saturating_sub(1));
-        let t = op_time_in(g, op, profile).map_err(|e| fail(e.to_string()))?;
+        let t = match measured.get(&op) {
+            Some(&t) => t + profile.op_overhead,
+            None => op_time_in(g, op, profile).map_err(|e| fail(e.to_string()))?,
+        };
         let data = g.op(op);
         match data.phase {
             Some(Phase::BwdInput) => costs[o].b += t,
