@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ppcc_passes::cost::{host_profile_cached, DeviceProfile};
 use ppcc_passes::optim::OptimizerKind;
-use ppcc_passes::partition::{apply, parse_bytes, PartitionKind};
+use ppcc_passes::partition::{apply, human_bytes, parse_bytes, PartitionKind};
 use ppcc_passes::planner::{plan, Plan, PlannerOptions, ScheduleSpec};
 use ppcc_passes::schedule::csv::{from_csv, to_csv};
 use ppcc_passes::schedule::{Layout, BUILTIN_NAMES};
@@ -611,21 +611,6 @@ fn ms(s: f64) -> String {
         format!("{:.3} ms", s * 1e3)
     } else {
         format!("{:.1} us", s * 1e6)
-    }
-}
-
-fn human_bytes(b: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{v:.0} {}", units[i])
-    } else {
-        format!("{v:.1} {}", units[i])
     }
 }
 

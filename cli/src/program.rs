@@ -3,6 +3,7 @@
 //! and the compiler (`ppcc MODEL.onnx -o DIR`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::IsTerminal;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -283,4 +284,18 @@ pub fn set_batch(m: &mut Module, model_batch: Option<u64>, micro: u64) -> Result
         });
         anyhow::anyhow!("cannot use micro-batches of {micro} rows: {e}{fixed}")
     })
+}
+
+/// A bar of training steps on a terminal (`show`), else a hidden one.
+pub fn step_bar(steps: u64, show: bool) -> indicatif::ProgressBar {
+    if show && std::io::stderr().is_terminal() {
+        let pb = indicatif::ProgressBar::new(steps);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps, {elapsed} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    }
 }

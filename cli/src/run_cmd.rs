@@ -6,7 +6,6 @@
 //! per device.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -23,6 +22,7 @@ use ppcc_runtime::{BatchSource, Distribution, InputSpec, SyntheticSource};
 use ppir::{Module, Tensor, TensorType};
 
 use crate::npz::{read_npz, write_npz};
+use crate::program::step_bar;
 use crate::train_cmd::{npz_source, step_line};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -462,16 +462,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             }
         );
     }
-    let bar = if leader && a.transport == TransportArg::Local && std::io::stderr().is_terminal() {
-        let pb = indicatif::ProgressBar::new(a.steps);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps, {elapsed} {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        pb
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = step_bar(a.steps, leader && a.transport == TransportArg::Local);
     let mut step_times = vec![];
     let mut trace: Vec<(u64, f64, Timed)> = vec![];
     let mut peak_stash = vec![0u64; ranks.len()];

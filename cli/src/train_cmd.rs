@@ -8,7 +8,6 @@
 //! Everything else goes to standard error.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -21,7 +20,7 @@ use ppcc_runtime::{
 use ppir::{DType, Dim, Tensor, TensorData, TensorType};
 
 use crate::npz::read_npz;
-use crate::program::{build_training, prepare, Prepared, ProgramArgs, Training};
+use crate::program::{build_training, prepare, step_bar, Prepared, ProgramArgs, Training};
 
 /// Train a model on one device with the reference interpreter.
 ///
@@ -154,16 +153,7 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
         a.data
     );
 
-    let bar = if std::io::stderr().is_terminal() {
-        let pb = indicatif::ProgressBar::new(a.steps);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps, {elapsed} {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        pb
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = step_bar(a.steps, true);
     for k in 0..a.steps {
         let batch = source.batch(k)?;
         let report = trainer.step(&batch)?;
