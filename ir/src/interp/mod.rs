@@ -46,6 +46,7 @@ mod grad_tests;
 #[cfg(test)]
 mod tests;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -349,6 +350,17 @@ pub fn run_function(
     f: &Function,
     args: Vec<Tensor>,
     opts: &InterpOptions,
+    comm: Option<&mut dyn Comm>,
+) -> Result<Vec<Tensor>, InterpError> {
+    run_function_cow(f, args.into_iter().map(Cow::Owned).collect(), opts, comm)
+}
+
+/// [`run_function`] with arguments that may be borrowed (weights a caller keeps): a
+/// borrowed argument is never copied unless the function returns it.
+pub fn run_function_cow(
+    f: &Function,
+    args: Vec<Cow<'_, Tensor>>,
+    opts: &InterpOptions,
     mut comm: Option<&mut dyn Comm>,
 ) -> Result<Vec<Tensor>, InterpError> {
     let function = || f.name.clone();
@@ -359,7 +371,7 @@ pub fn run_function(
             got: args.len(),
         });
     }
-    let mut values: Vec<Option<Tensor>> = vec![None; f.num_values()];
+    let mut values: Vec<Option<Cow<'_, Tensor>>> = vec![None; f.num_values()];
     let mut remaining: Vec<usize> = (0..f.num_values())
         .map(|i| f.users(ValueId(i as u32)).len())
         .collect();
@@ -392,7 +404,7 @@ pub fn run_function(
             let mut inputs = Vec::with_capacity(op.operands().len());
             for &v in op.operands() {
                 match &values[v.index()] {
-                    Some(t) => inputs.push(t),
+                    Some(t) => inputs.push(t.as_ref()),
                     None => {
                         return Err(op_error(format!(
                             "operand %{} has no value here (used before its definition?)",
@@ -448,7 +460,7 @@ pub fn run_function(
         };
         for (&r, t) in op.results().iter().zip(outs) {
             if remaining[r.index()] > 0 {
-                values[r.index()] = Some(t);
+                values[r.index()] = Some(Cow::Owned(t));
             }
         }
         for &v in op.operands() {
@@ -471,7 +483,7 @@ pub fn run_function(
             values[r.index()].clone()
         };
         match t {
-            Some(t) => out.push(t),
+            Some(t) => out.push(t.into_owned()),
             None => {
                 return Err(InterpError::Function {
                     function: function(),

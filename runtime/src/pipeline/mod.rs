@@ -30,10 +30,11 @@ mod plan;
 
 pub use plan::{parse_action, ActionKind, PlanAction, PlanSpec, StageSpec};
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use ppir::interp::{eval_op, run_function, Comm, InterpOptions};
+use ppir::interp::{eval_op, run_function_cow, Comm, InterpOptions};
 use ppir::{ArgKind, Attrs, DType, Function, Module, OpKind, Tensor, TensorType};
 
 use crate::data::slice_rows;
@@ -78,11 +79,12 @@ pub type Signature = (Vec<(String, ArgKind, TensorType)>, Vec<String>);
 pub trait StageExecutable: Send {
     /// The function's signature: (argument name, kind, type) and result names.
     fn signature(&self, function: &str) -> Option<Signature>;
-    /// Call `function`; its send/recv ops use `comm`.
+    /// Call `function`; its send/recv ops use `comm`. Arguments the caller keeps (weights,
+    /// stashed activations) are borrowed.
     fn call(
         &mut self,
         function: &str,
-        args: Vec<Tensor>,
+        args: Vec<Cow<'_, Tensor>>,
         comm: &mut dyn Comm,
     ) -> Result<Vec<Tensor>, String>;
 }
@@ -102,14 +104,14 @@ impl StageExecutable for InterpretedStage {
     fn call(
         &mut self,
         function: &str,
-        args: Vec<Tensor>,
+        args: Vec<Cow<'_, Tensor>>,
         comm: &mut dyn Comm,
     ) -> Result<Vec<Tensor>, String> {
         let f = self
             .module
             .function(function)
             .ok_or_else(|| format!("the stage has no function @{function}"))?;
-        run_function(f, args, &self.options, Some(comm)).map_err(|e| e.to_string())
+        run_function_cow(f, args, &self.options, Some(comm)).map_err(|e| e.to_string())
     }
 }
 
@@ -448,15 +450,15 @@ impl RankWorker {
         let mut args = Vec::with_capacity(args_sig.len());
         for (name, kind, _ty) in &args_sig {
             let t = if *kind != ArgKind::Input {
-                st.weights.get(name).cloned()
+                st.weights.get(name).map(Cow::Borrowed)
             } else if let Some(t) = st.stash.get(&mb).and_then(|m| m.get(name)) {
-                Some(t.clone())
+                Some(Cow::Borrowed(t))
             } else if name == "rng" {
-                Some(Tensor::from_i64(
+                Some(Cow::Owned(Tensor::from_i64(
                     DType::I64,
                     vec![2],
                     vec![step as i64, mb as i64],
-                ))
+                )))
             } else if let Some(t) = batch.get(name) {
                 if t.shape.first().copied() != Some(micro_rows * self.config.microbatches) {
                     return Err(format!(
@@ -466,11 +468,11 @@ impl RankWorker {
                         self.config.microbatches
                     ));
                 }
-                Some(slice_rows(t, mb as usize * micro_rows, micro_rows))
+                Some(Cow::Owned(slice_rows(t, mb as usize * micro_rows, micro_rows)))
             } else if is_optim {
                 name.strip_prefix("grad.")
                     .and_then(|p| st.grads.get(p))
-                    .cloned()
+                    .map(Cow::Borrowed)
             } else {
                 None
             };
