@@ -22,6 +22,7 @@ pub mod attr;
 pub mod interp;
 pub mod module;
 pub mod ops;
+pub mod schedule;
 pub mod shape;
 pub mod tensor;
 pub mod text;

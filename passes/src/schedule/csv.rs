@@ -3,7 +3,7 @@
 //! `1B2` fused backward, `0SEND_F1`, `1RECV_B2`, …; ppcc adds `3OPT`); an empty cell is an
 //! idle slot. Stage numbers are virtual stages of the [`Layout`] given on import.
 
-use super::{validate, Action, ActionKind, Layout, Schedule, ScheduleError};
+use super::{parse_action, validate, Action, ActionKind, Layout, Schedule, ScheduleError};
 
 /// The schedule as CSV, one line per rank, no header, no idle cells.
 pub fn to_csv(schedule: &Schedule) -> String {
@@ -17,44 +17,7 @@ pub fn to_csv(schedule: &Schedule) -> String {
 }
 
 fn parse_cell(cell: &str, layout: &Layout) -> Result<Action, String> {
-    let digits = cell.chars().take_while(|c| c.is_ascii_digit()).count();
-    if digits == 0 {
-        return Err("expected a stage number, then F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B or OPT, then a micro-batch number".into());
-    }
-    let stage: usize = cell[..digits]
-        .parse()
-        .map_err(|_| "stage number out of range".to_string())?;
-    let rest = &cell[digits..];
-    let kinds = [
-        ("SEND_F", ActionKind::SendF),
-        ("RECV_F", ActionKind::RecvF),
-        ("SEND_B", ActionKind::SendB),
-        ("RECV_B", ActionKind::RecvB),
-        ("OPT", ActionKind::OptimizerStep),
-        ("F", ActionKind::Forward),
-        ("I", ActionKind::BackwardInput),
-        ("W", ActionKind::BackwardWeight),
-        ("B", ActionKind::FullBackward),
-    ];
-    let Some(&(code, kind)) = kinds.iter().find(|(c, _)| rest.starts_with(c)) else {
-        return Err(format!(
-            "unknown action `{rest}` (expected F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B or OPT)"
-        ));
-    };
-    let micro = &rest[code.len()..];
-    let micro_batch = if kind == ActionKind::OptimizerStep {
-        if !micro.is_empty() {
-            return Err("OPT takes no micro-batch number".into());
-        }
-        0
-    } else {
-        if micro.is_empty() || !micro.chars().all(|c| c.is_ascii_digit()) {
-            return Err(format!("expected a micro-batch number after `{code}`"));
-        }
-        micro
-            .parse()
-            .map_err(|_| "micro-batch number out of range".to_string())?
-    };
+    let (kind, stage, micro_batch) = parse_action(cell)?;
     if stage >= layout.num_virtual_stages() {
         return Err(format!(
             "stage {stage} does not exist (the layout has {} stages)",

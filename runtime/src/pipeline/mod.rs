@@ -28,7 +28,8 @@
 
 mod plan;
 
-pub use plan::{parse_action, ActionKind, PlanAction, PlanSpec, StageSpec};
+pub use plan::{PlanSpec, StageSpec};
+pub use ppir::schedule::{Action, ActionKind};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -233,7 +234,7 @@ pub struct Fault {
 pub struct RankWorker {
     pub rank: usize,
     pub stages: Vec<StageWorker>,
-    pub actions: Vec<PlanAction>,
+    pub actions: Vec<Action>,
     pub config: RunConfig,
 }
 
@@ -329,23 +330,24 @@ impl RankWorker {
         };
         let actions = self.actions.clone();
         for a in &actions {
+            let (a_stage, a_mb) = (a.stage as u32, a.micro_batch as u32);
             let idx = self
                 .stages
                 .iter()
-                .position(|s| s.spec.stage == a.stage)
+                .position(|s| s.spec.stage == a_stage)
                 .ok_or_else(|| {
                     err(
-                        Some(a.stage),
+                        Some(a_stage),
                         None,
                         None,
-                        format!("device {rank} has no stage {} for action {a}", a.stage),
+                        format!("device {rank} has no stage {} for action {a}", a_stage),
                     )
                 })?;
             if let Some(f) = self.config.fault {
-                if f.stage == a.stage
+                if f.stage == a_stage
                     && f.step == step
                     && a.kind == ActionKind::Forward
-                    && a.micro_batch == 0
+                    && a_mb == 0
                 {
                     match f.stall {
                         Some(d) => std::thread::sleep(d),
@@ -367,30 +369,22 @@ impl RankWorker {
             let mut waiting = 0.0;
             for f in &functions {
                 waiting += self
-                    .call(
-                        idx,
-                        f,
-                        a.micro_batch,
-                        step,
-                        batch,
-                        transport,
-                        &mut report.losses,
-                    )
-                    .map_err(|m| err(Some(a.stage), Some(a.micro_batch), Some(f), m))?;
+                    .call(idx, f, a_mb, step, batch, transport, &mut report.losses)
+                    .map_err(|m| err(Some(a_stage), Some(a_mb), Some(f), m))?;
             }
             if matches!(
                 a.kind,
                 ActionKind::BackwardWeight | ActionKind::FullBackward
             ) {
-                self.stages[idx].stash.remove(&a.micro_batch);
+                self.stages[idx].stash.remove(&a_mb);
             }
             let stash: u64 = self.stages.iter().map(|s| s.stash_bytes()).sum();
             report.peak_stash_bytes = report.peak_stash_bytes.max(stash);
             report.actions.push(Timed {
                 rank,
-                stage: a.stage,
+                stage: a_stage,
                 kind: a.kind,
-                micro_batch: a.micro_batch,
+                micro_batch: a_mb,
                 start,
                 end: t0.elapsed().as_secs_f64(),
                 waiting,
@@ -468,7 +462,11 @@ impl RankWorker {
                         self.config.microbatches
                     ));
                 }
-                Some(Cow::Owned(slice_rows(t, mb as usize * micro_rows, micro_rows)))
+                Some(Cow::Owned(slice_rows(
+                    t,
+                    mb as usize * micro_rows,
+                    micro_rows,
+                )))
             } else if is_optim {
                 name.strip_prefix("grad.")
                     .and_then(|p| st.grads.get(p))

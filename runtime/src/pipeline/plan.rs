@@ -1,96 +1,11 @@
 //! Reading a compiled plan (`DIR/plan.json`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
+use ppir::schedule::{parse_action, Action};
 use ppir::TensorType;
 use serde_json::Value;
-
-/// What an action of the schedule does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ActionKind {
-    Forward,
-    BackwardInput,
-    BackwardWeight,
-    FullBackward,
-    SendF,
-    RecvF,
-    SendB,
-    RecvB,
-    OptimizerStep,
-}
-
-impl ActionKind {
-    pub fn code(self) -> &'static str {
-        match self {
-            ActionKind::Forward => "F",
-            ActionKind::BackwardInput => "I",
-            ActionKind::BackwardWeight => "W",
-            ActionKind::FullBackward => "B",
-            ActionKind::SendF => "SEND_F",
-            ActionKind::RecvF => "RECV_F",
-            ActionKind::SendB => "SEND_B",
-            ActionKind::RecvB => "RECV_B",
-            ActionKind::OptimizerStep => "OPT",
-        }
-    }
-}
-
-/// One action: `{stage}{code}{micro-batch}` (`OPT` has no micro-batch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PlanAction {
-    pub kind: ActionKind,
-    pub stage: u32,
-    pub micro_batch: u32,
-}
-
-impl fmt::Display for PlanAction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.kind == ActionKind::OptimizerStep {
-            write!(f, "{}{}", self.stage, self.kind.code())
-        } else {
-            write!(f, "{}{}{}", self.stage, self.kind.code(), self.micro_batch)
-        }
-    }
-}
-
-/// Parse `0F1`, `1I0`, `2W3`, `1B2`, `0SEND_F1`, `3OPT`.
-pub fn parse_action(cell: &str) -> Result<PlanAction, String> {
-    let s = cell.trim();
-    let digits = s.chars().take_while(|c| c.is_ascii_digit()).count();
-    let stage: u32 = s[..digits]
-        .parse()
-        .map_err(|_| format!("action `{cell}`: expected a stage number first"))?;
-    let rest = &s[digits..];
-    let codes = [
-        ("SEND_F", ActionKind::SendF),
-        ("RECV_F", ActionKind::RecvF),
-        ("SEND_B", ActionKind::SendB),
-        ("RECV_B", ActionKind::RecvB),
-        ("OPT", ActionKind::OptimizerStep),
-        ("F", ActionKind::Forward),
-        ("I", ActionKind::BackwardInput),
-        ("W", ActionKind::BackwardWeight),
-        ("B", ActionKind::FullBackward),
-    ];
-    let (code, kind) = codes
-        .iter()
-        .find(|(c, _)| rest.starts_with(c))
-        .ok_or_else(|| format!("action `{cell}`: unknown kind `{rest}`"))?;
-    let tail = &rest[code.len()..];
-    let micro_batch = if *kind == ActionKind::OptimizerStep && tail.is_empty() {
-        0
-    } else {
-        tail.parse()
-            .map_err(|_| format!("action `{cell}`: expected a micro-batch number after `{code}`"))?
-    };
-    Ok(PlanAction {
-        kind: *kind,
-        stage,
-        micro_batch,
-    })
-}
 
 /// One virtual stage of a plan.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,7 +56,7 @@ pub struct PlanSpec {
     pub micro_batch: u64,
     pub stages: Vec<StageSpec>,
     /// Actions per device.
-    pub actions: Vec<Vec<PlanAction>>,
+    pub actions: Vec<Vec<Action>>,
     pub inputs: Vec<DataInput>,
     pub loss: String,
     pub schedule: String,
@@ -259,11 +174,13 @@ impl PlanSpec {
                 .ok_or("plan.json: a row of `schedule.actions` is not a list")?;
             let mut list = vec![];
             for cell in row {
-                let a = parse_action(
-                    cell.as_str()
-                        .ok_or("plan.json: an action is not a string")?,
-                )?;
-                match stages.get(a.stage as usize) {
+                let text = cell
+                    .as_str()
+                    .ok_or("plan.json: an action is not a string")?;
+                let (kind, stage, mb) =
+                    parse_action(text).map_err(|e| format!("plan.json: action `{text}`: {e}"))?;
+                let a = Action::new(kind, stage, mb, 0);
+                match stages.get(a.stage) {
                     Some(s) if s.device == r => {}
                     Some(s) => {
                         return Err(format!(
