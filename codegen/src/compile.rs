@@ -1,0 +1,247 @@
+//! MLIR text → LLVM dialect (melior pass pipeline) → LLVM IR → object code (inkwell's
+//! `TargetMachine`) → shared object (`cc -shared`).
+//!
+//! Every MLIR failure (parse, verification, a pass) becomes a [`CompileError`] carrying the
+//! diagnostics MLIR reported, captured through a context diagnostic handler.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::rc::Rc;
+
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine,
+};
+use inkwell::OptimizationLevel;
+use melior::dialect::DialectRegistry;
+use melior::ir::operation::OperationLike;
+use melior::ir::Module;
+use melior::pass::PassManager;
+use melior::utility::{
+    parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes,
+};
+use melior::Context;
+
+/// The default bufferization + lowering pipeline (CPU, scalar loops).
+///
+/// - one-shot bufferization across function boundaries with identity layouts, so the C
+///   entry's descriptors are plain dense row-major buffers;
+/// - `buffer-results-to-out-params{hoist-static-allocs modify-public-functions}`: results become caller-provided
+///   output buffers (destination-passing style: the caller owns all memory);
+/// - the ownership-based deallocation pipeline frees every temporary;
+/// - linalg → loops → cf → LLVM dialect.
+pub const CPU_PIPELINE: &str = "builtin.module(\
+one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},\
+buffer-results-to-out-params{hoist-static-allocs modify-public-functions},\
+buffer-deallocation-pipeline,\
+convert-linalg-to-loops,\
+expand-strided-metadata,\
+lower-affine,\
+convert-scf-to-cf,\
+convert-math-to-llvm,\
+convert-math-to-libm,\
+convert-to-llvm,\
+reconcile-unrealized-casts)";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error("MLIR parse failed:\n{0}")]
+    Parse(String),
+    #[error("MLIR pass pipeline `{pipeline}` failed:\n{diagnostics}")]
+    Pipeline {
+        pipeline: String,
+        diagnostics: String,
+    },
+    #[error("MLIR to LLVM IR translation failed:\n{0}")]
+    Translate(String),
+    #[error("LLVM: {0}")]
+    Llvm(String),
+    #[error("linking {path}: {message}")]
+    Link { path: PathBuf, message: String },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    pub pipeline: String,
+    pub opt_level: OptimizationLevel,
+    /// Write `<stem>.llvm.mlir` and `<stem>.ll` next to the object (debugging).
+    pub keep_intermediates: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            pipeline: CPU_PIPELINE.to_string(),
+            opt_level: OptimizationLevel::Aggressive,
+            keep_intermediates: false,
+        }
+    }
+}
+
+/// A context with every dialect and LLVM translation registered, and a diagnostic sink.
+fn new_context() -> (Context, Rc<RefCell<Vec<String>>>) {
+    register_all_passes();
+    let registry = DialectRegistry::new();
+    register_all_dialects(&registry);
+    let context = Context::new();
+    context.append_dialect_registry(&registry);
+    context.load_all_available_dialects();
+    register_all_llvm_translations(&context);
+    let sink = Rc::new(RefCell::new(Vec::new()));
+    let s = sink.clone();
+    context.attach_diagnostic_handler(move |d| {
+        let mut text = format!("{}: {}", d.location(), d);
+        for i in 0..d.note_count() {
+            if let Ok(n) = d.note(i) {
+                text.push_str(&format!("\n  note: {}: {}", n.location(), n));
+            }
+        }
+        s.borrow_mut().push(text);
+        true
+    });
+    (context, sink)
+}
+
+fn drain(sink: &Rc<RefCell<Vec<String>>>) -> String {
+    std::mem::take(&mut *sink.borrow_mut()).join("\n")
+}
+
+/// Run the pipeline on `mlir` and return the module in the LLVM dialect (text).
+pub fn lower_to_llvm_dialect(mlir: &str, opts: &CompileOptions) -> Result<String, CompileError> {
+    let (context, sink) = new_context();
+    let module = parse_and_lower(&context, &sink, mlir, opts)?;
+    Ok(module.as_operation().to_string())
+}
+
+fn parse_and_lower<'c>(
+    context: &'c Context,
+    sink: &Rc<RefCell<Vec<String>>>,
+    mlir: &str,
+    opts: &CompileOptions,
+) -> Result<Module<'c>, CompileError> {
+    let mut module =
+        Module::parse(context, mlir).ok_or_else(|| CompileError::Parse(drain(sink)))?;
+    if !module.as_operation().verify() {
+        return Err(CompileError::Parse(drain(sink)));
+    }
+    let pm = PassManager::new(context);
+    parse_pass_pipeline(pm.as_operation_pass_manager(), &opts.pipeline).map_err(|e| {
+        CompileError::Pipeline {
+            pipeline: opts.pipeline.clone(),
+            diagnostics: format!("{e}\n{}", drain(sink)),
+        }
+    })?;
+    pm.run(&mut module).map_err(|e| CompileError::Pipeline {
+        pipeline: opts.pipeline.clone(),
+        diagnostics: format!("{e}\n{}", drain(sink)),
+    })?;
+    Ok(module)
+}
+
+/// The host target machine (host CPU and features, PIC for shared objects).
+fn host_target_machine(opt: OptimizationLevel) -> Result<TargetMachine, CompileError> {
+    Target::initialize_native(&InitializationConfig::default()).map_err(CompileError::Llvm)?;
+    let triple = TargetMachine::get_default_triple();
+    let target = Target::from_triple(&triple).map_err(|e| CompileError::Llvm(e.to_string()))?;
+    let cpu = TargetMachine::get_host_cpu_name();
+    let features = TargetMachine::get_host_cpu_features();
+    target
+        .create_target_machine(
+            &triple,
+            cpu.to_str().unwrap_or("generic"),
+            features.to_str().unwrap_or(""),
+            opt,
+            RelocMode::PIC,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| CompileError::Llvm(format!("no target machine for {triple}")))
+}
+
+/// Compile MLIR text (func/linalg/tensor/arith/math) to an object file at `obj`.
+pub fn compile_to_object(
+    mlir: &str,
+    obj: &Path,
+    opts: &CompileOptions,
+) -> Result<(), CompileError> {
+    let (context, sink) = new_context();
+    let module = parse_and_lower(&context, &sink, mlir, opts)?;
+    if opts.keep_intermediates {
+        std::fs::write(
+            obj.with_extension("llvm.mlir"),
+            module.as_operation().to_string(),
+        )?;
+    }
+    let llvm_ctx = inkwell::context::Context::create();
+    // SAFETY: the MLIR module is valid and in the LLVM dialect; the returned module
+    // belongs to `llvm_ctx` and is owned (disposed) by the inkwell wrapper.
+    let raw = unsafe {
+        mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), llvm_ctx.raw() as _)
+    };
+    if raw.is_null() {
+        return Err(CompileError::Translate(drain(&sink)));
+    }
+    let llvm_module = unsafe { inkwell::module::Module::new(raw as _) };
+    let tm = host_target_machine(opts.opt_level)?;
+    llvm_module.set_triple(&tm.get_triple());
+    llvm_module.set_data_layout(&tm.get_target_data().get_data_layout());
+    llvm_module
+        .verify()
+        .map_err(|e| CompileError::Llvm(format!("invalid LLVM IR: {e}")))?;
+    let passes = match opts.opt_level {
+        OptimizationLevel::None => "default<O0>",
+        OptimizationLevel::Less => "default<O1>",
+        OptimizationLevel::Default => "default<O2>",
+        OptimizationLevel::Aggressive => "default<O3>",
+    };
+    llvm_module
+        .run_passes(passes, &tm, inkwell::passes::PassBuilderOptions::create())
+        .map_err(|e| CompileError::Llvm(e.to_string()))?;
+    if opts.keep_intermediates {
+        llvm_module
+            .print_to_file(obj.with_extension("ll"))
+            .map_err(|e| CompileError::Llvm(e.to_string()))?;
+    }
+    tm.write_to_file(&llvm_module, FileType::Object, obj)
+        .map_err(|e| CompileError::Llvm(e.to_string()))?;
+    Ok(())
+}
+
+/// Link objects into a shared object with the system C compiler (`$CC`, else `cc`).
+pub fn link_shared(objects: &[PathBuf], so: &Path) -> Result<(), CompileError> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = Command::new(&cc)
+        .arg("-shared")
+        .arg("-o")
+        .arg(so)
+        .args(objects)
+        .arg("-lm")
+        .output()
+        .map_err(|e| CompileError::Link {
+            path: so.to_path_buf(),
+            message: format!("running `{cc}`: {e}"),
+        })?;
+    if !out.status.success() {
+        return Err(CompileError::Link {
+            path: so.to_path_buf(),
+            message: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// MLIR text → `dir/module.so` (with `dir/module.o` beside it). Returns the `.so` path.
+pub fn compile_to_shared_object(
+    mlir: &str,
+    dir: &Path,
+    opts: &CompileOptions,
+) -> Result<PathBuf, CompileError> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("stage.mlir"), mlir)?;
+    let obj = dir.join("module.o");
+    compile_to_object(mlir, &obj, opts)?;
+    let so = dir.join("module.so");
+    link_shared(&[obj], &so)?;
+    Ok(so)
+}
