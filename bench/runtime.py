@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--microbatches", type=int, default=16)
     ap.add_argument("--schedule", default="1f1b")
+    ap.add_argument("--loss", default="auto", help="the loss to compile (ppcc --loss)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="compile+run pairs of each plan, alternating (medians are reported)")
     args = ap.parse_args()
@@ -58,7 +59,7 @@ def main():
                 out = os.path.join(tmp, f"p{stages}-{rep}")
                 sh([args.ppcc, args.model, "-o", out, "--stages", str(stages), "--batch", str(args.batch),
                     "--microbatches", str(args.microbatches), "--schedule", args.schedule,
-                    "--device-profile", "host"])
+                    "--loss", args.loss, "--device-profile", "host"])
                 with open(os.path.join(out, "plan.json")) as f:
                     pred = json.load(f)["prediction"]
                 p = sh([args.ppcc, "run", out, "--steps", str(args.steps)])
@@ -76,7 +77,7 @@ def main():
         rows.append((stages, med(ms), min(ms), max(ms), med([x[1] for x in pairs[stages]]),
                      med(errs), min(errs, key=abs), max(errs, key=abs), pairs[stages][0][2], last[stages]))
     base = rows[0][1]
-    print(f"model {os.path.relpath(args.model, ROOT)}, global batch {args.batch} = "
+    print(f"model {os.path.relpath(args.model, ROOT)} (loss {args.loss}), global batch {args.batch} = "
           f"{args.microbatches} micro-batches, schedule {args.schedule}, {args.steps} steps per run "
           f"(first step not timed), {args.repeats} compile+run pairs per plan, {os.cpu_count()} cores\n")
     print("| stages | measured s/step (median) | range | throughput vs 1 stage | predicted s/step (host, median) | prediction error (median) | errors (closest … furthest) | last loss |")
