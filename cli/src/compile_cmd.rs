@@ -299,14 +299,15 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         bar.set_message("building the training program");
         apply(&mut module, "main", &best.partition)?;
         let training = build_training(&mut module, &a.program, microbatches)?;
-        let data = data_specs(&module, prepared.first_output.as_ref())?;
+        let data = data_specs(&module, prepared.first_output.as_ref(), prepared.micro)?;
         bar.set_message("inserting send/recv");
         let split = split_stages(&mut module, &SplitOptions::default())?;
         check(&module, "the per-stage program")?;
         if split.stages.len() != best.partition.stages.len() {
             bail!(
-                "internal error: the plan has {} stages, the program {}",
+                "the plan has {} stages but only {} of them do training work: the others hold only ops the loss does not depend on (outputs other than the first); use --stages {}",
                 best.partition.stages.len(),
+                split.stages.len(),
                 split.stages.len()
             );
         }
@@ -385,16 +386,38 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
 
 /// The data inputs of `@grad` (model inputs and labels; not `rng`) with their synthetic
 /// distributions, per micro-batch.
-fn data_specs(module: &Module, first_output: Option<&ppir::TensorType>) -> Result<Vec<InputSpec>> {
+fn data_specs(
+    module: &Module,
+    first_output: Option<&ppir::TensorType>,
+    micro: u64,
+) -> Result<Vec<InputSpec>> {
     let g = module
         .function("grad")
         .context("internal error: no @grad")?;
-    let micro = g
-        .args()
-        .iter()
-        .find(|(_, k)| *k == ArgKind::Input)
-        .and_then(|&(v, _)| g.ty(v).dims.first().and_then(|d| d.known()))
-        .unwrap_or(1);
+    // Every data array is cut into micro-batches along axis 0.
+    for &(v, k) in g.args() {
+        let name = &g.value(v).name;
+        if k != ArgKind::Input || name == "rng" {
+            continue;
+        }
+        let rows = g.ty(v).dims.first().and_then(|d| d.known());
+        if rows != Some(micro) {
+            let what = if name == "labels" {
+                "the loss's labels (shaped like the model's output)".to_string()
+            } else {
+                format!("input %{name}")
+            };
+            match rows {
+                Some(r) => bail!(
+                    "{what} have {r} rows per micro-batch but a micro-batch has {micro}: the model does not keep the batch on axis 0 of its output (its batch size is fixed); compile with --batch {r} --microbatches 1"
+                ),
+                None => bail!(
+                    "{what} have no batch axis (type {}): training needs the batch on axis 0 of every input and of the output",
+                    g.ty(v)
+                ),
+            }
+        }
+    }
     let names: Vec<String> = g
         .args()
         .iter()

@@ -496,3 +496,40 @@ fn a_baked_batch_falls_back_to_one_micro_batch_by_default() {
         "{err}"
     );
 }
+
+#[test]
+fn an_output_without_the_batch_is_refused_at_compile_time() {
+    // PoissonNLLLoss_no_reduce (onnx wheel) multiplies its input by a fixed 10×10 tensor:
+    // its output keeps 10 rows whatever the batch, so micro-batches cannot cut it.
+    let d = std::env::var("PPCC_ONNX_TEST_DATA")
+        .ok()
+        .map(PathBuf::from)
+        .or_else(|| {
+            let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
+            std::fs::read_dir(venv)
+                .ok()?
+                .flatten()
+                .map(|e| e.path().join("site-packages/onnx/backend/test/data"))
+                .find(|p| p.exists())
+        });
+    let Some(d) = d else {
+        eprintln!("skipped: no onnx test data (.venv)");
+        return;
+    };
+    let model = d.join("pytorch-converted/test_PoissonNLLLLoss_no_reduce/model.onnx");
+    let dir = out_dir("poisson");
+    let out = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .arg(&model)
+        .arg("-o")
+        .arg(&dir)
+        .args(["--stages", "2", "--batch", "2"])
+        .output()
+        .expect("ppcc runs");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success());
+    assert!(
+        err.contains("the loss's labels (shaped like the model's output) have 10 rows per micro-batch but a micro-batch has 1")
+            && err.contains("--batch 10 --microbatches 1"),
+        "{err}"
+    );
+}
