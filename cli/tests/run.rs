@@ -10,37 +10,15 @@
 //! - A run checkpointed at step 5 and resumed continues the uninterrupted loss curve
 //!   exactly; `--trace` writes a trace with every action.
 
+mod pipeline_common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use pipeline_common::{compile, ppcc};
 
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-fn ppcc(args: &[&str]) -> Out {
-    let t0 = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_ppcc"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("ppcc runs");
-    Out {
-        ok: out.status.success(),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-        took: t0.elapsed(),
-    }
+fn tmp(name: &str) -> PathBuf {
+    pipeline_common::tmp("ppcc-run-test", name)
 }
 
 fn losses(stdout: &str) -> Vec<f64> {
@@ -55,19 +33,6 @@ fn losses(stdout: &str) -> Vec<f64> {
             parts[3].parse().unwrap()
         })
         .collect()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ppcc-run-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn compile(model: &str, dir: &Path, extra: &[&str]) {
-    let mut args = vec![model, "-o", dir.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let out = ppcc(&args);
-    assert!(out.ok, "ppcc {args:?} failed:\n{}", out.stderr);
 }
 
 fn assert_same(what: &str, got: &[f64], want: &[f64]) {

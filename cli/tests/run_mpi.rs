@@ -3,49 +3,16 @@
 //! several processes resume the same curve. Needs Open MPI's `mpirun` (scripts/setup.sh).
 #![cfg(feature = "mpi")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod pipeline_common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use pipeline_common::{compile, output, ppcc, Out};
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ppcc-mpi-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-fn output(mut c: Command) -> Out {
-    let t0 = Instant::now();
-    let out = c
-        .current_dir(repo())
-        .stdin(Stdio::null())
-        .output()
-        .expect("the command runs");
-    Out {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        took: t0.elapsed(),
-    }
-}
-
-fn ppcc(args: &[&str]) -> Out {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ppcc"));
-    c.args(args);
-    output(c)
+    pipeline_common::tmp("ppcc-mpi-test", name)
 }
 
 fn mpirun(np: usize, args: &[&str]) -> Out {
@@ -61,13 +28,6 @@ fn mpirun(np: usize, args: &[&str]) -> Out {
     .arg(env!("CARGO_BIN_EXE_ppcc"))
     .args(args);
     output(c)
-}
-
-fn compile(model: &str, dir: &Path, extra: &[&str]) {
-    let mut args = vec![model, "-o", dir.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let out = ppcc(&args);
-    assert!(out.ok, "ppcc {args:?}: {}", out.stderr);
 }
 
 fn steps(stdout: &str) -> Vec<String> {

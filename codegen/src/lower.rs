@@ -169,10 +169,14 @@ impl<'f> Emitter<'f> {
         }
     }
 
+    /// The SSA name of `v`; a value used before its definition (IR that did not verify)
+    /// gets a name MLIR rejects with a diagnostic, rather than a panic here.
     fn name(&self, v: ValueId) -> String {
-        self.names[v.index()]
-            .clone()
-            .expect("operands are defined before use (verified IR)")
+        self.names
+            .get(v.index())
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| format!("%undefined_{}", v.index()))
     }
 
     /// `tensor.empty` + `linalg.fill` with 0.

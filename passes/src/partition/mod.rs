@@ -355,7 +355,9 @@ fn root_tree(g: &graph::NodeGraph, pinned: &[usize], chain: bool) -> (sp::Sp, Ve
         start = b;
     }
     if children.len() == 1 && pins.is_empty() {
-        return (children.pop().expect("one child"), pins);
+        if let Some(only) = children.pop() {
+            return (only, pins);
+        }
     }
     (sp::Sp::Series(children), pins)
 }

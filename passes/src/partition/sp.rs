@@ -34,7 +34,9 @@ impl Sp {
 
     fn series(mut parts: Vec<Sp>) -> Sp {
         if parts.len() == 1 {
-            return parts.pop().expect("one part");
+            if let Some(only) = parts.pop() {
+                return only;
+            }
         }
         let mut flat = vec![];
         for p in parts {
@@ -48,7 +50,9 @@ impl Sp {
 
     fn parallel(mut parts: Vec<Sp>) -> Sp {
         if parts.len() == 1 {
-            return parts.pop().expect("one part");
+            if let Some(only) = parts.pop() {
+                return only;
+            }
         }
         let mut flat = vec![];
         for p in parts {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use ppir::{Tensor, TensorType};
 
-use super::{Tag, Transport, TransportError};
+use super::{check_type, Tag, Transport, TransportError};
 
 #[derive(Default)]
 struct Mailbox {
@@ -131,15 +131,7 @@ impl Transport for LocalEndpoint {
             .map_err(|_| TransportError::Failed("a mailbox is poisoned".into()))?;
         loop {
             if let Some(t) = g.messages.remove(&tag) {
-                if let Some(shape) = ty.static_shape() {
-                    let want: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-                    if t.shape != want || t.dtype != ty.dtype {
-                        return Err(TransportError::Failed(format!(
-                            "{tag}: received {:?} {:?}, expected {ty}",
-                            t.dtype, t.shape
-                        )));
-                    }
-                }
+                check_type(&tag, &t, ty)?;
                 return Ok(t);
             }
             if let Some(reason) = self.aborted() {

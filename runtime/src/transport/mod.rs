@@ -83,3 +83,19 @@ pub trait Transport: Send {
     /// Wait until every rank has called `barrier` (used around checkpoints).
     fn barrier(&mut self) -> Result<(), TransportError>;
 }
+
+/// Check that a received tensor has the receiver's dtype, rank and every known dimension.
+pub(crate) fn check_type(tag: &Tag, t: &Tensor, ty: &TensorType) -> Result<(), TransportError> {
+    let same_dims = t.shape.len() == ty.dims.len()
+        && t.shape
+            .iter()
+            .zip(&ty.dims)
+            .all(|(&n, d)| d.known().is_none_or(|k| k == n as u64));
+    if t.dtype != ty.dtype || !same_dims {
+        return Err(TransportError::Failed(format!(
+            "{tag}: received {:?} {:?}, expected {ty}",
+            t.dtype, t.shape
+        )));
+    }
+    Ok(())
+}

@@ -33,7 +33,7 @@ use mpi::point_to_point::{MatchedReceiveVec, Source};
 use mpi::topology::Communicator;
 use ppir::{DType, Tensor, TensorData, TensorType};
 
-use super::{Tag, Transport, TransportError};
+use super::{check_type, Tag, Transport, TransportError};
 
 const MAGIC: [u8; 4] = *b"PPT1";
 /// Bytes of the header before the dims: magic, tag (from, to, channel, micro-batch,
@@ -422,21 +422,6 @@ impl Transport for MpiTransport {
 }
 
 /// The receiver's check: dtype, rank and every known dim as `ty` says.
-fn check_type(tag: &Tag, t: &Tensor, ty: &TensorType) -> Result<(), TransportError> {
-    let same_dims = t.shape.len() == ty.dims.len()
-        && t.shape
-            .iter()
-            .zip(&ty.dims)
-            .all(|(&n, d)| d.known().is_none_or(|k| k == n as u64));
-    if t.dtype != ty.dtype || !same_dims {
-        return Err(TransportError::Failed(format!(
-            "{tag}: received {:?} {:?}, expected {ty}",
-            t.dtype, t.shape
-        )));
-    }
-    Ok(())
-}
-
 fn tag_bytes(tag: &Tag) -> impl Iterator<Item = u8> {
     tag.from
         .to_le_bytes()
@@ -520,8 +505,13 @@ fn take<'a>(bytes: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], Trans
     Ok(s)
 }
 
+/// The first `N` bytes of `s` (callers pass exactly `N`; shorter input is zero-padded
+/// rather than panicking).
 fn arr<const N: usize>(s: &[u8]) -> [u8; N] {
-    s.try_into().expect("slice of the requested length")
+    let mut a = [0u8; N];
+    let n = s.len().min(N);
+    a[..n].copy_from_slice(&s[..n]);
+    a
 }
 
 /// The tag and tensor of a message made by [`encode`].
