@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what ppcc needs on Debian 12, skipping whatever is already there.
-#   scripts/setup.sh           build tools only (Rust, Open MPI, libclang 22)
+#   scripts/setup.sh           build tools only (Rust, Open MPI, LLVM/MLIR 22)
 #   scripts/setup.sh --test    also the test tools (lit/FileCheck, Python venv with onnx)
 # Idempotent; safe to run on every invocation of the demo and test scripts.
 set -euo pipefail
@@ -22,6 +22,11 @@ need_pkg ca-certificates
 need_pkg libopenmpi-dev      # the runtime's MPI transport (feature `mpi`): mpi.h, libmpi
 need_pkg openmpi-bin         # mpirun
 need_pkg libclang-22-dev     # libclang for bindgen (the `mpi` crate's build script)
+# MLIR/LLVM 22 for the codegen crate (melior links the MLIR C API statically, inkwell LLVM).
+for p in llvm-22-dev libmlir-22-dev mlir-22-tools clang-22 libpolly-22-dev libzstd-dev \
+         zlib1g-dev libxml2-dev libz3-dev; do
+  need_pkg "$p"
+done
 if [[ $want_test -eq 1 ]]; then
   need_pkg llvm-22-tools     # lit, FileCheck, not (in /usr/lib/llvm-22/bin)
   need_pkg python3-venv

@@ -22,6 +22,8 @@ use melior::utility::{
 };
 use melior::Context;
 
+use crate::lower::Signature;
+
 /// The default bufferization + lowering pipeline (CPU, scalar loops).
 ///
 /// - one-shot bufferization across function boundaries with identity layouts, so the C
@@ -82,7 +84,8 @@ impl Default for CompileOptions {
 
 /// A context with every dialect and LLVM translation registered, and a diagnostic sink.
 fn new_context() -> (Context, Rc<RefCell<Vec<String>>>) {
-    register_all_passes();
+    static PASSES: std::sync::Once = std::sync::Once::new();
+    PASSES.call_once(register_all_passes);
     let registry = DialectRegistry::new();
     register_all_dialects(&registry);
     let context = Context::new();
@@ -159,9 +162,11 @@ fn host_target_machine(opt: OptimizationLevel) -> Result<TargetMachine, CompileE
         .ok_or_else(|| CompileError::Llvm(format!("no target machine for {triple}")))
 }
 
-/// Compile MLIR text (func/linalg/tensor/arith/math) to an object file at `obj`.
+/// Compile MLIR text (func/linalg/tensor/arith/math), as [`crate::lower`] writes it for the
+/// functions `sigs`, to an object file at `obj` with the `ppcc_call_<name>` entries.
 pub fn compile_to_object(
     mlir: &str,
+    sigs: &[Signature],
     obj: &Path,
     opts: &CompileOptions,
 ) -> Result<(), CompileError> {
@@ -183,6 +188,7 @@ pub fn compile_to_object(
         return Err(CompileError::Translate(drain(&sink)));
     }
     let llvm_module = unsafe { inkwell::module::Module::new(raw as _) };
+    add_entries(&llvm_ctx, &llvm_module, sigs)?;
     let tm = host_target_machine(opts.opt_level)?;
     llvm_module.set_triple(&tm.get_triple());
     llvm_module.set_data_layout(&tm.get_target_data().get_data_layout());
@@ -205,6 +211,60 @@ pub fn compile_to_object(
     }
     tm.write_to_file(&llvm_module, FileType::Object, obj)
         .map_err(|e| CompileError::Llvm(e.to_string()))?;
+    Ok(())
+}
+
+/// Add, per function, `void ppcc_call_<name>(void *ctx, void **descriptors)` (calls
+/// `_mlir_ciface_<name>(ctx, descriptors[0], ..., descriptors[n-1])`) and
+/// `const char *ppcc_sig_<name>(void)` (the [`Signature::text`] it was compiled for).
+fn add_entries<'c>(
+    ctx: &'c inkwell::context::Context,
+    module: &inkwell::module::Module<'c>,
+    sigs: &[Signature],
+) -> Result<(), CompileError> {
+    let ptr = ctx.ptr_type(inkwell::AddressSpace::default());
+    let builder = ctx.create_builder();
+    let err = |e: inkwell::builder::BuilderError| CompileError::Llvm(e.to_string());
+    for sig in sigs {
+        let target = module
+            .get_function(&format!("_mlir_ciface_{}", sig.name))
+            .ok_or_else(|| {
+                CompileError::Llvm(format!("no `_mlir_ciface_{}` in the module", sig.name))
+            })?;
+        let n = sig.inputs.len() + sig.outputs.len();
+        if target.count_params() as usize != n + 1 {
+            return Err(CompileError::Llvm(format!(
+                "`_mlir_ciface_{}` takes {} parameters, expected the context and {n} descriptors",
+                sig.name,
+                target.count_params()
+            )));
+        }
+        let fty = ctx.void_type().fn_type(&[ptr.into(), ptr.into()], false);
+        let f = module.add_function(&format!("ppcc_call_{}", sig.name), fty, None);
+        builder.position_at_end(ctx.append_basic_block(f, "entry"));
+        let c = f.get_nth_param(0).expect("param 0").into_pointer_value();
+        let descs = f.get_nth_param(1).expect("param 1").into_pointer_value();
+        let mut args: Vec<inkwell::values::BasicMetadataValueEnum> = vec![c.into()];
+        for i in 0..n {
+            let idx = ctx.i64_type().const_int(i as u64, false);
+            // SAFETY: `descs` points at `n` pointers (the ABI); GEP is in bounds.
+            let slot =
+                unsafe { builder.build_in_bounds_gep(ptr, descs, &[idx], "slot") }.map_err(err)?;
+            args.push(builder.build_load(ptr, slot, "desc").map_err(err)?.into());
+        }
+        builder.build_call(target, &args, "").map_err(err)?;
+        builder.build_return(None).map_err(err)?;
+
+        let sfty = ptr.fn_type(&[], false);
+        let g = module.add_function(&format!("ppcc_sig_{}", sig.name), sfty, None);
+        builder.position_at_end(ctx.append_basic_block(g, "entry"));
+        let text = builder
+            .build_global_string_ptr(&sig.text(), &format!("ppcc_sig_text_{}", sig.name))
+            .map_err(err)?;
+        builder
+            .build_return(Some(&text.as_pointer_value()))
+            .map_err(err)?;
+    }
     Ok(())
 }
 
@@ -234,13 +294,14 @@ pub fn link_shared(objects: &[PathBuf], so: &Path) -> Result<(), CompileError> {
 /// MLIR text → `dir/module.so` (with `dir/module.o` beside it). Returns the `.so` path.
 pub fn compile_to_shared_object(
     mlir: &str,
+    sigs: &[Signature],
     dir: &Path,
     opts: &CompileOptions,
 ) -> Result<PathBuf, CompileError> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("stage.mlir"), mlir)?;
     let obj = dir.join("module.o");
-    compile_to_object(mlir, &obj, opts)?;
+    compile_to_object(mlir, sigs, &obj, opts)?;
     let so = dir.join("module.so");
     link_shared(&[obj], &so)?;
     Ok(so)

@@ -18,6 +18,7 @@
 //! `grad.<p>` and returns `new.<weight>`. Every `new.<w>` result replaces weight `w`.
 
 pub mod data;
+pub mod native;
 pub mod pipeline;
 pub mod trainer;
 pub mod transport;

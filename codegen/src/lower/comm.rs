@@ -1,0 +1,80 @@
+//! `send` / `recv` → indirect calls through the context pointer (see [`super::CTX_LAYOUT`]).
+//!
+//! - `send x`: the tensor's buffer (`bufferization.to_buffer`, read-only, identity layout so
+//!   it is dense with offset 0) is handed to `ctx->send(ctx, peer, channel, data)`; the
+//!   runtime copies it before returning.
+//! - `recv`: a fresh `memref.alloc` is filled by `ctx->recv(ctx, peer, channel, data)` and
+//!   becomes a tensor with `bufferization.to_tensor ... restrict`.
+//!
+//! The callbacks return a status the generated code ignores: the runtime records the first
+//! failure in its context, turns later calls into no-ops, and reports the failure when the
+//! entry returns.
+
+use super::{memref_type, tensor_type, Emitter, LowerError, OpView};
+
+fn callback(e: &mut Emitter, field: usize) -> String {
+    let slot = e.op(format!(
+        "llvm.getelementptr %ctx[0, {field}] : (!llvm.ptr) -> !llvm.ptr, {}",
+        super::CTX_LAYOUT
+    ));
+    e.op(format!("llvm.load {slot} : !llvm.ptr -> !llvm.ptr"))
+}
+
+pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let peer = op
+        .op
+        .attrs
+        .int("peer")
+        .map_err(|x| op.attr_err(x))?
+        .ok_or_else(|| op.invalid("missing attribute `peer`"))?;
+    let channel = op
+        .op
+        .attrs
+        .int("channel")
+        .map_err(|x| op.attr_err(x))?
+        .ok_or_else(|| op.invalid("missing attribute `channel`"))?;
+    let (shape, d) = match op.kind {
+        ppir::OpKind::Send => (op.in_shapes[0].clone(), op.in_dtypes[0]),
+        _ => (op.out_shapes[0].clone(), op.out_dtypes[0]),
+    };
+    let tty = tensor_type(&shape, d);
+    let mty = memref_type(&shape, d);
+    let p = e.op(format!("arith.constant {peer} : i64"));
+    let c = e.op(format!("arith.constant {channel} : i64"));
+    match op.kind {
+        ppir::OpKind::Send => {
+            let x = e.name(op.op.operands()[0]);
+            let m = e.op(format!(
+                "bufferization.to_buffer {x} read_only : {tty} to {mty}"
+            ));
+            let data = data_pointer_simple(e, &m, &mty);
+            let f = callback(e, 0);
+            e.op(format!(
+                "llvm.call {f}(%ctx, {p}, {c}, {data}) : !llvm.ptr, (!llvm.ptr, i64, i64, !llvm.ptr) -> i32"
+            ));
+            Ok(vec![])
+        }
+        _ => {
+            let m = e.op(format!("memref.alloc() {{alignment = 64 : i64}} : {mty}"));
+            let data = data_pointer_simple(e, &m, &mty);
+            let f = callback(e, 1);
+            e.op(format!(
+                "llvm.call {f}(%ctx, {p}, {c}, {data}) : !llvm.ptr, (!llvm.ptr, i64, i64, !llvm.ptr) -> i32"
+            ));
+            let t = e.op(format!(
+                "bufferization.to_tensor {m} restrict writable : {mty} to {tty}"
+            ));
+            Ok(vec![t])
+        }
+    }
+}
+
+/// `!llvm.ptr` to the first element of an identity-layout memref (whose offset is 0 by
+/// its type).
+fn data_pointer_simple(e: &mut Emitter, memref: &str, mty: &str) -> String {
+    let idx = e.op(format!(
+        "memref.extract_aligned_pointer_as_index {memref} : {mty} -> index"
+    ));
+    let i = e.op(format!("arith.index_cast {idx} : index to i64"));
+    e.op(format!("llvm.inttoptr {i} : i64 to !llvm.ptr"))
+}

@@ -1,0 +1,707 @@
+//! Lowering of ppir [`Function`]s (static shapes) to MLIR text in the `func`, `linalg`,
+//! `tensor`, `arith`, `math`, `bufferization`, `memref` and `llvm` dialects.
+//!
+//! One submodule per op family, each a function `lower(e, op) -> Result<Vec<String>>`
+//! returning the SSA names of the op's results:
+//!
+//! | module | ops |
+//! | --- | --- |
+//! | [`elementwise`] | unary, binary, comparisons, logical, `where`, `cast`, `clip`, `dropout`, ... (one `linalg.generic` each, numpy broadcasting in the indexing maps) |
+//! | [`contraction`] | `matmul`, `gemm`, `conv`, `conv_transpose`, `conv_grad_weight` |
+//! | [`pool`] | `max_pool`, `avg_pool`, `global_*_pool` and their gradients |
+//! | [`norm`] | `batch_norm`, `instance_norm`, `layer_norm`, `lrn`, `softmax`, `log_softmax`, `softmax_cross_entropy[_grad]` |
+//! | [`reduce`] | `reduce_sum`, `reduce_mean`, `reduce_max`, `reduce_min` |
+//! | [`movement`] | reshapes, `transpose`, `concat`, `split`, `slice[_grad]`, `gather[_grad]`, `expand`, `pad`, `tile`, `constant` |
+//! | [`comm`] | `send`, `recv` (calls into the runtime through the context pointer) |
+//!
+//! # The ABI of a lowered function
+//!
+//! `func.func @<name>(%ctx: !llvm.ptr, %arg0: tensor<..>, ...) -> (tensor<..>, ...)` with
+//! `llvm.emit_c_interface`; the arguments are marked `bufferization.writable = false` so
+//! bufferization never writes into the caller's buffers. After the CPU pipeline
+//! ([`crate::compile`]) results become caller-allocated out-parameters, and
+//! [`crate::compile`] adds `void ppcc_call_<name>(void *ctx, void **descriptors)` taking one
+//! pointer per input then per output, each to a ranked memref descriptor
+//! `{T *allocated, T *aligned, i64 offset, i64 sizes[r], i64 strides[r]}` of a dense
+//! row-major buffer. `ctx` points at [`CTX_LAYOUT`]: the runtime's send and receive
+//! callbacks (see [`comm`]).
+
+use std::fmt::Write as _;
+
+use ppir::ops::OpClass;
+use ppir::{DType, Function, OpData, OpId, OpKind, ValueId};
+
+pub mod comm;
+pub mod contraction;
+pub mod elementwise;
+pub mod movement;
+pub mod norm;
+pub mod pool;
+pub mod reduce;
+
+/// What the context pointer passed to every entry points at (C layout):
+/// `struct { int32_t (*send)(void *ctx, int64_t peer, int64_t channel, void *data);
+///           int32_t (*recv)(void *ctx, int64_t peer, int64_t channel, void *data); }`
+/// followed by whatever the runtime keeps there. `data` is the first element of a dense
+/// row-major buffer of the op's type.
+pub const CTX_LAYOUT: &str = "!llvm.struct<(ptr, ptr)>";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LowerError {
+    #[error("function `{function}`: op `{op}` ({value}{loc}) is not lowered to MLIR yet{detail}")]
+    Unsupported {
+        function: String,
+        op: String,
+        value: String,
+        loc: String,
+        detail: String,
+    },
+    #[error("function `{function}`: value `%{value}` has type {ty}; codegen needs {need}")]
+    Type {
+        function: String,
+        value: String,
+        ty: String,
+        need: String,
+    },
+    #[error("function `{function}`: op `{op}` ({value}{loc}): {message}")]
+    Invalid {
+        function: String,
+        op: String,
+        value: String,
+        loc: String,
+        message: String,
+    },
+}
+
+/// The static signature of a lowered function: input and output types in order. After
+/// bufferization the entry takes one descriptor pointer per input, then one per output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Signature {
+    pub name: String,
+    pub inputs: Vec<(DType, Vec<u64>)>,
+    pub outputs: Vec<(DType, Vec<u64>)>,
+}
+
+impl Signature {
+    /// A one-line spelling (`f32[4,8] i64[4] -> f32[]`) compiled into the module as
+    /// `ppcc_sig_<name>`, so a loader can check that a `.so` matches the IR it was given.
+    pub fn text(&self) -> String {
+        let one = |(d, s): &(DType, Vec<u64>)| {
+            let dims: Vec<String> = s.iter().map(|x| x.to_string()).collect();
+            format!("{}[{}]", d.name(), dims.join(","))
+        };
+        let ins: Vec<String> = self.inputs.iter().map(one).collect();
+        let outs: Vec<String> = self.outputs.iter().map(one).collect();
+        format!("{} -> {}", ins.join(" "), outs.join(" "))
+    }
+}
+
+/// Lower one function to a complete MLIR module (text).
+pub fn lower_function(f: &Function) -> Result<(String, Signature), LowerError> {
+    lower_functions(&[f]).map(|(t, mut s)| (t, s.remove(0)))
+}
+
+/// Lower several functions into one MLIR module (one stage's `fwd`, `bwd_input`, ...).
+pub fn lower_functions(fs: &[&Function]) -> Result<(String, Vec<Signature>), LowerError> {
+    let mut text = String::from("module {\n");
+    let mut sigs = Vec::new();
+    for f in fs {
+        let (body, sig) = lower_func_op(f)?;
+        text.push_str(&body);
+        sigs.push(sig);
+    }
+    text.push_str("}\n");
+    Ok((text, sigs))
+}
+
+/// The MLIR element type of a dtype (`i1` for bool).
+pub fn elem_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::I64 => "i64",
+        DType::I32 => "i32",
+        DType::I8 => "i8",
+        DType::Bool => "i1",
+    }
+}
+
+/// `tensor<2x3xf32>`, `tensor<f32>` for a scalar.
+pub fn tensor_type(shape: &[u64], d: DType) -> String {
+    let mut s = String::from("tensor<");
+    for x in shape {
+        write!(s, "{x}x").unwrap();
+    }
+    s.push_str(elem_type(d));
+    s.push('>');
+    s
+}
+
+/// `memref<2x3xf32>`.
+pub fn memref_type(shape: &[u64], d: DType) -> String {
+    let mut s = String::from("memref<");
+    for x in shape {
+        write!(s, "{x}x").unwrap();
+    }
+    s.push_str(elem_type(d));
+    s.push('>');
+    s
+}
+
+/// An MLIR literal of `x` in dtype `d` (floats always with an exponent, or as raw bits for
+/// non-finite values; integers as integers, bool as `true`/`false`).
+pub fn literal(d: DType, x: f64) -> String {
+    match d {
+        DType::F32 => {
+            let v = x as f32;
+            if v.is_finite() {
+                format!("{v:.9e}")
+            } else {
+                format!("0x{:08X}", v.to_bits())
+            }
+        }
+        DType::F64 => {
+            if x.is_finite() {
+                format!("{x:.17e}")
+            } else {
+                format!("0x{:016X}", x.to_bits())
+            }
+        }
+        DType::F16 => format!("0x{:04X}", half::f16::from_f64(x).to_bits()),
+        DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(x).to_bits()),
+        DType::Bool => (if x != 0.0 { "true" } else { "false" }).to_string(),
+        DType::I64 | DType::I32 | DType::I8 => format!("{}", x as i64),
+    }
+}
+
+/// An MLIR literal for an integer value in dtype `d`.
+pub fn int_literal(d: DType, x: i64) -> String {
+    match d {
+        DType::Bool => (if x != 0 { "true" } else { "false" }).to_string(),
+        d if d.is_float() => literal(d, x as f64),
+        _ => x.to_string(),
+    }
+}
+
+fn fn_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// The body of a `linalg.generic` (or any region): fresh names and lines.
+///
+/// Block arguments are `%in0, %in1, ...` for the inputs and `%out0, ...` for the outputs.
+#[derive(Default)]
+pub struct Body {
+    pub lines: Vec<String>,
+    counter: usize,
+}
+
+impl Body {
+    /// Emit `%bN = <rhs>` and return `%bN`.
+    pub fn op(&mut self, rhs: impl AsRef<str>) -> String {
+        self.counter += 1;
+        let r = format!("%b{}", self.counter);
+        self.lines.push(format!("{r} = {}", rhs.as_ref()));
+        r
+    }
+
+    /// A constant of dtype `d`.
+    pub fn constant(&mut self, d: DType, x: f64) -> String {
+        self.op(format!(
+            "arith.constant {} : {}",
+            literal(d, x),
+            elem_type(d)
+        ))
+    }
+
+    /// A line with no result.
+    pub fn raw(&mut self, line: impl Into<String>) {
+        self.lines.push(line.into());
+    }
+}
+
+/// One operand or result of a `linalg.generic`: SSA name, tensor shape and dtype, and the
+/// indexing map's results over the loop dimensions `d0..` (e.g. `["d0", "0", "d2"]`).
+#[derive(Clone, Debug)]
+pub struct Operand {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub dtype: DType,
+    pub map: Vec<String>,
+}
+
+impl Operand {
+    pub fn new(name: impl Into<String>, shape: &[u64], dtype: DType, map: Vec<String>) -> Self {
+        Operand {
+            name: name.into(),
+            shape: shape.to_vec(),
+            dtype,
+            map,
+        }
+    }
+
+    /// An operand indexed by the identity map over `shape.len()` loops.
+    pub fn identity(name: impl Into<String>, shape: &[u64], dtype: DType) -> Self {
+        let map = (0..shape.len()).map(|i| format!("d{i}")).collect();
+        Operand::new(name, shape, dtype, map)
+    }
+}
+
+/// Loop iterator kinds of a `linalg.generic`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Iter {
+    Parallel,
+    Reduction,
+}
+
+/// Emits the body of one `func.func`.
+pub struct Emitter<'f> {
+    pub f: &'f Function,
+    /// SSA name of each ppir value once defined.
+    names: Vec<Option<String>>,
+    pub out: String,
+    tmp: usize,
+}
+
+impl<'f> Emitter<'f> {
+    pub fn new(f: &'f Function) -> Self {
+        Emitter {
+            f,
+            names: vec![None; f.num_values()],
+            out: String::new(),
+            tmp: 0,
+        }
+    }
+
+    pub fn fresh(&mut self) -> String {
+        self.tmp += 1;
+        format!("%t{}", self.tmp)
+    }
+
+    /// Emit one line of the function body.
+    pub fn line(&mut self, s: impl AsRef<str>) {
+        self.out.push_str("    ");
+        self.out.push_str(s.as_ref());
+        self.out.push('\n');
+    }
+
+    /// Emit `%tN = <rhs>` and return `%tN`.
+    pub fn op(&mut self, rhs: impl AsRef<str>) -> String {
+        let r = self.fresh();
+        self.line(format!("{r} = {}", rhs.as_ref()));
+        r
+    }
+
+    /// The SSA name of `v`; a value used before its definition (IR that did not verify)
+    /// gets a name MLIR rejects with a diagnostic, rather than a panic here.
+    pub fn name(&self, v: ValueId) -> String {
+        self.names
+            .get(v.index())
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| format!("%undefined_{}", v.index()))
+    }
+
+    pub fn set_name(&mut self, v: ValueId, name: String) {
+        if let Some(slot) = self.names.get_mut(v.index()) {
+            *slot = Some(name);
+        }
+    }
+
+    /// The static shape of `v` (an error for `?` dimensions).
+    pub fn shape(&self, v: ValueId) -> Result<Vec<u64>, LowerError> {
+        let ty = self.f.ty(v);
+        ty.static_shape().ok_or_else(|| LowerError::Type {
+            function: self.f.name.clone(),
+            value: self.f.value(v).name.clone(),
+            ty: ty.to_string(),
+            need: "static shapes (bind the batch first)".into(),
+        })
+    }
+
+    pub fn dtype(&self, v: ValueId) -> DType {
+        self.f.ty(v).dtype
+    }
+
+    /// `tensor.empty()` of `shape` and `d`.
+    pub fn empty(&mut self, shape: &[u64], d: DType) -> String {
+        self.op(format!("tensor.empty() : {}", tensor_type(shape, d)))
+    }
+
+    /// A scalar `arith.constant` outside any region.
+    pub fn scalar(&mut self, d: DType, x: f64) -> String {
+        self.op(format!(
+            "arith.constant {} : {}",
+            literal(d, x),
+            elem_type(d)
+        ))
+    }
+
+    /// `tensor.empty` + `linalg.fill` with `x`.
+    pub fn filled(&mut self, shape: &[u64], d: DType, x: f64) -> String {
+        let ty = tensor_type(shape, d);
+        let c = self.scalar(d, x);
+        let empty = self.empty(shape, d);
+        self.op(format!(
+            "linalg.fill ins({c} : {}) outs({empty} : {ty}) -> {ty}",
+            elem_type(d)
+        ))
+    }
+
+    pub fn zeros(&mut self, shape: &[u64], d: DType) -> String {
+        self.filled(shape, d, 0.0)
+    }
+
+    /// One `linalg.generic` over `loops` loop dimensions. `outputs` are the init tensors
+    /// (their names are the `outs`), `body` computes the yielded values (one per output)
+    /// from `%in<i>` / `%out<j>`. Returns the result names.
+    pub fn generic(
+        &mut self,
+        loops: usize,
+        iters: &[Iter],
+        inputs: &[Operand],
+        outputs: &[Operand],
+        body: &Body,
+        yields: &[String],
+    ) -> Vec<String> {
+        let dims: Vec<String> = (0..loops).map(|i| format!("d{i}")).collect();
+        let domain = format!("({})", dims.join(", "));
+        let maps: Vec<String> = inputs
+            .iter()
+            .chain(outputs)
+            .map(|o| format!("affine_map<{domain} -> ({})>", o.map.join(", ")))
+            .collect();
+        let iters: Vec<&str> = iters
+            .iter()
+            .map(|i| match i {
+                Iter::Parallel => "\"parallel\"",
+                Iter::Reduction => "\"reduction\"",
+            })
+            .collect();
+        let list = |ops: &[Operand]| {
+            let names: Vec<&str> = ops.iter().map(|o| o.name.as_str()).collect();
+            let tys: Vec<String> = ops.iter().map(|o| tensor_type(&o.shape, o.dtype)).collect();
+            (names.join(", "), tys.join(", "))
+        };
+        let (in_names, in_tys) = list(inputs);
+        let (out_names, out_tys) = list(outputs);
+        let r = self.fresh();
+        let lhs = if outputs.len() == 1 {
+            r.clone()
+        } else {
+            format!("{r}:{}", outputs.len())
+        };
+        let ins = if inputs.is_empty() {
+            String::new()
+        } else {
+            format!(" ins({in_names} : {in_tys})")
+        };
+        self.line(format!(
+            "{lhs} = linalg.generic {{indexing_maps = [{}], iterator_types = [{}]}}{ins} outs({out_names} : {out_tys}) {{",
+            maps.join(", "),
+            iters.join(", "),
+        ));
+        let mut args: Vec<String> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| format!("%in{i}: {}", elem_type(o.dtype)))
+            .collect();
+        args.extend(
+            outputs
+                .iter()
+                .enumerate()
+                .map(|(j, o)| format!("%out{j}: {}", elem_type(o.dtype))),
+        );
+        self.out
+            .push_str(&format!("    ^bb0({}):\n", args.join(", ")));
+        for l in &body.lines {
+            self.line(format!("  {l}"));
+        }
+        let ytys: Vec<&str> = outputs.iter().map(|o| elem_type(o.dtype)).collect();
+        self.line(format!(
+            "  linalg.yield {} : {}",
+            yields.join(", "),
+            ytys.join(", ")
+        ));
+        let rtys: Vec<String> = outputs
+            .iter()
+            .map(|o| tensor_type(&o.shape, o.dtype))
+            .collect();
+        if rtys.len() == 1 {
+            self.line(format!("}} -> {}", rtys[0]));
+            vec![r]
+        } else {
+            self.line(format!("}} -> ({})", rtys.join(", ")));
+            (0..outputs.len()).map(|j| format!("{r}#{j}")).collect()
+        }
+    }
+
+    /// Reinterpret `src` (row-major) with another static shape of the same size, through
+    /// `tensor.collapse_shape` to 1-D and `tensor.expand_shape`.
+    pub fn reshape(&mut self, src: &str, from: &[u64], to: &[u64], d: DType) -> String {
+        if from == to {
+            return src.to_string();
+        }
+        let n: u64 = from.iter().product();
+        // Collapse to rank 1 (or 0 when the target is a scalar).
+        let flat = if from.len() == 1 && !to.is_empty() {
+            src.to_string()
+        } else if from.is_empty() {
+            self.op(format!(
+                "tensor.expand_shape {src} [] output_shape [1] : {} into {}",
+                tensor_type(from, d),
+                tensor_type(&[1], d)
+            ))
+        } else if to.is_empty() {
+            self.op(format!(
+                "tensor.collapse_shape {src} [] : {} into {}",
+                tensor_type(from, d),
+                tensor_type(&[], d)
+            ))
+        } else {
+            let all: Vec<String> = (0..from.len()).map(|i| i.to_string()).collect();
+            self.op(format!(
+                "tensor.collapse_shape {src} [[{}]] : {} into {}",
+                all.join(", "),
+                tensor_type(from, d),
+                tensor_type(&[n], d)
+            ))
+        };
+        if to.len() <= 1 {
+            return flat;
+        }
+        let all: Vec<String> = (0..to.len()).map(|i| i.to_string()).collect();
+        let sizes: Vec<String> = to.iter().map(|x| x.to_string()).collect();
+        self.op(format!(
+            "tensor.expand_shape {flat} [[{}]] output_shape [{}] : {} into {}",
+            all.join(", "),
+            sizes.join(", "),
+            tensor_type(&[n], d),
+            tensor_type(to, d)
+        ))
+    }
+}
+
+/// An op being lowered, with its operand and result types at hand and error builders that
+/// name the function, op, value and source location.
+pub struct OpView<'a> {
+    pub f: &'a Function,
+    pub id: OpId,
+    pub op: &'a OpData,
+    pub kind: OpKind,
+    /// Operand shapes and dtypes.
+    pub in_shapes: Vec<Vec<u64>>,
+    pub in_dtypes: Vec<DType>,
+    /// Result shapes and dtypes.
+    pub out_shapes: Vec<Vec<u64>>,
+    pub out_dtypes: Vec<DType>,
+}
+
+impl<'a> OpView<'a> {
+    fn value_text(&self) -> String {
+        self.op
+            .results()
+            .first()
+            .map(|&r| format!("%{}", self.f.value(r).name))
+            .unwrap_or_else(|| "no result".into())
+    }
+
+    fn loc_text(&self) -> String {
+        self.op
+            .loc
+            .as_ref()
+            .map(|l| format!(", loc \"{l}\""))
+            .unwrap_or_default()
+    }
+
+    /// "not lowered yet" with `detail` appended (start it with a space or leave empty).
+    pub fn unsupported(&self, detail: impl Into<String>) -> LowerError {
+        LowerError::Unsupported {
+            function: self.f.name.clone(),
+            op: self.kind.to_string(),
+            value: self.value_text(),
+            loc: self.loc_text(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The op is malformed (bad attribute, impossible shapes).
+    pub fn invalid(&self, message: impl Into<String>) -> LowerError {
+        LowerError::Invalid {
+            function: self.f.name.clone(),
+            op: self.kind.to_string(),
+            value: self.value_text(),
+            loc: self.loc_text(),
+            message: message.into(),
+        }
+    }
+
+    pub fn attr_err(&self, e: ppir::attr::AttrError) -> LowerError {
+        self.invalid(e.to_string())
+    }
+
+    pub fn int_or(&self, name: &str, default: i64) -> Result<i64, LowerError> {
+        self.op
+            .attrs
+            .int_or(name, default)
+            .map_err(|e| self.attr_err(e))
+    }
+
+    pub fn float_or(&self, name: &str, default: f64) -> Result<f64, LowerError> {
+        self.op
+            .attrs
+            .float_or(name, default)
+            .map_err(|e| self.attr_err(e))
+    }
+
+    pub fn ints(&self, name: &str) -> Result<Option<Vec<i64>>, LowerError> {
+        self.op.attrs.ints(name).map_err(|e| self.attr_err(e))
+    }
+
+    pub fn ints_or(&self, name: &str, default: Vec<i64>) -> Result<Vec<i64>, LowerError> {
+        self.op
+            .attrs
+            .ints_or(name, default)
+            .map_err(|e| self.attr_err(e))
+    }
+
+    pub fn str_or(&self, name: &str, default: &'a str) -> Result<&'a str, LowerError> {
+        self.op
+            .attrs
+            .str_or(name, default)
+            .map_err(|e| self.attr_err(e))
+    }
+
+    /// A required `ints` attribute.
+    pub fn ints_req(&self, name: &str) -> Result<Vec<i64>, LowerError> {
+        self.ints(name)?
+            .ok_or_else(|| self.invalid(format!("missing attribute `{name}`")))
+    }
+
+    /// Normalise a possibly negative axis against `rank`.
+    pub fn axis(&self, a: i64, rank: usize) -> Result<usize, LowerError> {
+        let n = if a < 0 { a + rank as i64 } else { a };
+        if n < 0 || n >= rank as i64 {
+            return Err(self.invalid(format!("axis {a} out of range for rank {rank}")));
+        }
+        Ok(n as usize)
+    }
+}
+
+fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
+    if !fn_name_ok(&f.name) {
+        return Err(LowerError::Invalid {
+            function: f.name.clone(),
+            op: "func".into(),
+            value: "-".into(),
+            loc: String::new(),
+            message: "function names must be [A-Za-z_][A-Za-z0-9_]* to get a C entry".into(),
+        });
+    }
+    let mut e = Emitter::new(f);
+    let mut params = vec!["%ctx: !llvm.ptr".to_string()];
+    let mut inputs = Vec::new();
+    for (i, v) in f.arg_values().enumerate() {
+        let s = e.shape(v)?;
+        let d = e.dtype(v);
+        params.push(format!(
+            "%arg{i}: {} {{bufferization.writable = false}}",
+            tensor_type(&s, d)
+        ));
+        e.set_name(v, format!("%arg{i}"));
+        inputs.push((d, s));
+    }
+    let mut outputs = Vec::new();
+    for &v in f.results() {
+        outputs.push((e.dtype(v), e.shape(v)?));
+    }
+    let res_tys: Vec<String> = outputs.iter().map(|(d, s)| tensor_type(s, *d)).collect();
+
+    for &op_id in f.ops() {
+        let op = f.op(op_id);
+        let mut view = OpView {
+            f,
+            id: op_id,
+            op,
+            kind: op.kind,
+            in_shapes: Vec::new(),
+            in_dtypes: Vec::new(),
+            out_shapes: Vec::new(),
+            out_dtypes: Vec::new(),
+        };
+        for &v in op.operands() {
+            view.in_shapes.push(e.shape(v)?);
+            view.in_dtypes.push(e.dtype(v));
+        }
+        for &v in op.results() {
+            view.out_shapes.push(e.shape(v)?);
+            view.out_dtypes.push(e.dtype(v));
+        }
+        let names = lower_op(&mut e, &view)?;
+        if names.len() != op.results().len() {
+            return Err(view.invalid(format!(
+                "lowering produced {} values for {} results",
+                names.len(),
+                op.results().len()
+            )));
+        }
+        for (&r, n) in op.results().iter().zip(names) {
+            e.set_name(r, n);
+        }
+    }
+    let ret: Vec<String> = f.results().iter().map(|&v| e.name(v)).collect();
+    if ret.is_empty() {
+        e.line("return");
+    } else {
+        e.line(format!(
+            "return {} : {}",
+            ret.join(", "),
+            res_tys.join(", ")
+        ));
+    }
+    let text = format!(
+        "  func.func @{}({}) -> ({}) attributes {{llvm.emit_c_interface}} {{\n{}  }}\n",
+        f.name,
+        params.join(", "),
+        res_tys.join(", "),
+        e.out
+    );
+    Ok((
+        text,
+        Signature {
+            name: f.name.clone(),
+            inputs,
+            outputs,
+        },
+    ))
+}
+
+/// Lower one op; returns the SSA names of its results.
+fn lower_op(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    use OpKind::*;
+    match op.kind {
+        Send | Recv => comm::lower(e, op),
+        MatMul | Gemm | Conv | ConvTranspose | ConvGradWeight => contraction::lower(e, op),
+        MaxPool | AvgPool | GlobalAvgPool | GlobalMaxPool | MaxPoolGrad | AvgPoolGrad => {
+            pool::lower(e, op)
+        }
+        BatchNorm
+        | InstanceNorm
+        | LayerNorm
+        | Lrn
+        | Softmax
+        | LogSoftmax
+        | SoftmaxCrossEntropy
+        | SoftmaxCrossEntropyGrad => norm::lower(e, op),
+        ReduceSum | ReduceMean | ReduceMax | ReduceMin => reduce::lower(e, op),
+        k if k.is_elementwise() => elementwise::lower(e, op),
+        k if matches!(k.class(), OpClass::DataMovement | OpClass::Constant) => {
+            movement::lower(e, op)
+        }
+        _ => Err(op.unsupported("")),
+    }
+}

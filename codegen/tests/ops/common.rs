@@ -1,0 +1,200 @@
+//! The harness shared by every op family's tests.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ppcc_codegen::{compile_to_shared_object, lower_functions, CompileOptions};
+use ppcc_runtime::native::NativeModule;
+use ppir::interp::{run_function, Comm, InterpOptions};
+use ppir::{DType, Function, Module, Tensor, TensorData};
+
+pub fn parse(src: &str) -> Module {
+    let m = ppir::text::parse_module(src).unwrap_or_else(|e| panic!("parse: {e}\n{src}"));
+    ppir::verify::verify_module(&m).unwrap_or_else(|e| panic!("verify: {e:?}\n{src}"));
+    m
+}
+
+fn lcg(s: &mut u64) -> u64 {
+    *s = s
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *s >> 33
+}
+
+/// Deterministic f32 values in [-2, 2).
+pub fn input(shape: &[usize], seed: u64) -> Tensor {
+    uniform(DType::F32, shape, seed, -2.0, 2.0)
+}
+
+/// Deterministic floats of `d` in [lo, hi).
+pub fn uniform(d: DType, shape: &[usize], seed: u64, lo: f64, hi: f64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let data = (0..n)
+        .map(|_| lo + (lcg(&mut s) as f64 / (1u64 << 31) as f64) * (hi - lo))
+        .collect();
+    Tensor::from_f64(d, shape.to_vec(), data)
+}
+
+/// Deterministic integers of `d` in [lo, hi).
+pub fn ints(d: DType, shape: &[usize], seed: u64, lo: i64, hi: i64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_add(0x1234_5678);
+    let data = (0..n)
+        .map(|_| lo + (lcg(&mut s) % (hi - lo) as u64) as i64)
+        .collect();
+    Tensor::from_i64(d, shape.to_vec(), data)
+}
+
+/// Inputs for every argument of `f` by its type: floats in [-2, 2), integers in [0, 4),
+/// bools at random.
+pub fn random_inputs(f: &Function, seed: u64) -> Vec<Tensor> {
+    f.arg_values()
+        .enumerate()
+        .map(|(i, v)| {
+            let ty = f.ty(v);
+            let shape: Vec<usize> = ty
+                .static_shape()
+                .expect("static argument")
+                .into_iter()
+                .map(|d| d as usize)
+                .collect();
+            let s = seed * 1000 + i as u64;
+            match ty.dtype {
+                d if d.is_float() => uniform(d, &shape, s, -2.0, 2.0),
+                DType::Bool => ints(DType::Bool, &shape, s, 0, 2),
+                d => ints(d, &shape, s, 0, 4),
+            }
+        })
+        .collect()
+}
+
+static CASE: AtomicUsize = AtomicUsize::new(0);
+
+fn case_dir(name: &str) -> PathBuf {
+    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    base.join(format!(
+        "ppcc-ops-{}-{name}-{}",
+        std::process::id(),
+        CASE.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Lower and compile every function of `m` into one `module.so` and load it.
+pub fn compile(m: &Module) -> (NativeModule, PathBuf) {
+    let fs: Vec<&Function> = m.functions.iter().collect();
+    let (mlir, sigs) = lower_functions(&fs).unwrap_or_else(|e| panic!("lower: {e}"));
+    let dir = case_dir(&m.functions[0].name);
+    let opts = CompileOptions {
+        keep_intermediates: std::env::var_os("PPCC_CODEGEN_KEEP").is_some(),
+        ..Default::default()
+    };
+    let so = compile_to_shared_object(&mlir, &sigs, &dir, &opts)
+        .unwrap_or_else(|e| panic!("compile:\n{e}\n--- MLIR ---\n{mlir}"));
+    let nm = NativeModule::load(&so, m, None).unwrap_or_else(|e| panic!("load: {e}"));
+    (nm, dir)
+}
+
+pub fn cleanup(dir: PathBuf) {
+    if std::env::var_os("PPCC_CODEGEN_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// `got` equals `want`: same dtype and shape; floats within `rtol · max(1, |want|)`
+/// (NaN only where the reference is NaN), integers exactly.
+pub fn assert_close(got: &Tensor, want: &Tensor, rtol: f64, what: &str) {
+    assert_eq!(got.dtype, want.dtype, "{what}: dtype");
+    assert_eq!(got.shape, want.shape, "{what}: shape");
+    match (&got.data, &want.data) {
+        (TensorData::Float(g), TensorData::Float(w)) => {
+            for (j, (&g, &w)) in g.iter().zip(w).enumerate() {
+                if w.is_nan() {
+                    assert!(
+                        g.is_nan(),
+                        "{what} element {j}: native {g}, interpreter NaN"
+                    );
+                    continue;
+                }
+                if w.is_infinite() {
+                    assert_eq!(g, w, "{what} element {j}");
+                    continue;
+                }
+                let err = (g - w).abs() / w.abs().max(1.0);
+                assert!(
+                    err <= rtol,
+                    "{what} element {j}: native {g} vs interpreter {w} (rel err {err:e})"
+                );
+            }
+        }
+        (TensorData::Int(g), TensorData::Int(w)) => {
+            for (j, (g, w)) in g.iter().zip(w).enumerate() {
+                assert_eq!(g, w, "{what} element {j}");
+            }
+        }
+        _ => panic!("{what}: storage differs"),
+    }
+}
+
+/// Compile the module's functions, run `function` natively and on the interpreter, and
+/// compare every result (tolerance 1e-5).
+pub fn check_with(m: &Module, function: &str, inputs: Vec<Tensor>, rtol: f64) {
+    let f = m.function(function).expect("function");
+    let expected = run_function(f, inputs.clone(), &InterpOptions::default(), None)
+        .unwrap_or_else(|e| panic!("interpreter: {e}"));
+    let (nm, dir) = compile(m);
+    let args: Vec<&Tensor> = inputs.iter().collect();
+    let got = nm
+        .call(function, &args, None)
+        .unwrap_or_else(|e| panic!("native call: {e}"));
+    assert_eq!(got.len(), expected.len());
+    for (i, (g, w)) in got.iter().zip(&expected).enumerate() {
+        assert_close(g, w, rtol, &format!("@{function} result {i}"));
+    }
+    // Inputs are never written.
+    for (a, b) in args.iter().zip(&inputs) {
+        assert_eq!(*a, b);
+    }
+    cleanup(dir);
+}
+
+/// Parse `src`, check its first function on `inputs` (or on [`random_inputs`]).
+pub fn check(src: &str, inputs: Option<Vec<Tensor>>) {
+    let m = parse(src);
+    let f = &m.functions[0];
+    let inputs = inputs.unwrap_or_else(|| random_inputs(f, 7));
+    let name = f.name.clone();
+    check_with(&m, &name, inputs, 1e-5);
+}
+
+/// A `Comm` that records sends and answers receives from a queue (for stage functions).
+#[derive(Default)]
+pub struct MockComm {
+    pub sent: Vec<(u32, i64, Tensor)>,
+    pub to_receive: Vec<(u32, i64, Tensor)>,
+}
+
+impl Comm for MockComm {
+    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), String> {
+        self.sent.push((peer, channel, t));
+        Ok(())
+    }
+
+    fn recv(&mut self, peer: u32, channel: i64, _ty: &ppir::TensorType) -> Result<Tensor, String> {
+        let i = self
+            .to_receive
+            .iter()
+            .position(|(p, c, _)| *p == peer && *c == channel)
+            .ok_or_else(|| format!("nothing queued from stage {peer} on channel {channel}"))?;
+        Ok(self.to_receive.remove(i).2)
+    }
+}
+
+/// Parse without the module-level checks (a lone stage's send/recv have no partners).
+pub fn parse_stage(src: &str) -> Module {
+    ppir::text::parse_module(src).unwrap_or_else(|e| panic!("parse: {e}\n{src}"))
+}

@@ -1,0 +1,1 @@
+//! Tests of `lower::contraction` (see common.rs for the harness).

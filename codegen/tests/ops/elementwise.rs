@@ -1,0 +1,1 @@
+//! Tests of `lower::elementwise` (see common.rs for the harness).

@@ -1,0 +1,1 @@
+//! Tests of `lower::movement` (see common.rs for the harness).

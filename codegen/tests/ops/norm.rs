@@ -1,0 +1,1 @@
+//! Tests of `lower::norm` (see common.rs for the harness).

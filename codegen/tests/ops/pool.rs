@@ -1,0 +1,1 @@
+//! Tests of `lower::pool` (see common.rs for the harness).

@@ -1,0 +1,1 @@
+//! Tests of `lower::reduce` (see common.rs for the harness).

@@ -1,0 +1,547 @@
+//! Native stage modules: calling the functions of a `module.so` that `ppcc-codegen` built.
+//!
+//! The ABI (see `ppcc_codegen::lower`): per function `f` the shared object exports
+//! `void ppcc_call_f(void *ctx, void **descriptors)` — one pointer per input, then one per
+//! output, each to a ranked memref descriptor `{T *allocated, T *aligned, i64 offset,
+//! i64 sizes[r], i64 strides[r]}` of a dense row-major buffer the caller owns — and
+//! `const char *ppcc_sig_f(void)`, the types it was compiled for (`f32[4,8] i64[4] ->
+//! f32[]`), which [`NativeModule::load`] compares with the IR it is given so a `.so` that
+//! does not belong to that IR is refused instead of called with the wrong buffers.
+//!
+//! `ctx` points at [`Ctx`]: the send and receive callbacks that the generated code calls for
+//! `send`/`recv` ops. They forward to the caller's [`Comm`] (the pipeline's transport).
+//! A failure there is recorded, later callbacks of the same call do nothing, and the call
+//! returns the first failure once the generated code returns.
+//!
+//! Tensors are converted to the element type's native representation for the call and
+//! back (ppir keeps floats as f64, integers and bools as i64).
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use ppir::interp::Comm;
+use ppir::{DType, Function, Module, OpKind, Tensor, TensorData, TensorType};
+
+/// What went wrong loading or calling a native module.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NativeError {
+    #[error("loading {path}: {message}")]
+    Load { path: PathBuf, message: String },
+    #[error("{path}: @{function}: {message}")]
+    Mismatch {
+        path: PathBuf,
+        function: String,
+        message: String,
+    },
+    #[error("@{function}: {message}")]
+    Call { function: String, message: String },
+}
+
+type Entry = unsafe extern "C" fn(*mut Ctx, *const *mut c_void);
+type SigFn = unsafe extern "C" fn() -> *const std::ffi::c_char;
+type Callback = extern "C" fn(*mut Ctx, i64, i64, *mut u8) -> i32;
+
+/// The static type of one argument or result.
+#[derive(Clone, Debug, PartialEq)]
+struct Static {
+    dtype: DType,
+    shape: Vec<usize>,
+}
+
+impl Static {
+    fn of(ty: &TensorType) -> Option<Static> {
+        Some(Static {
+            dtype: ty.dtype,
+            shape: ty.static_shape()?.into_iter().map(|d| d as usize).collect(),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn text(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
+        format!("{}[{}]", self.dtype.name(), dims.join(","))
+    }
+}
+
+/// One function of the module.
+struct NativeFn {
+    entry: Entry,
+    inputs: Vec<Static>,
+    outputs: Vec<Static>,
+    /// (peer, channel) of each send/recv op → the type moved.
+    sends: HashMap<(i64, i64), Static>,
+    recvs: HashMap<(i64, i64), TensorType>,
+}
+
+/// A loaded `module.so` and the functions of the IR module it was compiled from.
+pub struct NativeModule {
+    // Keeps the code mapped; the entries point into it.
+    _lib: libloading::Library,
+    path: PathBuf,
+    funcs: HashMap<String, NativeFn>,
+}
+
+/// The signature text `ppcc-codegen` compiles into `ppcc_sig_<name>`.
+fn signature_text(ins: &[Static], outs: &[Static]) -> String {
+    let a: Vec<String> = ins.iter().map(Static::text).collect();
+    let b: Vec<String> = outs.iter().map(Static::text).collect();
+    format!("{} -> {}", a.join(" "), b.join(" "))
+}
+
+impl NativeModule {
+    /// Load `so` and bind every function of `module` (or only `only`, when given) to its
+    /// entry, checking each compiled signature against the IR.
+    pub fn load(so: &Path, module: &Module, only: Option<&[&str]>) -> Result<Self, NativeError> {
+        let load_err = |message: String| NativeError::Load {
+            path: so.to_path_buf(),
+            message,
+        };
+        // SAFETY: loading runs the library's initialisers; a module.so built by ppcc has
+        // none beyond the C runtime's.
+        let lib = unsafe { libloading::Library::new(so) }.map_err(|e| load_err(e.to_string()))?;
+        let mut funcs = HashMap::new();
+        for f in &module.functions {
+            if only.is_some_and(|o| !o.contains(&f.name.as_str())) {
+                continue;
+            }
+            let nf = bind(&lib, so, f)?;
+            funcs.insert(f.name.clone(), nf);
+        }
+        Ok(NativeModule {
+            _lib: lib,
+            path: so.to_path_buf(),
+            funcs,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn has_function(&self, name: &str) -> bool {
+        self.funcs.contains_key(name)
+    }
+
+    /// Call `function` with `args` (in the function's argument order); send/recv ops go
+    /// through `comm` (an error if the function has some and `comm` is `None`).
+    pub fn call<'c>(
+        &self,
+        function: &str,
+        args: &[&Tensor],
+        comm: Option<&'c mut (dyn Comm + 'c)>,
+    ) -> Result<Vec<Tensor>, NativeError> {
+        let call_err = |message: String| NativeError::Call {
+            function: function.to_string(),
+            message,
+        };
+        let f = self
+            .funcs
+            .get(function)
+            .ok_or_else(|| call_err("the module has no such function".into()))?;
+        if args.len() != f.inputs.len() {
+            return Err(call_err(format!(
+                "{} arguments given, the function takes {}",
+                args.len(),
+                f.inputs.len()
+            )));
+        }
+        let mut bufs: Vec<Buffer> = Vec::with_capacity(f.inputs.len() + f.outputs.len());
+        for (i, (t, want)) in args.iter().zip(&f.inputs).enumerate() {
+            if t.dtype != want.dtype || t.shape != want.shape {
+                return Err(call_err(format!(
+                    "argument {i} is {}{:?}, the function takes {}",
+                    t.dtype.name(),
+                    t.shape,
+                    want.text()
+                )));
+            }
+            bufs.push(Buffer::from_tensor(t));
+        }
+        for o in &f.outputs {
+            bufs.push(Buffer::zeroed(o.dtype, o.len()));
+        }
+        let shapes: Vec<&[usize]> = f
+            .inputs
+            .iter()
+            .chain(&f.outputs)
+            .map(|s| s.shape.as_slice())
+            .collect();
+        let mut descs: Vec<Vec<i64>> = bufs
+            .iter_mut()
+            .zip(&shapes)
+            .map(|(b, s)| descriptor(b.as_mut_ptr(), s))
+            .collect();
+        let ptrs: Vec<*mut c_void> = descs
+            .iter_mut()
+            .map(|d| d.as_mut_ptr() as *mut c_void)
+            .collect();
+        let mut state = CallState {
+            comm,
+            f,
+            error: None,
+        };
+        let mut ctx = Ctx {
+            send: send_cb,
+            recv: recv_cb,
+            state: &mut state as *mut CallState as *mut c_void,
+        };
+        // SAFETY: the entry was compiled for exactly these descriptors (checked at load
+        // through `ppcc_sig_*` and above against the argument types); every buffer is
+        // alive and of the right size for the duration of the call; outputs are written
+        // only through their descriptors.
+        unsafe { (f.entry)(&mut ctx, ptrs.as_ptr()) };
+        drop(descs);
+        if let Some(e) = state.error {
+            return Err(call_err(e));
+        }
+        Ok(bufs
+            .split_off(f.inputs.len())
+            .into_iter()
+            .zip(&f.outputs)
+            .map(|(b, o)| b.into_tensor(o))
+            .collect())
+    }
+}
+
+fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, NativeError> {
+    let mismatch = |message: String| NativeError::Mismatch {
+        path: so.to_path_buf(),
+        function: f.name.clone(),
+        message,
+    };
+    let stat = |ty: &TensorType| {
+        Static::of(ty).ok_or_else(|| mismatch(format!("type {ty} is not static")))
+    };
+    let inputs = f
+        .arg_values()
+        .map(|v| stat(f.ty(v)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let outputs = f
+        .results()
+        .iter()
+        .map(|&v| stat(f.ty(v)))
+        .collect::<Result<Vec<_>, _>>()?;
+    // SAFETY: symbols are looked up by name and have the ABI's types (checked through
+    // the signature text before the entry is ever called).
+    let (entry, sig) = unsafe {
+        let entry: libloading::Symbol<Entry> = lib
+            .get(format!("ppcc_call_{}\0", f.name).as_bytes())
+            .map_err(|e| mismatch(format!("no entry: {e}")))?;
+        let sig: libloading::Symbol<SigFn> = lib
+            .get(format!("ppcc_sig_{}\0", f.name).as_bytes())
+            .map_err(|e| mismatch(format!("no signature: {e}")))?;
+        (*entry, CStr::from_ptr(sig()).to_string_lossy().into_owned())
+    };
+    let expected = signature_text(&inputs, &outputs);
+    if sig != expected {
+        return Err(mismatch(format!(
+            "compiled for `{sig}`, but the IR has `{expected}` (rebuild the module)"
+        )));
+    }
+    let mut sends = HashMap::new();
+    let mut recvs = HashMap::new();
+    for &id in f.ops() {
+        let op = f.op(id);
+        let key = |op: &ppir::OpData| -> Option<(i64, i64)> {
+            Some((op.attrs.int("peer").ok()??, op.attrs.int("channel").ok()??))
+        };
+        match op.kind {
+            OpKind::Send => {
+                if let (Some(k), Some(s)) = (key(op), Static::of(f.ty(op.operands()[0]))) {
+                    sends.insert(k, s);
+                }
+            }
+            OpKind::Recv => {
+                if let Some(k) = key(op) {
+                    recvs.insert(k, f.ty(op.results()[0]).clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(NativeFn {
+        entry,
+        inputs,
+        outputs,
+        sends,
+        recvs,
+    })
+}
+
+/// The context the generated code receives (layout: `ppcc_codegen::lower::CTX_LAYOUT`,
+/// followed by our state).
+#[repr(C)]
+pub struct Ctx {
+    send: Callback,
+    recv: Callback,
+    state: *mut c_void,
+}
+
+struct CallState<'a, 'c> {
+    comm: Option<&'c mut (dyn Comm + 'c)>,
+    f: &'a NativeFn,
+    error: Option<String>,
+}
+
+/// Run `body` on the call's state unless an earlier callback failed; record its error.
+fn with_state(ctx: *mut Ctx, body: impl FnOnce(&mut CallState) -> Result<(), String>) -> i32 {
+    // SAFETY: the generated code passes back the `ctx` it was called with, which points at
+    // a live `Ctx` whose state is a live `CallState` for the whole call.
+    let state = unsafe { &mut *((*ctx).state as *mut CallState) };
+    if state.error.is_some() {
+        return 1;
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| body(&mut *state)))
+        .unwrap_or_else(|_| Err("panic in a send/recv callback".into()));
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            state.error = Some(e);
+            1
+        }
+    }
+}
+
+extern "C" fn send_cb(ctx: *mut Ctx, peer: i64, channel: i64, data: *mut u8) -> i32 {
+    with_state(ctx, |s| {
+        let ty =
+            s.f.sends
+                .get(&(peer, channel))
+                .ok_or_else(|| format!("no send op to stage {peer} on channel {channel}"))?;
+        let comm = s
+            .comm
+            .as_deref_mut()
+            .ok_or("the function sends, but no transport was given")?;
+        // SAFETY: `data` is the dense buffer of the send's operand, of type `ty`.
+        let t = unsafe { Buffer::read_raw(data, ty) };
+        comm.send(peer as u32, channel, t)
+    })
+}
+
+extern "C" fn recv_cb(ctx: *mut Ctx, peer: i64, channel: i64, data: *mut u8) -> i32 {
+    with_state(ctx, |s| {
+        let ty =
+            s.f.recvs
+                .get(&(peer, channel))
+                .ok_or_else(|| format!("no recv op from stage {peer} on channel {channel}"))?;
+        let want = Static::of(ty).ok_or("recv of a non-static type")?;
+        let comm = s
+            .comm
+            .as_deref_mut()
+            .ok_or("the function receives, but no transport was given")?;
+        let t = comm.recv(peer as u32, channel, ty)?;
+        if t.dtype != want.dtype || t.shape != want.shape {
+            return Err(format!(
+                "received {}{:?} on channel {channel}, expected {}",
+                t.dtype.name(),
+                t.shape,
+                want.text()
+            ));
+        }
+        let b = Buffer::from_tensor(&t);
+        // SAFETY: `data` is a fresh buffer of `want`'s size in bytes.
+        unsafe { std::ptr::copy_nonoverlapping(b.bytes().as_ptr(), data, b.len_bytes()) };
+        Ok(())
+    })
+}
+
+/// A ranked memref descriptor as i64 words: `{allocated, aligned, offset, sizes, strides}`.
+fn descriptor(p: *mut u8, shape: &[usize]) -> Vec<i64> {
+    let p = p as i64;
+    let mut d = vec![p, p, 0];
+    d.extend(shape.iter().map(|&s| s as i64));
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1] as i64;
+    }
+    d.extend(strides);
+    d
+}
+
+/// A dense buffer of one element type, 64-byte aligned.
+struct Buffer {
+    words: Vec<Aligned>,
+    dtype: DType,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Aligned([u8; 64]);
+
+impl Buffer {
+    fn zeroed(dtype: DType, len: usize) -> Buffer {
+        let bytes = (len * dtype.size_bytes()).max(1);
+        Buffer {
+            words: vec![Aligned([0; 64]); bytes.div_ceil(64)],
+            dtype,
+            len,
+        }
+    }
+
+    fn len_bytes(&self) -> usize {
+        self.len * self.dtype.size_bytes()
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.words.as_mut_ptr() as *mut u8
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `len_bytes` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.len_bytes()) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.len_bytes();
+        // SAFETY: as `bytes`, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr() as *mut u8, n) }
+    }
+
+    fn from_tensor(t: &Tensor) -> Buffer {
+        let mut b = Buffer::zeroed(t.dtype, t.data.len());
+        let out = b.bytes_mut();
+        match (&t.data, t.dtype) {
+            (TensorData::Float(v), DType::F32) => {
+                for (c, x) in out.chunks_exact_mut(4).zip(v) {
+                    c.copy_from_slice(&(*x as f32).to_ne_bytes());
+                }
+            }
+            (TensorData::Float(v), DType::F64) => {
+                for (c, x) in out.chunks_exact_mut(8).zip(v) {
+                    c.copy_from_slice(&x.to_ne_bytes());
+                }
+            }
+            (TensorData::Float(v), DType::F16) => {
+                for (c, x) in out.chunks_exact_mut(2).zip(v) {
+                    c.copy_from_slice(&half::f16::from_f64(*x).to_bits().to_ne_bytes());
+                }
+            }
+            (TensorData::Float(v), DType::BF16) => {
+                for (c, x) in out.chunks_exact_mut(2).zip(v) {
+                    c.copy_from_slice(&half::bf16::from_f64(*x).to_bits().to_ne_bytes());
+                }
+            }
+            (TensorData::Int(v), DType::I64) => {
+                for (c, x) in out.chunks_exact_mut(8).zip(v) {
+                    c.copy_from_slice(&x.to_ne_bytes());
+                }
+            }
+            (TensorData::Int(v), DType::I32) => {
+                for (c, x) in out.chunks_exact_mut(4).zip(v) {
+                    c.copy_from_slice(&(*x as i32).to_ne_bytes());
+                }
+            }
+            (TensorData::Int(v), DType::I8 | DType::Bool) => {
+                for (c, x) in out.iter_mut().zip(v) {
+                    *c = *x as i8 as u8;
+                }
+            }
+            // A tensor whose storage disagrees with its dtype (not made by ppir): zeros.
+            _ => {}
+        }
+        b
+    }
+
+    fn into_tensor(self, ty: &Static) -> Tensor {
+        Self::decode(self.bytes(), ty)
+    }
+
+    /// # Safety
+    /// `data` must point at a dense buffer of `ty`.
+    unsafe fn read_raw(data: *const u8, ty: &Static) -> Tensor {
+        let n = ty.len() * ty.dtype.size_bytes();
+        let bytes = unsafe { std::slice::from_raw_parts(data, n) };
+        Self::decode(bytes, ty)
+    }
+
+    fn decode(bytes: &[u8], ty: &Static) -> Tensor {
+        let shape = ty.shape.clone();
+        let data = match ty.dtype {
+            DType::F32 => TensorData::Float(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_ne_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+            ),
+            DType::F64 => TensorData::Float(
+                bytes
+                    .chunks_exact(8)
+                    .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
+                    .collect(),
+            ),
+            DType::F16 => TensorData::Float(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_bits(u16::from_ne_bytes([c[0], c[1]])).to_f64())
+                    .collect(),
+            ),
+            DType::BF16 => TensorData::Float(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_bits(u16::from_ne_bytes([c[0], c[1]])).to_f64())
+                    .collect(),
+            ),
+            DType::I64 => TensorData::Int(
+                bytes
+                    .chunks_exact(8)
+                    .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                    .collect(),
+            ),
+            DType::I32 => TensorData::Int(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| i32::from_ne_bytes(c.try_into().unwrap()) as i64)
+                    .collect(),
+            ),
+            DType::I8 => TensorData::Int(bytes.iter().map(|&b| b as i8 as i64).collect()),
+            DType::Bool => TensorData::Int(bytes.iter().map(|&b| (b & 1) as i64).collect()),
+        };
+        Tensor {
+            dtype: ty.dtype,
+            shape,
+            data,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_round_trip_every_dtype() {
+        for d in DType::ALL {
+            let t = if d.is_float() {
+                Tensor::from_f64(d, vec![2, 3], vec![0.5, -1.25, 3.0, 0.0, 7.5, -0.125])
+            } else {
+                Tensor::from_i64(d, vec![2, 3], vec![1, 0, -1, 5, 0, 1])
+            };
+            let ty = Static {
+                dtype: d,
+                shape: vec![2, 3],
+            };
+            assert_eq!(Buffer::from_tensor(&t).into_tensor(&ty), t, "{d}");
+        }
+    }
+
+    #[test]
+    fn descriptor_is_row_major() {
+        let d = descriptor(std::ptr::null_mut(), &[2, 3, 4]);
+        assert_eq!(&d[2..], &[0, 2, 3, 4, 12, 4, 1]);
+    }
+
+    #[test]
+    fn missing_library_is_an_error() {
+        let m = Module::new();
+        let e = NativeModule::load(Path::new("/nonexistent/module.so"), &m, None)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("/nonexistent/module.so"), "{e}");
+    }
+}
