@@ -227,20 +227,20 @@ fn add_entries<'c>(
     let err = |e: inkwell::builder::BuilderError| CompileError::Llvm(e.to_string());
     for sig in sigs {
         let target = module
-            .get_function(&format!("_mlir_ciface_{}", sig.name))
+            .get_function(&format!("_mlir_ciface_{}", sig.symbol()))
             .ok_or_else(|| {
-                CompileError::Llvm(format!("no `_mlir_ciface_{}` in the module", sig.name))
+                CompileError::Llvm(format!("no `_mlir_ciface_{}` in the module", sig.symbol()))
             })?;
         let n = sig.inputs.len() + sig.outputs.len();
         if target.count_params() as usize != n + 1 {
             return Err(CompileError::Llvm(format!(
                 "`_mlir_ciface_{}` takes {} parameters, expected the context and {n} descriptors",
-                sig.name,
+                sig.symbol(),
                 target.count_params()
             )));
         }
         let fty = ctx.void_type().fn_type(&[ptr.into(), ptr.into()], false);
-        let f = module.add_function(&format!("ppcc_call_{}", sig.name), fty, None);
+        let f = module.add_function(&ppir::abi::entry_symbol(&sig.name), fty, None);
         builder.position_at_end(ctx.append_basic_block(f, "entry"));
         let c = f.get_nth_param(0).expect("param 0").into_pointer_value();
         let descs = f.get_nth_param(1).expect("param 1").into_pointer_value();
@@ -256,10 +256,10 @@ fn add_entries<'c>(
         builder.build_return(None).map_err(err)?;
 
         let sfty = ptr.fn_type(&[], false);
-        let g = module.add_function(&format!("ppcc_sig_{}", sig.name), sfty, None);
+        let g = module.add_function(&ppir::abi::signature_symbol(&sig.name), sfty, None);
         builder.position_at_end(ctx.append_basic_block(g, "entry"));
         let text = builder
-            .build_global_string_ptr(&sig.text(), &format!("ppcc_sig_text_{}", sig.name))
+            .build_global_string_ptr(&sig.text(), &format!("ppcc_sig_text_{}", sig.symbol()))
             .map_err(err)?;
         builder
             .build_return(Some(&text.as_pointer_value()))

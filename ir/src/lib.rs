@@ -18,6 +18,7 @@
 //! ppir::verify::verify_module(&module).unwrap();
 //! ```
 
+pub mod abi;
 pub mod attr;
 pub mod interp;
 pub mod module;

@@ -1,6 +1,7 @@
 //! Native stage modules: calling the functions of a `module.so` that `ppcc-codegen` built.
 //!
-//! The ABI (see `ppcc_codegen::lower`): per function `f` the shared object exports
+//! The ABI (see `ppcc_codegen::lower`, symbol names from [`ppir::abi`]): per function `f`
+//! the shared object exports
 //! `void ppcc_call_f(void *ctx, void **descriptors)` — one pointer per input, then one per
 //! output, each to a ranked memref descriptor `{T *allocated, T *aligned, i64 offset,
 //! i64 sizes[r], i64 strides[r]}` of a dense row-major buffer the caller owns — and
@@ -88,9 +89,13 @@ pub struct NativeModule {
 
 /// The signature text `ppcc-codegen` compiles into `ppcc_sig_<name>`.
 fn signature_text(ins: &[Static], outs: &[Static]) -> String {
-    let a: Vec<String> = ins.iter().map(Static::text).collect();
-    let b: Vec<String> = outs.iter().map(Static::text).collect();
-    format!("{} -> {}", a.join(" "), b.join(" "))
+    let dims = |s: &Static| s.shape.iter().map(|&d| d as u64).collect::<Vec<u64>>();
+    let a: Vec<(DType, Vec<u64>)> = ins.iter().map(|s| (s.dtype, dims(s))).collect();
+    let b: Vec<(DType, Vec<u64>)> = outs.iter().map(|s| (s.dtype, dims(s))).collect();
+    ppir::abi::signature_text(
+        a.iter().map(|(d, s)| (*d, s.as_slice())),
+        b.iter().map(|(d, s)| (*d, s.as_slice())),
+    )
 }
 
 impl NativeModule {
@@ -230,10 +235,10 @@ fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, 
     // the signature text before the entry is ever called).
     let (entry, sig) = unsafe {
         let entry: libloading::Symbol<Entry> = lib
-            .get(format!("ppcc_call_{}\0", f.name).as_bytes())
+            .get(format!("{}\0", ppir::abi::entry_symbol(&f.name)).as_bytes())
             .map_err(|e| mismatch(format!("no entry: {e}")))?;
         let sig: libloading::Symbol<SigFn> = lib
-            .get(format!("ppcc_sig_{}\0", f.name).as_bytes())
+            .get(format!("{}\0", ppir::abi::signature_symbol(&f.name)).as_bytes())
             .map_err(|e| mismatch(format!("no signature: {e}")))?;
         (*entry, CStr::from_ptr(sig()).to_string_lossy().into_owned())
     };

@@ -20,7 +20,8 @@
 //! `llvm.emit_c_interface`; the arguments are marked `bufferization.writable = false` so
 //! bufferization never writes into the caller's buffers. After the CPU pipeline
 //! ([`crate::compile`]) results become caller-allocated out-parameters, and
-//! [`crate::compile`] adds `void ppcc_call_<name>(void *ctx, void **descriptors)` taking one
+//! [`crate::compile`] adds `void ppcc_call_<name>(void *ctx, void **descriptors)` (`<name>`
+//! is [`ppir::abi::mangle`]d: `stage0.fwd` → `stage0_2efwd`) taking one
 //! pointer per input then per output, each to a ranked memref descriptor
 //! `{T *allocated, T *aligned, i64 offset, i64 sizes[r], i64 strides[r]}` of a dense
 //! row-major buffer. `ctx` points at [`CTX_LAYOUT`]: the runtime's send and receive
@@ -83,16 +84,19 @@ pub struct Signature {
 }
 
 impl Signature {
-    /// A one-line spelling (`f32[4,8] i64[4] -> f32[]`) compiled into the module as
-    /// `ppcc_sig_<name>`, so a loader can check that a `.so` matches the IR it was given.
+    /// A one-line spelling (`f32[4,8] i64[4] -> f32[]`, [`ppir::abi::signature_text`])
+    /// compiled into the module as `ppcc_sig_<name>`, so a loader can check that a `.so`
+    /// matches the IR it was given.
     pub fn text(&self) -> String {
-        let one = |(d, s): &(DType, Vec<u64>)| {
-            let dims: Vec<String> = s.iter().map(|x| x.to_string()).collect();
-            format!("{}[{}]", d.name(), dims.join(","))
-        };
-        let ins: Vec<String> = self.inputs.iter().map(one).collect();
-        let outs: Vec<String> = self.outputs.iter().map(one).collect();
-        format!("{} -> {}", ins.join(" "), outs.join(" "))
+        ppir::abi::signature_text(
+            self.inputs.iter().map(|(d, s)| (*d, s.as_slice())),
+            self.outputs.iter().map(|(d, s)| (*d, s.as_slice())),
+        )
+    }
+
+    /// The MLIR function's name: [`ppir::abi::mangle`] of the ppir name.
+    pub fn symbol(&self) -> String {
+        ppir::abi::mangle(&self.name)
     }
 }
 
@@ -183,12 +187,6 @@ pub fn int_literal(d: DType, x: i64) -> String {
         d if d.is_float() => literal(d, x as f64),
         _ => x.to_string(),
     }
-}
-
-fn fn_name_ok(name: &str) -> bool {
-    !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !name.starts_with(|c: char| c.is_ascii_digit())
 }
 
 /// The body of a `linalg.generic` (or any region): fresh names and lines.
@@ -593,15 +591,6 @@ impl<'a> OpView<'a> {
 }
 
 fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
-    if !fn_name_ok(&f.name) {
-        return Err(LowerError::Invalid {
-            function: f.name.clone(),
-            op: "func".into(),
-            value: "-".into(),
-            loc: String::new(),
-            message: "function names must be [A-Za-z_][A-Za-z0-9_]* to get a C entry".into(),
-        });
-    }
     let mut e = Emitter::new(f);
     let mut params = vec!["%ctx: !llvm.ptr".to_string()];
     let mut inputs = Vec::new();
@@ -665,7 +654,7 @@ fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
     }
     let text = format!(
         "  func.func @{}({}) -> ({}) attributes {{llvm.emit_c_interface}} {{\n{}  }}\n",
-        f.name,
+        ppir::abi::mangle(&f.name),
         params.join(", "),
         res_tys.join(", "),
         e.out
