@@ -15,6 +15,8 @@
 //! DIR/trace.json           the predicted timeline as a Chrome/Perfetto trace
 //! ```
 
+use crate::target::Target;
+use ppcc_codegen::{build_module, BuildOptions};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -117,6 +119,14 @@ pub struct CompileArgs {
     /// per-stage programs: for exploring plans quickly.
     #[arg(long)]
     pub plan_only: bool,
+    /// Generate native code for each stage (`cpu`: DIR/stage<i>/module.so through MLIR and
+    /// LLVM) or run the stages on the reference interpreter (`interp`).
+    #[arg(long, value_enum, default_value_t = Target::Cpu)]
+    pub target: Target,
+    /// Write every intermediate form of the generated code: DIR/stage<i>/mlir/NN-<pass>.mlir
+    /// after each pass of the MLIR pipeline, module.llvm.mlir and module.ll.
+    #[arg(long)]
+    pub keep_mlir: bool,
     #[command(flatten)]
     pub program: ProgramArgs,
 }
@@ -312,8 +322,24 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
             );
         }
         bar.set_message("writing");
+        let mut stage_modules = vec![];
         for st in &split.stages {
-            write_stage(&module, st, &output)?;
+            stage_modules.push(write_stage(&module, st, &output)?);
+        }
+        if a.target == Target::Cpu {
+            for (st, sm) in split.stages.iter().zip(&stage_modules) {
+                bar.set_message(format!("generating code for stage {}", st.stage));
+                let dir = output.join(format!("stage{}", st.stage));
+                build_module(
+                    sm,
+                    &[],
+                    &dir,
+                    &format!("stage {}", st.stage),
+                    &BuildOptions {
+                        keep_mlir: a.keep_mlir,
+                    },
+                )?;
+            }
         }
         Some((training, split, data))
     };
@@ -442,8 +468,9 @@ fn spinner() -> indicatif::ProgressBar {
     }
 }
 
-/// `DIR/stage<i>/stage.ppir` (functions, no weight values) and `params.npz`.
-fn write_stage(m: &Module, st: &ppcc_passes::split::StageFunctions, dir: &Path) -> Result<()> {
+/// `DIR/stage<i>/stage.ppir` (functions, no weight values) and `params.npz`; returns the
+/// stage's module.
+fn write_stage(m: &Module, st: &ppcc_passes::split::StageFunctions, dir: &Path) -> Result<Module> {
     let mut names = vec![st.fwd.clone(), st.bwd_input.clone(), st.bwd_weight.clone()];
     names.extend(st.optim.clone());
     let mut sm = Module::new();
@@ -471,7 +498,9 @@ fn write_stage(m: &Module, st: &ppcc_passes::split::StageFunctions, dir: &Path) 
         .with_context(|| format!("cannot write {}", p.display()))?;
     let arrays: Vec<(String, ppir::Tensor)> = weights.into_iter().collect();
     write_npz(&sdir.join("params.npz"), &arrays)?;
-    Ok(())
+    // A stale module.so from an earlier compile must not be picked up.
+    let _ = std::fs::remove_file(sdir.join("module.so"));
+    Ok(sm)
 }
 
 struct PlanDoc<'a> {
@@ -573,6 +602,7 @@ fn plan_json(d: &PlanDoc) -> Value {
             Err(e) => json!({"partition": "sequential", "error": e.to_string()}),
         },
         "program": d.program.is_some(),
+        "target": d.a.target.name(),
     });
     let Some((training, split, data)) = d.program else {
         return doc;

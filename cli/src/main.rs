@@ -10,6 +10,7 @@ mod onnx_cmds;
 mod program;
 mod run_cmd;
 mod simulate_cmd;
+mod target;
 mod train_cmd;
 
 /// ppcc — a pipeline-parallel training compiler.

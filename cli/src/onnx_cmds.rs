@@ -10,6 +10,8 @@ use anyhow::{bail, Context, Result};
 use ppcc_frontends::onnx::conform::{compare, run_dirs, ConformOptions, Tolerance};
 use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions, Imported};
 use ppir::interp::{run_function, InterpOptions, Precision};
+
+use crate::target::{build_native, ScratchDir, Target};
 use ppir::text::{print_module, PrintOptions};
 use ppir::ArgKind;
 
@@ -147,9 +149,13 @@ pub struct EvalArgs {
     output: PathBuf,
     #[command(flatten)]
     shapes: ShapeArgs,
-    /// Keep every float in f64 instead of rounding to each value's type after each op.
-    #[arg(long)]
+    /// Keep every float in f64 instead of rounding to each value's type after each op
+    /// (interpreter only).
+    #[arg(long, conflicts_with = "target")]
     f64: bool,
+    /// Run the model on the reference interpreter or as native code (MLIR → LLVM).
+    #[arg(long, value_enum, default_value_t = Target::Interp)]
+    target: Target,
     /// Compare the outputs with the arrays of the same names in this `.npz` (e.g.
     /// onnxruntime's outputs) and fail if any element differs by more than
     /// `atol + rtol * |reference|`.
@@ -246,7 +252,16 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
         Precision::Typed
     };
     let f = &imported.module.functions[0];
-    let outs = run_function(f, args, &InterpOptions { precision }, None)?;
+    let outs = match a.target {
+        Target::Interp => run_function(f, args, &InterpOptions { precision }, None)?,
+        Target::Cpu => {
+            let scratch = ScratchDir::new("eval")?;
+            let native =
+                build_native(&imported.module, &[&f.name], &scratch.0, "the model", false)?;
+            let refs: Vec<&ppir::Tensor> = args.iter().collect();
+            native.call(&f.name, &refs, None)?
+        }
+    };
     let named: Vec<(String, ppir::Tensor)> = imported.outputs.iter().cloned().zip(outs).collect();
     npz::write_npz(&a.output, &named)?;
     let Some(reference) = &a.reference else {

@@ -5,6 +5,9 @@
 //! a progress bar on a terminal, then measured against predicted time per step and memory
 //! per device.
 
+use crate::target::Target;
+use ppcc_runtime::native::{NativeModule, NativeStage};
+use ppcc_runtime::pipeline::StageExecutable;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -87,6 +90,10 @@ pub struct RunArgs {
     /// Longest a device waits for a tensor from another before it reports which one.
     #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
     pub recv_timeout: f64,
+    /// Run the stages as the native modules the compile generated (`cpu`, the default
+    /// when the plan has them) or on the reference interpreter (`interp`).
+    #[arg(long, value_enum, value_name = "TARGET")]
+    pub target: Option<Target>,
     /// Test hook: make stage S panic at step K (`S:K`), or stall for T seconds
     /// (`S:K:stall=T`).
     #[arg(long, value_name = "S:K", hide = true)]
@@ -342,6 +349,7 @@ fn build_workers(
     ranks: &[usize],
     config: &RunConfig,
     resume: Option<&Path>,
+    target: Target,
 ) -> Result<Vec<RankWorker>> {
     let mut workers: Vec<RankWorker> = ranks
         .iter()
@@ -371,15 +379,26 @@ fn build_workers(
                 weights.insert(k, v);
             }
         }
-        let worker = StageWorker::new(
-            spec,
-            Box::new(InterpretedStage {
+        let exec: Box<dyn StageExecutable> = match target {
+            Target::Interp => Box::new(InterpretedStage {
                 module,
                 options: Default::default(),
             }),
-            weights,
-        )
-        .map_err(|e| anyhow::anyhow!(e))?;
+            Target::Cpu => {
+                let so = spec.dir.join("module.so");
+                if !so.exists() {
+                    bail!(
+                        "{} does not exist: the plan was compiled with --target {} (compile again with --target cpu, or run with --target interp)",
+                        so.display(),
+                        plan.target
+                    );
+                }
+                let native =
+                    NativeModule::load(&so, &module, None).with_context(|| format!("stage {s}"))?;
+                Box::new(NativeStage { module, native })
+            }
+        };
+        let worker = StageWorker::new(spec, exec, weights).map_err(|e| anyhow::anyhow!(e))?;
         workers[wi].stages.push(worker);
     }
     Ok(workers)
@@ -442,7 +461,12 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         }
     };
     let ranks = driver.ranks(plan.devices);
-    let mut workers = build_workers(&plan, &ranks, &config, resume_dir.as_deref())?;
+    let target = match a.target {
+        Some(t) => t,
+        None if plan.target == "cpu" => Target::Cpu,
+        None => Target::Interp,
+    };
+    let mut workers = build_workers(&plan, &ranks, &config, resume_dir.as_deref(), target)?;
     let leader = driver.leader();
     if leader {
         if let Some(d) = &resume_dir {

@@ -7,6 +7,8 @@
 //! scientific notation below 1e-4 (`2.765547752380371`, `1.4511585504806135e-5`).
 //! Everything else goes to standard error.
 
+use crate::target::{build_native, ScratchDir, Target};
+use ppcc_runtime::native::NativeExecutor;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -68,6 +70,10 @@ pub struct TrainArgs {
     /// values (loadable by onnxruntime).
     #[arg(long, value_name = "OUT.onnx")]
     save_onnx: Option<PathBuf>,
+    /// Run the training step on the reference interpreter or as native code
+    /// (MLIR → LLVM; the functions @grad, @accumulate and @optim become one module).
+    #[arg(long, value_enum, default_value_t = Target::Interp)]
+    target: Target,
     #[command(flatten)]
     program: ProgramArgs,
 }
@@ -95,7 +101,19 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
         microbatches: a.microbatches as usize,
         ..Default::default()
     };
-    let mut trainer = Trainer::new(module, trainer_opts)?;
+    let scratch = ScratchDir::new("train")?;
+    let mut trainer = match a.target {
+        Target::Interp => Trainer::new(module, trainer_opts)?,
+        Target::Cpu => {
+            let names = [
+                trainer_opts.grad.as_str(),
+                trainer_opts.accumulate.as_str(),
+                trainer_opts.optim.as_str(),
+            ];
+            let native = build_native(&module, &names, &scratch.0, "the training step", false)?;
+            Trainer::with_executor(module, trainer_opts, Box::new(NativeExecutor { native }))?
+        }
+    };
 
     // Data.
     let grad_f = trainer

@@ -70,6 +70,9 @@ pub struct CompileOptions {
     pub opt_level: OptimizationLevel,
     /// Write `<stem>.llvm.mlir` and `<stem>.ll` next to the object (debugging).
     pub keep_intermediates: bool,
+    /// Run the pipeline one pass at a time and write the module after each pass to
+    /// `<dir>/NN-<pass>.mlir` (`--keep-mlir`).
+    pub keep_passes: Option<PathBuf>,
 }
 
 impl Default for CompileOptions {
@@ -78,6 +81,7 @@ impl Default for CompileOptions {
             pipeline: CPU_PIPELINE.to_string(),
             opt_level: OptimizationLevel::Aggressive,
             keep_intermediates: false,
+            keep_passes: None,
         }
     }
 }
@@ -129,18 +133,69 @@ fn parse_and_lower<'c>(
     if !module.as_operation().verify() {
         return Err(CompileError::Parse(drain(sink)));
     }
-    let pm = PassManager::new(context);
-    parse_pass_pipeline(pm.as_operation_pass_manager(), &opts.pipeline).map_err(|e| {
-        CompileError::Pipeline {
-            pipeline: opts.pipeline.clone(),
+    let run = |pipeline: &str, module: &mut Module<'c>| {
+        let pm = PassManager::new(context);
+        let fail = |e: melior::Error| CompileError::Pipeline {
+            pipeline: pipeline.to_string(),
             diagnostics: format!("{e}\n{}", drain(sink)),
+        };
+        parse_pass_pipeline(pm.as_operation_pass_manager(), pipeline).map_err(fail)?;
+        pm.run(module).map_err(fail)
+    };
+    match &opts.keep_passes {
+        None => run(&opts.pipeline, &mut module)?,
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(dir.join("00-input.mlir"), mlir)?;
+            for (i, pass) in pipeline_passes(&opts.pipeline).iter().enumerate() {
+                run(&format!("builtin.module({pass})"), &mut module)?;
+                let stem: String = pass
+                    .chars()
+                    .take_while(|c| *c != '{')
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '-' {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                std::fs::write(
+                    dir.join(format!("{:02}-{stem}.mlir", i + 1)),
+                    module.as_operation().to_string(),
+                )?;
+            }
         }
-    })?;
-    pm.run(&mut module).map_err(|e| CompileError::Pipeline {
-        pipeline: opts.pipeline.clone(),
-        diagnostics: format!("{e}\n{}", drain(sink)),
-    })?;
+    }
     Ok(module)
+}
+
+/// The top-level passes of `builtin.module(a,b{x y},c)`: `["a", "b{x y}", "c"]`.
+pub fn pipeline_passes(pipeline: &str) -> Vec<String> {
+    let inner = pipeline
+        .trim()
+        .strip_prefix("builtin.module(")
+        .and_then(|s| s.strip_suffix(')'))
+        .unwrap_or(pipeline);
+    let mut out = Vec::new();
+    let mut depth = 0i32;
+    let mut cur = String::new();
+    for c in inner.chars() {
+        match c {
+            '{' | '(' => depth += 1,
+            '}' | ')' => depth -= 1,
+            _ => {}
+        }
+        if c == ',' && depth == 0 {
+            out.push(std::mem::take(&mut cur).trim().to_string());
+        } else {
+            cur.push(c);
+        }
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out
 }
 
 /// The host target machine (host CPU and features, PIC for shared objects).

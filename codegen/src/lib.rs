@@ -8,8 +8,10 @@
 
 pub mod compile;
 pub mod lower;
+pub mod package;
 
 pub use compile::{
     compile_to_object, compile_to_shared_object, link_shared, CompileError, CompileOptions,
 };
 pub use lower::{lower_function, lower_functions, LowerError, Signature};
+pub use package::{build_module, BuildOptions, Built, CodegenError};

@@ -550,3 +550,46 @@ mod tests {
         assert!(e.to_string().contains("/nonexistent/module.so"), "{e}");
     }
 }
+
+/// A stage's functions as native code, behind the pipeline's [`StageExecutable`].
+pub struct NativeStage {
+    /// The stage's IR (signatures by name; the code is `native`'s).
+    pub module: Module,
+    pub native: NativeModule,
+}
+
+impl crate::pipeline::StageExecutable for NativeStage {
+    fn signature(&self, function: &str) -> Option<crate::pipeline::Signature> {
+        let f = self.module.function(function)?;
+        Some(crate::pipeline::signature(f))
+    }
+
+    fn call(
+        &mut self,
+        function: &str,
+        args: Vec<std::borrow::Cow<'_, Tensor>>,
+        comm: &mut dyn Comm,
+    ) -> Result<Vec<Tensor>, String> {
+        let refs: Vec<&Tensor> = args.iter().map(|a| a.as_ref()).collect();
+        self.native
+            .call(function, &refs, Some(comm))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Native code as the single-device trainer's [`crate::Executor`].
+pub struct NativeExecutor {
+    pub native: NativeModule,
+}
+
+impl crate::Executor for NativeExecutor {
+    fn call(
+        &mut self,
+        _module: &Module,
+        function: &Function,
+        args: Vec<Tensor>,
+    ) -> Result<Vec<Tensor>, Box<dyn std::error::Error + Send + Sync>> {
+        let refs: Vec<&Tensor> = args.iter().collect();
+        Ok(self.native.call(&function.name, &refs, None)?)
+    }
+}

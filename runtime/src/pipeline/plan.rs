@@ -69,6 +69,8 @@ pub struct PlanSpec {
     pub weight_sources: BTreeMap<String, String>,
     /// Value name of each channel.
     pub channel_values: HashMap<i64, String>,
+    /// Where the stage functions run: `cpu` (each stage's `module.so`) or `interp`.
+    pub target: String,
 }
 
 fn field<'a>(v: &'a Value, path: &str) -> Result<&'a Value, String> {
@@ -254,6 +256,11 @@ impl PlanSpec {
                 .unwrap_or_default(),
             weight_sources,
             channel_values,
+            target: v
+                .get("target")
+                .and_then(Value::as_str)
+                .unwrap_or("interp")
+                .to_string(),
         })
     }
 }

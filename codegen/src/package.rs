@@ -1,0 +1,119 @@
+//! Building the native module of a set of ppir functions: lowering, the MLIR pipeline,
+//! object code and the shared object, with errors that name the function.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ppir::{Function, Module};
+
+use crate::compile::{compile_to_shared_object, CompileError, CompileOptions};
+use crate::lower::{lower_functions, LowerError};
+
+/// A failure to build native code, with what was being built.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    #[error("generating code for {what}")]
+    Lower {
+        what: String,
+        #[source]
+        source: LowerError,
+    },
+    #[error("generating code for {what}{}", function.as_ref().map(|f| format!(", function @{f}")).unwrap_or_default())]
+    Compile {
+        what: String,
+        /// The function the first MLIR diagnostic points into, when there is one.
+        function: Option<String>,
+        #[source]
+        source: CompileError,
+    },
+}
+
+/// Options of [`build_module`].
+#[derive(Clone, Debug, Default)]
+pub struct BuildOptions {
+    /// Also write the module after every pass of the pipeline to `<dir>/mlir/` and the
+    /// LLVM dialect / LLVM IR next to the object.
+    pub keep_mlir: bool,
+}
+
+/// What [`build_module`] wrote.
+#[derive(Clone, Debug)]
+pub struct Built {
+    pub so: PathBuf,
+    pub mlir: PathBuf,
+    pub seconds: f64,
+}
+
+/// Lower `functions` of `m` (all when empty) into `dir/stage.mlir` and compile them into
+/// `dir/module.so`. `what` names the module in errors ("stage 1").
+pub fn build_module(
+    m: &Module,
+    functions: &[&str],
+    dir: &Path,
+    what: &str,
+    opts: &BuildOptions,
+) -> Result<Built, CodegenError> {
+    let t0 = Instant::now();
+    let fs: Vec<&Function> = if functions.is_empty() {
+        m.functions.iter().collect()
+    } else {
+        m.functions
+            .iter()
+            .filter(|f| functions.contains(&f.name.as_str()))
+            .collect()
+    };
+    let (mlir, sigs) = lower_functions(&fs).map_err(|source| CodegenError::Lower {
+        what: what.to_string(),
+        source,
+    })?;
+    let copts = CompileOptions {
+        keep_intermediates: opts.keep_mlir,
+        keep_passes: opts.keep_mlir.then(|| dir.join("mlir")),
+        ..Default::default()
+    };
+    let so = compile_to_shared_object(&mlir, &sigs, dir, &copts).map_err(|source| {
+        CodegenError::Compile {
+            what: what.to_string(),
+            function: function_at_diagnostic(&mlir, &source.to_string(), &fs),
+            source,
+        }
+    })?;
+    Ok(Built {
+        so,
+        mlir: dir.join("stage.mlir"),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// The ppir function whose MLIR text holds the first `:<line>:<col>` location of an MLIR
+/// diagnostic (locations refer to lines of the text we generated).
+fn function_at_diagnostic(mlir: &str, diag: &str, fs: &[&Function]) -> Option<String> {
+    let line = diag
+        .split(':')
+        .zip(diag.split(':').skip(1))
+        .find_map(|(a, b)| {
+            let a = a.rsplit(|c: char| !c.is_ascii_digit()).next()?;
+            if a.is_empty() || !a.chars().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            let b: String = b.chars().take_while(|c| c.is_ascii_digit()).collect();
+            (!b.is_empty()).then(|| a.parse::<usize>().ok()).flatten()
+        })?;
+    let mut current = None;
+    for (i, l) in mlir.lines().enumerate() {
+        if let Some(rest) = l.trim_start().strip_prefix("func.func @") {
+            let sym: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            current = fs
+                .iter()
+                .find(|f| ppir::abi::mangle(&f.name) == sym)
+                .map(|f| f.name.clone());
+        }
+        if i + 1 == line {
+            return current;
+        }
+    }
+    None
+}
