@@ -1,7 +1,772 @@
-//! Normalisations, softmax and the cross-entropy loss. Not lowered yet.
+//! Normalisations, softmax and the cross-entropy loss, as reductions into f64 statistics
+//! (`linalg.generic` with reduction iterators) followed by one elementwise
+//! `linalg.generic` that writes the result: a few passes over the data per op.
+//!
+//! Every op computes in f64 inside its bodies and rounds once when it stores, with the
+//! interpreter's formulas in the interpreter's order (`ppir::interp::norm` and `::grad`),
+//! so f32 results agree with the reference to the last bit or so. Element types: f32, f64
+//! and f16 (bf16 is refused, see [`super::reduce`]); labels i64, i32 or i8.
+//!
+//! * `softmax` / `log_softmax`: the maximum along the axis (NaN ignored, as `f64::max`;
+//!   shifted by 0 when it is not finite), `Σ exp(x - max)` in f64, then
+//!   `exp(x - max) / Σ` or `(x - max) - ln Σ`.
+//! * `batch_norm`: `(x - mean) / sqrt(var + ε) · scale + bias` per channel (axis 1); the
+//!   per-channel operands may have their own float types (ONNX), promoted to f64.
+//! * `instance_norm`: population mean and variance of each (n, c) plane, then
+//!   `(x - mean) / sqrt(var + ε) · scale[c] + bias[c]`.
+//! * `layer_norm`: over `axis..rank`, `(x - mean) · (1 / sqrt(var + ε)) · scale + bias`
+//!   (scale / bias broadcast to the normalised dimensions); with three results also the mean
+//!   and the inverse standard deviation (shape of x with the normalised dims set to 1).
+//! * `lrn`: `x / (bias + α/size · Σ x²)^β` over the channel window
+//!   `c - ⌊(size-1)/2⌋ ..= c + ⌈(size-1)/2⌉` clipped to the tensor (the squares are
+//!   zero-padded along the channels, so the window is one affine map).
+//! * `softmax_cross_entropy[_grad]`: rows of `[R, C]` logits; `lse = shift + ln Σ exp`;
+//!   the loss is the mean over counted rows of `lse - logits[label]` (0 if none counts), the
+//!   gradient `(exp(x - lse) - onehot) · dloss / count`, 0 on rows not counted. A row
+//!   counts unless its label equals `ignore_index`. **Out-of-range labels** (negative or
+//!   ≥ C) are an error in the interpreter; compiled code cannot fail, so such a row is
+//!   treated as ignored (it adds to neither the sum nor the count, and its gradient is 0).
+//!   No memory is ever read at the label (the picked logit is selected during the row scan).
 
-use super::{Emitter, LowerError, OpView};
+use ppir::{DType, OpKind};
 
-pub fn lower(_e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
-    Err(op.unsupported(""))
+use super::reduce::{
+    dims_map, f64c, float_ok, from_f64, kept, pointwise, reduction, to_f64, FLOATS,
+};
+use super::{elem_type, tensor_type, Body, Emitter, Iter, LowerError, OpView, Operand};
+
+pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    match op.kind {
+        OpKind::Softmax | OpKind::LogSoftmax => softmax(e, op),
+        OpKind::BatchNorm => batch_norm(e, op),
+        OpKind::InstanceNorm => instance_norm(e, op),
+        OpKind::LayerNorm => layer_norm(e, op),
+        OpKind::Lrn => lrn(e, op),
+        OpKind::SoftmaxCrossEntropy | OpKind::SoftmaxCrossEntropyGrad => cross_entropy(e, op),
+        _ => Err(op.unsupported("")),
+    }
+}
+
+/// The float operand `i`, checked for a lowered float dtype.
+fn float_operand(op: &OpView, i: usize, what: &str) -> Result<(Vec<u64>, DType), LowerError> {
+    let d = op.in_dtypes[i];
+    if !d.is_float() {
+        return Err(op.invalid(format!("{what} must be a float tensor, got {d}")));
+    }
+    if !float_ok(d) {
+        return Err(op.unsupported(format!(" ({what} of dtype {d}; {FLOATS})")));
+    }
+    Ok((op.in_shapes[i].clone(), d))
+}
+
+/// x (operand 0) and the first result must have the same float type and shape.
+fn same_as_x(e: &Emitter, op: &OpView) -> Result<(String, Vec<u64>, DType), LowerError> {
+    let (x, d) = float_operand(op, 0, "x")?;
+    if op.out_dtypes.first() != Some(&d) || op.out_shapes.first() != Some(&x) {
+        return Err(op.invalid(format!(
+            "the result must have the operand's type {}",
+            tensor_type(&x, d)
+        )));
+    }
+    Ok((e.name(op.op.operands()[0]), x, d))
+}
+
+/// `m` if it is finite, else 0 (the interpreter's shift for all -inf / +inf rows).
+fn finite_or_zero(b: &mut Body, m: &str) -> String {
+    let a = b.op(format!("math.absf {m} : f64"));
+    let inf = f64c(b, f64::INFINITY);
+    let fin = b.op(format!("arith.cmpf olt, {a}, {inf} : f64"));
+    let z = f64c(b, 0.0);
+    b.op(format!("arith.select {fin}, {m}, {z} : f64"))
+}
+
+/// An operand of the stats shape (the loops of `rank` without `axes`).
+fn stat(name: &str, shape: &[u64], axes: &[usize], d: DType) -> Operand {
+    let keep = kept(shape.len(), axes);
+    let s: Vec<u64> = keep.iter().map(|&i| shape[i]).collect();
+    Operand::new(name, &s, d, dims_map(keep))
+}
+
+/// The maximum of `src` (shape `shape`, dtype `d`) over `axes` ignoring NaN, from -inf,
+/// then as an f64 shift (0 where not finite). Returns the shift of the kept shape.
+fn max_shift(e: &mut Emitter, src: &str, shape: &[u64], axes: &[usize], d: DType) -> String {
+    let ty = elem_type(d);
+    let m = reduction(
+        e,
+        shape,
+        axes,
+        &[Operand::identity(src, shape, d)],
+        &[(d, f64::NEG_INFINITY)],
+        |b| vec![b.op(format!("arith.maxnumf %out0, %in0 : {ty}"))],
+    )
+    .remove(0);
+    let ks: Vec<u64> = kept(shape.len(), axes).iter().map(|&i| shape[i]).collect();
+    pointwise(e, &ks, &[Operand::identity(m, &ks, d)], DType::F64, |b| {
+        let v = to_f64(b, "%in0", d);
+        finite_or_zero(b, &v)
+    })
+}
+
+/// `Σ exp(x - shift)` over `axes` in f64.
+fn sum_exp(
+    e: &mut Emitter,
+    src: &str,
+    shape: &[u64],
+    axes: &[usize],
+    d: DType,
+    shift: &str,
+) -> String {
+    reduction(
+        e,
+        shape,
+        axes,
+        &[
+            Operand::identity(src, shape, d),
+            stat(shift, shape, axes, DType::F64),
+        ],
+        &[(DType::F64, 0.0)],
+        |b| {
+            let v = to_f64(b, "%in0", d);
+            let t = b.op(format!("arith.subf {v}, %in1 : f64"));
+            let x = b.op(format!("math.exp {t} : f64"));
+            vec![b.op(format!("arith.addf %out0, {x} : f64"))]
+        },
+    )
+    .remove(0)
+}
+
+fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let (src, x, d) = same_as_x(e, op)?;
+    let rank = x.len();
+    if rank == 0 {
+        return Err(op.invalid("softmax needs an operand of rank >= 1"));
+    }
+    let axis = op.axis(op.int_or("axis", -1)?, rank)?;
+    let axes = [axis];
+    let shift = max_shift(e, &src, &x, &axes, d);
+    let s = sum_exp(e, &src, &x, &axes, d, &shift);
+    let xin = Operand::identity(src.as_str(), &x, d);
+    let sh = stat(&shift, &x, &axes, DType::F64);
+    let r = if op.kind == OpKind::LogSoftmax {
+        let ks = sh.shape.clone();
+        let ln = pointwise(
+            e,
+            &ks,
+            &[Operand::identity(s, &ks, DType::F64)],
+            DType::F64,
+            |b| b.op("math.log %in0 : f64"),
+        );
+        let lo = stat(&ln, &x, &axes, DType::F64);
+        pointwise(e, &x, &[xin, sh, lo], d, |b| {
+            let v = to_f64(b, "%in0", d);
+            let t = b.op(format!("arith.subf {v}, %in1 : f64"));
+            let y = b.op(format!("arith.subf {t}, %in2 : f64"));
+            from_f64(b, &y, d)
+        })
+    } else {
+        let so = stat(&s, &x, &axes, DType::F64);
+        pointwise(e, &x, &[xin, sh, so], d, |b| {
+            let v = to_f64(b, "%in0", d);
+            let t = b.op(format!("arith.subf {v}, %in1 : f64"));
+            let ex = b.op(format!("math.exp {t} : f64"));
+            let y = b.op(format!("arith.divf {ex}, %in2 : f64"));
+            from_f64(b, &y, d)
+        })
+    };
+    Ok(vec![r])
+}
+
+/// Per-channel operand `i` (shape `[C]`, any lowered float type), indexed by loop d1.
+fn per_channel(
+    e: &Emitter,
+    op: &OpView,
+    i: usize,
+    what: &str,
+    c: u64,
+) -> Result<Operand, LowerError> {
+    let (s, d) = float_operand(op, i, what)?;
+    if s != [c] {
+        return Err(op.invalid(format!(
+            "{what} must have shape [{c}] (the channels of x), got {s:?}"
+        )));
+    }
+    Ok(Operand::new(
+        e.name(op.op.operands()[i]),
+        &s,
+        d,
+        vec!["d1".into()],
+    ))
+}
+
+fn channels_first(op: &OpView, x: &[u64]) -> Result<u64, LowerError> {
+    if x.len() < 2 {
+        return Err(op.invalid(format!("x must have shape [N, C, ..], got {x:?}")));
+    }
+    Ok(x[1])
+}
+
+fn batch_norm(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let (src, x, d) = same_as_x(e, op)?;
+    let c = channels_first(op, &x)?;
+    let eps = op.float_or("epsilon", 1e-5)?;
+    let mut ins = vec![Operand::identity(src, &x, d)];
+    for (i, what) in [(1, "scale"), (2, "bias"), (3, "mean"), (4, "var")] {
+        ins.push(per_channel(e, op, i, what, c)?);
+    }
+    let dts: Vec<DType> = ins.iter().map(|o| o.dtype).collect();
+    let r = pointwise(e, &x, &ins, d, |b| {
+        let v: Vec<String> = (0..5)
+            .map(|i| to_f64(b, &format!("%in{i}"), dts[i]))
+            .collect();
+        let ec = f64c(b, eps);
+        let ve = b.op(format!("arith.addf {}, {ec} : f64", v[4]));
+        let den = b.op(format!("math.sqrt {ve} : f64"));
+        let t = b.op(format!("arith.subf {}, {} : f64", v[0], v[3]));
+        let q = b.op(format!("arith.divf {t}, {den} : f64"));
+        let p = b.op(format!("arith.mulf {q}, {} : f64", v[1]));
+        let y = b.op(format!("arith.addf {p}, {} : f64", v[2]));
+        from_f64(b, &y, d)
+    });
+    Ok(vec![r])
+}
+
+/// Population mean and `Σ (x - mean)²` of `src` over `axes`, both f64 of the kept shape.
+fn moments(
+    e: &mut Emitter,
+    src: &str,
+    x: &[u64],
+    axes: &[usize],
+    d: DType,
+) -> (String, String, u64) {
+    let n: u64 = axes.iter().map(|&a| x[a]).product();
+    let xin = Operand::identity(src, x, d);
+    let sum = reduction(
+        e,
+        x,
+        axes,
+        std::slice::from_ref(&xin),
+        &[(DType::F64, 0.0)],
+        |b| {
+            let v = to_f64(b, "%in0", d);
+            vec![b.op(format!("arith.addf %out0, {v} : f64"))]
+        },
+    )
+    .remove(0);
+    let ks: Vec<u64> = kept(x.len(), axes).iter().map(|&i| x[i]).collect();
+    let mean = pointwise(
+        e,
+        &ks,
+        &[Operand::identity(sum, &ks, DType::F64)],
+        DType::F64,
+        |b| {
+            let c = f64c(b, n as f64);
+            b.op(format!("arith.divf %in0, {c} : f64"))
+        },
+    );
+    let sq = reduction(
+        e,
+        x,
+        axes,
+        &[xin, stat(&mean, x, axes, DType::F64)],
+        &[(DType::F64, 0.0)],
+        |b| {
+            let v = to_f64(b, "%in0", d);
+            let t = b.op(format!("arith.subf {v}, %in1 : f64"));
+            let t2 = b.op(format!("arith.mulf {t}, {t} : f64"));
+            vec![b.op(format!("arith.addf %out0, {t2} : f64"))]
+        },
+    )
+    .remove(0);
+    (mean, sq, n)
+}
+
+fn instance_norm(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let (src, x, d) = same_as_x(e, op)?;
+    let c = channels_first(op, &x)?;
+    let eps = op.float_or("epsilon", 1e-5)?;
+    let scale = per_channel(e, op, 1, "scale", c)?;
+    let bias = per_channel(e, op, 2, "bias", c)?;
+    let axes: Vec<usize> = (2..x.len()).collect();
+    let (mean, sq, n) = moments(e, &src, &x, &axes, d);
+    let ks = [x[0], x[1]];
+    // sqrt(var + eps) per plane.
+    let den = pointwise(
+        e,
+        &ks,
+        &[Operand::identity(sq, &ks, DType::F64)],
+        DType::F64,
+        |b| {
+            let nc = f64c(b, n as f64);
+            let var = b.op(format!("arith.divf %in0, {nc} : f64"));
+            let ec = f64c(b, eps);
+            let ve = b.op(format!("arith.addf {var}, {ec} : f64"));
+            b.op(format!("math.sqrt {ve} : f64"))
+        },
+    );
+    let (ds, db) = (scale.dtype, bias.dtype);
+    let ins = [
+        Operand::identity(src, &x, d),
+        stat(&mean, &x, &axes, DType::F64),
+        stat(&den, &x, &axes, DType::F64),
+        scale,
+        bias,
+    ];
+    let r = pointwise(e, &x, &ins, d, |b| {
+        let v = to_f64(b, "%in0", d);
+        let s = to_f64(b, "%in3", ds);
+        let bb = to_f64(b, "%in4", db);
+        let t = b.op(format!("arith.subf {v}, %in1 : f64"));
+        let q = b.op(format!("arith.divf {t}, %in2 : f64"));
+        let p = b.op(format!("arith.mulf {q}, {s} : f64"));
+        let y = b.op(format!("arith.addf {p}, {bb} : f64"));
+        from_f64(b, &y, d)
+    });
+    Ok(vec![r])
+}
+
+/// An operand that broadcasts (numpy, unidirectionally) to the trailing dims `x[axis..]`.
+fn trailing_broadcast(
+    e: &Emitter,
+    op: &OpView,
+    i: usize,
+    what: &str,
+    x: &[u64],
+    axis: usize,
+    d: DType,
+) -> Result<Operand, LowerError> {
+    let s = op.in_shapes[i].clone();
+    if op.in_dtypes[i] != d {
+        return Err(op.invalid(format!(
+            "{what} has element type {}, x has {d}",
+            op.in_dtypes[i]
+        )));
+    }
+    let inner = &x[axis..];
+    let fits = s.len() <= inner.len()
+        && s.iter()
+            .zip(&inner[inner.len() - s.len()..])
+            .all(|(&a, &b)| a == b || a == 1);
+    if !fits {
+        return Err(op.invalid(format!(
+            "{what} of shape {s:?} does not broadcast to the normalised shape {inner:?}"
+        )));
+    }
+    let lead = x.len() - s.len();
+    let map = s
+        .iter()
+        .enumerate()
+        .map(|(j, &n)| {
+            if n == 1 && x[lead + j] != 1 {
+                "0".to_string()
+            } else {
+                format!("d{}", lead + j)
+            }
+        })
+        .collect();
+    Ok(Operand::new(e.name(op.op.operands()[i]), &s, d, map))
+}
+
+fn layer_norm(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let (src, x, d) = same_as_x(e, op)?;
+    let rank = x.len();
+    if rank == 0 {
+        return Err(op.invalid("layer_norm needs an operand of rank >= 1"));
+    }
+    let axis = op.axis(op.int_or("axis", -1)?, rank)?;
+    let eps = op.float_or("epsilon", 1e-5)?;
+    let n_out = op.out_shapes.len();
+    if n_out != 1 && n_out != 3 {
+        return Err(op.invalid(format!(
+            "has 1 result, or 3 with the mean and inverse std dev; {n_out} are declared"
+        )));
+    }
+    let scale = trailing_broadcast(e, op, 1, "scale", &x, axis, d)?;
+    let bias = match op.in_shapes.len() {
+        3 => Some(trailing_broadcast(e, op, 2, "bias", &x, axis, d)?),
+        _ => None,
+    };
+    let axes: Vec<usize> = (axis..rank).collect();
+    let (mean, sq, n) = moments(e, &src, &x, &axes, d);
+    let ks: Vec<u64> = x[..axis].to_vec();
+    let inv = pointwise(
+        e,
+        &ks,
+        &[Operand::identity(sq, &ks, DType::F64)],
+        DType::F64,
+        |b| {
+            let nc = f64c(b, n as f64);
+            let var = b.op(format!("arith.divf %in0, {nc} : f64"));
+            let ec = f64c(b, eps);
+            let ve = b.op(format!("arith.addf {var}, {ec} : f64"));
+            let sd = b.op(format!("math.sqrt {ve} : f64"));
+            let one = f64c(b, 1.0);
+            b.op(format!("arith.divf {one}, {sd} : f64"))
+        },
+    );
+    let has_bias = bias.is_some();
+    let mut ins = vec![
+        Operand::identity(src, &x, d),
+        stat(&mean, &x, &axes, DType::F64),
+        stat(&inv, &x, &axes, DType::F64),
+        scale,
+    ];
+    ins.extend(bias);
+    let y = pointwise(e, &x, &ins, d, |b| {
+        let v = to_f64(b, "%in0", d);
+        let s = to_f64(b, "%in3", d);
+        let t = b.op(format!("arith.subf {v}, %in1 : f64"));
+        let q = b.op(format!("arith.mulf {t}, %in2 : f64"));
+        let mut y = b.op(format!("arith.mulf {q}, {s} : f64"));
+        if has_bias {
+            let bb = to_f64(b, "%in4", d);
+            y = b.op(format!("arith.addf {y}, {bb} : f64"));
+        }
+        from_f64(b, &y, d)
+    });
+    let mut results = vec![y];
+    if n_out == 3 {
+        let mut stat_shape = ks.clone();
+        stat_shape.resize(rank, 1);
+        for (k, v) in [(1, mean), (2, inv)] {
+            let dt = op.out_dtypes[k];
+            if !dt.is_float() {
+                return Err(op.invalid(format!(
+                    "layer_norm statistics must have a float type, declared {dt}"
+                )));
+            }
+            if !float_ok(dt) {
+                return Err(op.unsupported(format!(" (statistics of dtype {dt}; {FLOATS})")));
+            }
+            if op.out_shapes[k] != stat_shape {
+                return Err(op.invalid(format!(
+                    "result {k} must have shape {stat_shape:?}, declared {:?}",
+                    op.out_shapes[k]
+                )));
+            }
+            let r = if dt == DType::F64 {
+                v
+            } else {
+                pointwise(e, &ks, &[Operand::identity(v, &ks, DType::F64)], dt, |b| {
+                    from_f64(b, "%in0", dt)
+                })
+            };
+            results.push(e.reshape(&r, &ks, &stat_shape, dt));
+        }
+    }
+    Ok(results)
+}
+
+fn lrn(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let (src, x, d) = same_as_x(e, op)?;
+    let c = channels_first(op, &x)?;
+    let rank = x.len();
+    let size = op
+        .op
+        .attrs
+        .int("size")
+        .map_err(|er| op.attr_err(er))?
+        .ok_or_else(|| op.invalid("missing required attribute `size`"))?;
+    if size < 1 {
+        return Err(op.invalid(format!("`size` must be positive, got {size}")));
+    }
+    let alpha = op.float_or("alpha", 1e-4)?;
+    let beta = op.float_or("beta", 0.75)?;
+    let bias = op.float_or("bias", 1.0)?;
+    let size = size as u64;
+    let before = (size - 1) / 2;
+    let after = (size - 1).div_ceil(2);
+    // The squares, zero-padded along the channels: padded channel p holds channel
+    // p - before. They are written by one generic straight into the slice of the zero
+    // tensor (`tensor.extract_slice` → generic → `tensor.insert_slice` bufferizes in
+    // place; a copy of a strided view would need the MLIR runtime's `memrefCopy`).
+    let mut padded_shape = x.clone();
+    padded_shape[1] = c + before + after;
+    let pad = before + after > 0;
+    let (dest, slice) = if pad {
+        let z = e.zeros(&padded_shape, DType::F64);
+        let mut offs = vec!["0".to_string(); rank];
+        offs[1] = before.to_string();
+        let sizes: Vec<String> = x.iter().map(|s| s.to_string()).collect();
+        let ones = vec!["1"; rank];
+        let spec = format!(
+            "[{}] [{}] [{}]",
+            offs.join(", "),
+            sizes.join(", "),
+            ones.join(", ")
+        );
+        let slice = e.op(format!(
+            "tensor.extract_slice {z}{spec} : {} to {}",
+            tensor_type(&padded_shape, DType::F64),
+            tensor_type(&x, DType::F64)
+        ));
+        (Some((z, spec)), slice)
+    } else {
+        (None, e.empty(&x, DType::F64))
+    };
+    let mut b = Body::default();
+    let v = to_f64(&mut b, "%in0", d);
+    let v2 = b.op(format!("arith.mulf {v}, {v} : f64"));
+    let sq = e
+        .generic(
+            rank,
+            &vec![Iter::Parallel; rank],
+            &[Operand::identity(src.as_str(), &x, d)],
+            &[Operand::identity(slice, &x, DType::F64)],
+            &b,
+            &[v2],
+        )
+        .remove(0);
+    let padded = match dest {
+        Some((z, spec)) => e.op(format!(
+            "tensor.insert_slice {sq} into {z}{spec} : {} into {}",
+            tensor_type(&x, DType::F64),
+            tensor_type(&padded_shape, DType::F64)
+        )),
+        None => sq,
+    };
+    // Loops (d0..d<rank-1>, k): window position k reads padded channel d1 + k, i.e.
+    // channel d1 - before + k, ascending as the interpreter sums.
+    let mut loops = x.clone();
+    loops.push(size);
+    let mut map = dims_map(0..rank);
+    map[1] = format!("d1 + d{rank}");
+    // The window loop's extent comes from an (unread) operand of shape [size], as the
+    // kernel operand of linalg's pooling ops.
+    let window = e.empty(&[size], DType::F64);
+    let win = reduction(
+        e,
+        &loops,
+        &[rank],
+        &[
+            Operand::new(padded, &padded_shape, DType::F64, map),
+            Operand::new(window, &[size], DType::F64, vec![format!("d{rank}")]),
+        ],
+        &[(DType::F64, 0.0)],
+        |b| vec![b.op("arith.addf %out0, %in0 : f64")],
+    )
+    .remove(0);
+    let k = alpha / size as f64;
+    let r = pointwise(
+        e,
+        &x,
+        &[
+            Operand::identity(src, &x, d),
+            Operand::identity(win, &x, DType::F64),
+        ],
+        d,
+        |b| {
+            let v = to_f64(b, "%in0", d);
+            let kc = f64c(b, k);
+            let t = b.op(format!("arith.mulf {kc}, %in1 : f64"));
+            let bc = f64c(b, bias);
+            let u = b.op(format!("arith.addf {bc}, {t} : f64"));
+            let be = f64c(b, beta);
+            let p = b.op(format!("math.powf {u}, {be} : f64"));
+            let y = b.op(format!("arith.divf {v}, {p} : f64"));
+            from_f64(b, &y, d)
+        },
+    );
+    Ok(vec![r])
+}
+
+/// Whether a row counts: its label (body value `l`, i64) is not `ignore` and lies in
+/// `0..classes`. Returns an i1.
+fn counts(b: &mut Body, l: &str, ignore: Option<i64>, classes: u64) -> String {
+    let z = b.op("arith.constant 0 : i64");
+    let cc = b.op(format!("arith.constant {classes} : i64"));
+    let ge = b.op(format!("arith.cmpi sge, {l}, {z} : i64"));
+    let lt = b.op(format!("arith.cmpi slt, {l}, {cc} : i64"));
+    let mut ok = b.op(format!("arith.andi {ge}, {lt} : i1"));
+    if let Some(ig) = ignore {
+        let ic = b.op(format!("arith.constant {ig} : i64"));
+        let ne = b.op(format!("arith.cmpi ne, {l}, {ic} : i64"));
+        ok = b.op(format!("arith.andi {ok}, {ne} : i1"));
+    }
+    ok
+}
+
+/// A label body value of integer dtype `ld` as i64.
+fn label_i64(b: &mut Body, l: &str, ld: DType) -> String {
+    if ld == DType::I64 {
+        l.to_string()
+    } else {
+        b.op(format!("arith.extsi {l} : {} to i64", elem_type(ld)))
+    }
+}
+
+/// Whether the current column (loop d1) is the label `l` (i64).
+fn is_label_column(b: &mut Body, l: &str) -> String {
+    let j = b.op("linalg.index 1 : index");
+    let j64 = b.op(format!("arith.index_cast {j} : index to i64"));
+    b.op(format!("arith.cmpi eq, {j64}, {l} : i64"))
+}
+
+fn cross_entropy(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let grad = op.kind == OpKind::SoftmaxCrossEntropyGrad;
+    let (shape, d) = float_operand(op, 0, "logits")?;
+    let Some((&classes, outer)) = shape.split_last() else {
+        return Err(op.invalid("logits must have rank >= 1 (the last axis holds the classes)"));
+    };
+    let outer = outer.to_vec();
+    let ld = op.in_dtypes[1];
+    if !ld.is_int() {
+        return Err(op.invalid(format!("labels must be an integer tensor, got {ld}")));
+    }
+    if op.in_shapes[1] != outer {
+        return Err(op.invalid(format!(
+            "labels must have shape {outer:?} (the logits' shape without the class axis), got {:?}",
+            op.in_shapes[1]
+        )));
+    }
+    let want = if grad { shape.clone() } else { vec![] };
+    if op.out_dtypes[0] != d || op.out_shapes[0] != want {
+        return Err(op.invalid(format!("the result must be {}", tensor_type(&want, d))));
+    }
+    if grad && (op.in_dtypes[2] != d || !op.in_shapes[2].is_empty()) {
+        return Err(op.invalid(format!(
+            "dloss must be a scalar {}, got {}",
+            elem_type(d),
+            tensor_type(&op.in_shapes[2], op.in_dtypes[2])
+        )));
+    }
+    let ignore = op
+        .op
+        .attrs
+        .int("ignore_index")
+        .map_err(|er| op.attr_err(er))?;
+    let rows: u64 = outer.iter().product();
+    let rc = [rows, classes];
+    let logits = e.name(op.op.operands()[0]);
+    let logits = e.reshape(&logits, &shape, &rc, d);
+    let labels = e.name(op.op.operands()[1]);
+    let labels = e.reshape(&labels, &outer, &[rows], ld);
+
+    let shift = max_shift(e, &logits, &rc, &[1], d);
+    // Σ exp(x - shift) per row and, for the loss, the logit at the label.
+    let row_ins = [
+        Operand::identity(logits.as_str(), &rc, d),
+        Operand::new(shift.as_str(), &[rows], DType::F64, vec!["d0".into()]),
+        Operand::new(labels.as_str(), &[rows], ld, vec!["d0".into()]),
+    ];
+    let mut accs = vec![(DType::F64, 0.0)];
+    if !grad {
+        accs.push((DType::F64, 0.0));
+    }
+    let stats = reduction(e, &rc, &[1], &row_ins, &accs, |b| {
+        let v = to_f64(b, "%in0", d);
+        let t = b.op(format!("arith.subf {v}, %in1 : f64"));
+        let x = b.op(format!("math.exp {t} : f64"));
+        let s = b.op(format!("arith.addf %out0, {x} : f64"));
+        if grad {
+            return vec![s];
+        }
+        let l = label_i64(b, "%in2", ld);
+        let hit = is_label_column(b, &l);
+        let p = b.op(format!("arith.select {hit}, {v}, %out1 : f64"));
+        vec![s, p]
+    });
+    let row = |n: &str, dt: DType| Operand::new(n, &[rows], dt, vec!["d0".into()]);
+    // lse = shift + ln Σ.
+    let lse = pointwise(
+        e,
+        &[rows],
+        &[row(&shift, DType::F64), row(&stats[0], DType::F64)],
+        DType::F64,
+        |b| {
+            let ln = b.op("math.log %in1 : f64");
+            b.op(format!("arith.addf %in0, {ln} : f64"))
+        },
+    );
+    let zero = e.scalar(DType::F64, 0.0);
+    if !grad {
+        // Σ (lse - picked) and the count over the rows that count.
+        let tot = reduction(
+            e,
+            &[rows],
+            &[0],
+            &[
+                row(&lse, DType::F64),
+                row(&stats[1], DType::F64),
+                row(&labels, ld),
+            ],
+            &[(DType::F64, 0.0), (DType::F64, 0.0)],
+            |b| {
+                let l = label_i64(b, "%in2", ld);
+                let ok = counts(b, &l, ignore, classes);
+                let t = b.op("arith.subf %in0, %in1 : f64");
+                let s = b.op(format!("arith.addf %out0, {t} : f64"));
+                let s = b.op(format!("arith.select {ok}, {s}, %out0 : f64"));
+                let one = f64c(b, 1.0);
+                let n = b.op(format!("arith.addf %out1, {one} : f64"));
+                let n = b.op(format!("arith.select {ok}, {n}, %out1 : f64"));
+                vec![s, n]
+            },
+        );
+        let s = e.op(format!("tensor.extract {}[] : tensor<f64>", tot[0]));
+        let n = e.op(format!("tensor.extract {}[] : tensor<f64>", tot[1]));
+        let none = e.op(format!("arith.cmpf oeq, {n}, {zero} : f64"));
+        let q = e.op(format!("arith.divf {s}, {n} : f64"));
+        let mut loss = e.op(format!("arith.select {none}, {zero}, {q} : f64"));
+        if d != DType::F64 {
+            loss = e.op(format!("arith.truncf {loss} : f64 to {}", elem_type(d)));
+        }
+        let r = e.op(format!(
+            "tensor.from_elements {loss} : {}",
+            tensor_type(&[], d)
+        ));
+        return Ok(vec![r]);
+    }
+    let cnt = reduction(
+        e,
+        &[rows],
+        &[0],
+        &[row(&labels, ld)],
+        &[(DType::F64, 0.0)],
+        |b| {
+            let l = label_i64(b, "%in0", ld);
+            let ok = counts(b, &l, ignore, classes);
+            let one = f64c(b, 1.0);
+            let n = b.op(format!("arith.addf %out0, {one} : f64"));
+            vec![b.op(format!("arith.select {ok}, {n}, %out0 : f64"))]
+        },
+    )
+    .remove(0);
+    let n = e.op(format!("tensor.extract {cnt}[] : tensor<f64>"));
+    let dl_name = e.name(op.op.operands()[2]);
+    let mut dl = e.op(format!(
+        "tensor.extract {dl_name}[] : {}",
+        tensor_type(&[], d)
+    ));
+    if d != DType::F64 {
+        dl = e.op(format!("arith.extf {dl} : {} to f64", elem_type(d)));
+    }
+    let none = e.op(format!("arith.cmpf oeq, {n}, {zero} : f64"));
+    let q = e.op(format!("arith.divf {dl}, {n} : f64"));
+    let scale = e.op(format!("arith.select {none}, {zero}, {q} : f64"));
+    let out = pointwise(
+        e,
+        &rc,
+        &[
+            Operand::identity(logits.as_str(), &rc, d),
+            row(&lse, DType::F64),
+            row(&labels, ld),
+        ],
+        d,
+        |b| {
+            let v = to_f64(b, "%in0", d);
+            let t = b.op(format!("arith.subf {v}, %in1 : f64"));
+            let p = b.op(format!("math.exp {t} : f64"));
+            let l = label_i64(b, "%in2", ld);
+            let hit = is_label_column(b, &l);
+            let one = f64c(b, 1.0);
+            let z = f64c(b, 0.0);
+            let oh = b.op(format!("arith.select {hit}, {one}, {z} : f64"));
+            let u = b.op(format!("arith.subf {p}, {oh} : f64"));
+            let w = b.op(format!("arith.mulf {u}, {scale} : f64"));
+            let ok = counts(b, &l, ignore, classes);
+            let y = b.op(format!("arith.select {ok}, {w}, {z} : f64"));
+            from_f64(b, &y, d)
+        },
+    );
+    Ok(vec![e.reshape(&out, &rc, &shape, d)])
 }
