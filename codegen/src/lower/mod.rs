@@ -180,6 +180,15 @@ pub fn literal(d: DType, x: f64) -> String {
     }
 }
 
+/// `arith.constant <x> : <type>` (for bool `arith.constant true`: MLIR's parser refuses an
+/// explicit `: i1` after a bool literal).
+pub fn scalar_constant(d: DType, x: f64) -> String {
+    match d {
+        DType::Bool => format!("arith.constant {}", literal(d, x)),
+        _ => format!("arith.constant {} : {}", literal(d, x), elem_type(d)),
+    }
+}
+
 /// An MLIR literal for an integer value in dtype `d`.
 pub fn int_literal(d: DType, x: i64) -> String {
     match d {
