@@ -7,9 +7,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use ppcc_frontends::onnx::conform::{compare, run_dirs, ConformOptions, Tolerance};
+use ppcc_codegen::{build_module, BuildOptions, CodegenError, LowerError};
+use ppcc_frontends::onnx::conform::{
+    compare, run_dirs, ConformOptions, ExecError, Executor, Tolerance,
+};
 use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions, Imported};
+use ppcc_runtime::native::NativeModule;
 use ppir::interp::{run_function, InterpOptions, Precision};
+use ppir::{Function, Module};
 
 use crate::target::{build_native, ScratchDir, Target};
 use ppir::text::{print_module, PrintOptions};
@@ -350,12 +355,57 @@ pub struct ConformArgs {
     /// Absolute tolerance for float outputs (overrides the per-dtype default).
     #[arg(long)]
     atol: Option<f64>,
+    /// Run the models on the reference interpreter or as native code (each model is
+    /// compiled through MLIR to a temporary module.so; ops codegen does not lower yet count
+    /// as `unsupported`).
+    #[arg(long, value_enum, default_value_t = Target::Interp)]
+    target: Target,
 }
 
 pub fn conform(a: ConformArgs) -> Result<ExitCode> {
+    let executor: Option<Executor> = match a.target {
+        Target::Interp => None,
+        Target::Cpu => Some(std::sync::Arc::new(
+            |m: &Module, f: &Function, args: Vec<ppir::Tensor>| {
+                let scratch =
+                    ScratchDir::new("conform").map_err(|e| ExecError::Failed(e.to_string()))?;
+                let built = build_module(
+                    m,
+                    &[&f.name],
+                    &scratch.0,
+                    "the model",
+                    &BuildOptions::default(),
+                )
+                .map_err(|e| match e {
+                    CodegenError::Lower {
+                        source: LowerError::Unsupported { .. },
+                        ..
+                    } => ExecError::Unsupported(format!(
+                        "codegen: {}",
+                        std::error::Error::source(&e)
+                            .map(|s| s.to_string())
+                            .unwrap_or_default()
+                    )),
+                    e => ExecError::Failed(format!(
+                        "{e}: {}",
+                        std::error::Error::source(&e)
+                            .map(|s| s.to_string())
+                            .unwrap_or_default()
+                    )),
+                })?;
+                let native = NativeModule::load(&built.so, m, Some(&[&f.name]))
+                    .map_err(|e| ExecError::Failed(e.to_string()))?;
+                let refs: Vec<&ppir::Tensor> = args.iter().collect();
+                native
+                    .call(&f.name, &refs, None)
+                    .map_err(|e| ExecError::Failed(e.to_string()))
+            },
+        )),
+    };
     let opts = ConformOptions {
         rtol: a.rtol,
         atol: a.atol,
+        executor,
     };
     let (_, summary) = run_dirs(&a.dirs, &opts, |r| println!("{r}")).map_err(anyhow::Error::msg)?;
     println!("{summary}");

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ppir::interp::{run_function, InterpOptions};
-use ppir::{ArgKind, DType, Tensor};
+use ppir::{ArgKind, DType, Function, Module, Tensor};
 use prost::Message;
 
 use super::proto::{DimensionValue, ModelProto, TensorProto, TypeValue};
@@ -70,11 +70,38 @@ fn light_rtol(model_name: &str) -> Option<f64> {
     (model_name.contains("densenet121")).then_some(2e-3)
 }
 
-/// Overrides for [`Tolerance::for_dtype`] on float outputs.
-#[derive(Clone, Debug, Default)]
+/// Overrides for [`Tolerance::for_dtype`] on float outputs, and what runs the models.
+#[derive(Clone, Default)]
 pub struct ConformOptions {
     pub rtol: Option<f64>,
     pub atol: Option<f64>,
+    /// Runs the imported model instead of the reference interpreter (native code);
+    /// `None`: the interpreter.
+    pub executor: Option<Executor>,
+}
+
+/// Runs the model's function on its arguments: `(module, function, args)`.
+pub type Executor = std::sync::Arc<
+    dyn Fn(&Module, &Function, Vec<Tensor>) -> Result<Vec<Tensor>, ExecError> + Send + Sync,
+>;
+
+impl fmt::Debug for ConformOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConformOptions")
+            .field("rtol", &self.rtol)
+            .field("atol", &self.atol)
+            .field("executor", &self.executor.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+/// Why an [`Executor`] could not run a model.
+#[derive(Clone, Debug)]
+pub enum ExecError {
+    /// Something the executor does not support (reported as `unsupported`).
+    Unsupported(String),
+    /// A real failure (reported as `error`).
+    Failed(String),
 }
 
 /// One model to run.
@@ -538,9 +565,16 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
                 }
             }
         }
-        let outs = match run_function(f, args, &InterpOptions::default(), None) {
-            Ok(o) => o,
-            Err(e) => return Outcome::Error(format!("interpreter: {e}")),
+        let outs = match &opts.executor {
+            None => match run_function(f, args, &InterpOptions::default(), None) {
+                Ok(o) => o,
+                Err(e) => return Outcome::Error(format!("interpreter: {e}")),
+            },
+            Some(exec) => match exec(&imported.module, f, args) {
+                Ok(o) => o,
+                Err(ExecError::Unsupported(m)) => return Outcome::Unsupported(m),
+                Err(ExecError::Failed(m)) => return Outcome::Error(m),
+            },
         };
         if outs.len() < expected.len() {
             return Outcome::Error(format!(
