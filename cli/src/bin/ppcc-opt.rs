@@ -12,12 +12,15 @@ use clap::Parser;
 use ppcc_passes::{PassManager, PassRegistry};
 use ppir::text::{parse_module, print_module, PrintOptions};
 
+/// The codegen lowering, offered as the last "pass" (it leaves ppir for MLIR).
+const LOWER_TO_MLIR: &str = "lower-to-mlir";
+
 #[derive(Parser)]
 #[command(
     name = "ppcc-opt",
     version,
     about = "Run ppcc passes on textual IR (.ppir) and print the result",
-    after_help = "Examples:\n  ppcc-opt model.ppir --pass canonicalize\n  ppcc-opt model.ppir --pass bind-batch{size=8} --pass infer-shapes\n  ppcc-opt model.ppir --verify-only\n  ppcc-opt --list-passes"
+    after_help = "Examples:\n  ppcc-opt model.ppir --pass canonicalize\n  ppcc-opt stage.ppir --pass lower-to-mlir\n  ppcc-opt model.ppir --pass bind-batch{size=8} --pass infer-shapes\n  ppcc-opt model.ppir --verify-only\n  ppcc-opt --list-passes"
 )]
 struct Args {
     /// Input file in ppir text form; `-` reads standard input.
@@ -66,6 +69,10 @@ fn run(args: Args) -> Result<(), String> {
         for p in registry.list() {
             println!("{:<16} {}", p.name, p.description);
         }
+        println!(
+            "{:<16} lower every function to MLIR (func/linalg/tensor/arith/math) and print it; must be the last pass",
+            LOWER_TO_MLIR
+        );
         return Ok(());
     }
     let path = args.file.expect("clap requires FILE unless --list-passes");
@@ -83,7 +90,15 @@ fn run(args: Args) -> Result<(), String> {
 
     let mut pm = PassManager::new();
     pm.verify_each(!args.no_verify);
-    for spec in &args.passes {
+    let mut to_mlir = false;
+    for (i, spec) in args.passes.iter().enumerate() {
+        if spec == LOWER_TO_MLIR {
+            if i + 1 != args.passes.len() {
+                return Err(format!("error: --pass {LOWER_TO_MLIR} must be the last pass"));
+            }
+            to_mlir = true;
+            continue;
+        }
         pm.add(registry.create(spec).map_err(|e| format!("error: {e}"))?);
     }
     pm.run(&mut module)
@@ -91,12 +106,19 @@ fn run(args: Args) -> Result<(), String> {
     if args.verify_only {
         return Ok(());
     }
-    let text = print_module(
-        &module,
-        &PrintOptions {
-            elide_weights_over: args.elide_weights,
-        },
-    );
+    let text = if to_mlir {
+        let fs: Vec<&ppir::Function> = module.functions.iter().collect();
+        ppcc_codegen::lower_functions(&fs)
+            .map_err(|e| format!("{display}: error: {e}"))?
+            .0
+    } else {
+        print_module(
+            &module,
+            &PrintOptions {
+                elide_weights_over: args.elide_weights,
+            },
+        )
+    };
     match args.output {
         Some(out) => {
             std::fs::write(&out, text).map_err(|e| format!("error: {}: {e}", out.display()))
