@@ -157,15 +157,21 @@ fn import_writes_ir_that_parses_back() {
 }
 
 /// Every bundled example agrees with onnxruntime's outputs shipped next to it
-/// (rtol 1e-4, atol 1e-5: the absolute term only matters for outputs near zero).
+/// (rtol 1e-4, atol 1e-5: the absolute term only matters for outputs near zero), on the
+/// interpreter and as native code.
 #[test]
 fn every_example_matches_onnxruntime() {
     let d = scratch();
-    for name in ["mlp", "gpt", "two_tower", "cnn"] {
-        let out = d.join(format!("{name}.npz"));
+    for (name, target) in ["mlp", "gpt", "two_tower", "cnn"]
+        .into_iter()
+        .flat_map(|n| [(n, "interp"), (n, "cpu")])
+    {
+        let out = d.join(format!("{name}-{target}.npz"));
         let io = format!("examples/{name}_io.npz");
         let o = ppcc(&[
             "eval",
+            "--target",
+            target,
             &format!("examples/{name}.onnx"),
             "--inputs",
             &io,
@@ -178,10 +184,10 @@ fn every_example_matches_onnxruntime() {
             "--atol",
             "1e-5",
         ]);
-        assert!(o.status.success(), "{name}: {}", text(&o));
+        assert!(o.status.success(), "{name} --target {target}: {}", text(&o));
         assert!(
             text(&o).contains("matches the reference"),
-            "{name}: {}",
+            "{name} --target {target}: {}",
             text(&o)
         );
     }

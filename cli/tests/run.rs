@@ -45,7 +45,8 @@ fn assert_same(what: &str, got: &[f64], want: &[f64]) {
     }
 }
 
-/// `ppcc run` equals `ppcc train` on `model` for several stage counts and schedules.
+/// `ppcc run` equals `ppcc train` (the interpreter, one device) on `model` for 1, 2 and 4
+/// stages and several schedules, with the stages on the interpreter and as native code.
 fn matches_train(model: &str, opts: &[&str]) {
     let mut targs = vec!["train", model, "--steps", "10"];
     targs.extend_from_slice(opts);
@@ -53,7 +54,7 @@ fn matches_train(model: &str, opts: &[&str]) {
     assert!(reference.ok, "{}", reference.stderr);
     let want = losses(&reference.stdout);
     assert_eq!(want.len(), 10);
-    let mut configs: Vec<Vec<&str>> = vec![];
+    let mut configs: Vec<Vec<&str>> = vec![vec!["--stages", "1", "--schedule", "gpipe"]];
     for stages in ["2", "4"] {
         for schedule in ["gpipe", "1f1b", "zb-h1"] {
             configs.push(vec!["--stages", stages, "--schedule", schedule]);
@@ -77,9 +78,23 @@ fn matches_train(model: &str, opts: &[&str]) {
         let mut extra = cfg.clone();
         extra.extend_from_slice(opts);
         compile(model, &dir, &extra);
-        let out = ppcc(&["run", dir.to_str().unwrap(), "--steps", "10"]);
-        assert!(out.ok, "{model} {cfg:?}: {}", out.stderr);
-        assert_same(&format!("{model} {cfg:?}"), &losses(&out.stdout), &want);
+        // The same plan on the interpreter and as native stage modules (the default).
+        for target in ["interp", "cpu"] {
+            let out = ppcc(&[
+                "run",
+                dir.to_str().unwrap(),
+                "--steps",
+                "10",
+                "--target",
+                target,
+            ]);
+            assert!(out.ok, "{model} {cfg:?} --target {target}: {}", out.stderr);
+            assert_same(
+                &format!("{model} {cfg:?} --target {target}"),
+                &losses(&out.stdout),
+                &want,
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -138,7 +138,19 @@ fn losses_match_the_jax_reference_fixtures() {
             .collect();
         let rel = max_rel(&got, &want);
         let name = path.file_name().unwrap().to_string_lossy().to_string();
-        report.push(format!("{name}: max rel {rel:.2e}"));
+        // The same training as native code: against JAX, and against the interpreter.
+        let mut cpu_args = args.clone();
+        cpu_args.extend(["--target", "cpu"]);
+        let native = run(&cpu_args);
+        let rel_native = max_rel(&native, &want);
+        let rel_interp = max_rel(&native, &got);
+        report.push(format!(
+            "{name}: max rel {rel:.2e} (native {rel_native:.2e}, native vs interpreter {rel_interp:.2e})"
+        ));
+        assert!(
+            rel_native <= 1e-4 && rel_interp <= 1e-5,
+            "{name}: native {native:?} vs reference {want:?} (max rel {rel_native:.2e}) and interpreter {got:?} (max rel {rel_interp:.2e})"
+        );
         assert!(
             rel <= 1e-4,
             "{name}: ppcc {got:?} vs reference {want:?} (max rel {rel:.2e})\n  ppcc train {}",
