@@ -655,8 +655,9 @@ pub struct Leaf {
 }
 
 /// Emit one all-parallel generic over `out_shape` computing `expr` from `leaves` (each
-/// broadcast to `out_shape`); the result has dtype `d`. With `mask`, the root is a
-/// training-mode dropout and a second result (i1) is its keep mask.
+/// broadcast to `out_shape`); the result has dtype `d`. With `mask`, a second result
+/// (i1) is the keep mask of the root node, a training-mode dropout (all true for any
+/// other root).
 pub fn emit_generic(
     e: &mut Emitter,
     leaves: &[Leaf],
@@ -726,34 +727,33 @@ pub fn lower_root(
             )));
         }
     }
+    // A dropout's mask result: the root's keep mask in training, else all true.
     let mask = op.out_dtypes.len() == 2;
-    // Pass-through roots (identity, same-dtype cast, inference dropout) of a leaf.
-    let passthrough = match &root.op {
-        ElemOp::Plain(OpKind::Identity) => true,
-        ElemOp::Cast => root.in_dtypes[0] == root.dtype,
-        _ => false,
-    };
-    if passthrough {
-        if let Expr::Arg(i) = root.args[0] {
-            let y = leaves.list[i].name.clone();
-            if leaves.list[i].shape == out_shape {
-                let mut r = vec![y];
-                if mask {
-                    r.push(all_true(e, &out_shape));
-                }
-                return Ok(r);
-            }
-        }
+    let keep_mask = mask
+        && matches!(&root, Expr::Op(n) if matches!(n.op, ElemOp::Dropout { .. }))
+        && op.kind == OpKind::Dropout
+        && op.int_or("training", 0)? != 0;
+    if keep_mask {
+        return Ok(emit_generic(
+            e,
+            &leaves.list,
+            &out_shape,
+            op.out_dtypes[0],
+            &root,
+            true,
+        ));
     }
-    let d = root.dtype;
-    Ok(emit_generic(
-        e,
-        &leaves.list,
-        &out_shape,
-        d,
-        &Expr::Op(Box::new(root)),
-        mask,
-    ))
+    // A pass-through (identity, same-dtype cast, inference dropout) of an input of the
+    // result's shape emits nothing.
+    let y = match root {
+        Expr::Arg(i) if leaves.list[i].shape == out_shape => leaves.list[i].name.clone(),
+        _ => emit_generic(e, &leaves.list, &out_shape, op.out_dtypes[0], &root, false).remove(0),
+    };
+    let mut r = vec![y];
+    if mask {
+        r.push(all_true(e, &out_shape));
+    }
+    Ok(r)
 }
 
 #[derive(Default)]
@@ -762,13 +762,15 @@ struct Leaves {
     index: HashMap<ValueId, usize>,
 }
 
+/// The expression of `op` over its (recursively inlined) operands; pass-through ops
+/// (identity, same-dtype cast, inference dropout) are their operand's expression.
 fn build(
     e: &mut Emitter,
     op: &OpView,
     inlined: &dyn Fn(ValueId) -> Option<OpId>,
     leaves: &mut Leaves,
     depth: usize,
-) -> Result<Node, LowerError> {
+) -> Result<Expr, LowerError> {
     if depth > 10_000 {
         return Err(op.unsupported(" (fused expression too deep)"));
     }
@@ -780,8 +782,7 @@ fn build(
             if pv.out_shapes.len() != 1 || pv.out_shapes[0] != op.out_shapes[0] {
                 return Err(pv.invalid("internal: an inlined producer of another shape"));
             }
-            let n = build(e, &pv, inlined, leaves, depth + 1)?;
-            args.push(Expr::Op(Box::new(n)));
+            args.push(build(e, &pv, inlined, leaves, depth + 1)?);
         } else {
             let i = match leaves.index.get(&v) {
                 Some(&i) => i,
@@ -798,7 +799,16 @@ fn build(
             args.push(Expr::Arg(i));
         }
     }
-    node_for(e, op, args)
+    let mut node = node_for(e, op, args)?;
+    let passthrough = match &node.op {
+        ElemOp::Plain(OpKind::Identity) => true,
+        ElemOp::Cast => node.in_dtypes[0] == node.dtype,
+        _ => false,
+    };
+    if passthrough {
+        return Ok(node.args.swap_remove(0));
+    }
+    Ok(Expr::Op(Box::new(node)))
 }
 
 fn is_half(d: DType) -> bool {

@@ -767,3 +767,221 @@ fn ops_the_interpreter_rejects_are_errors_not_panics() {
         assert!(lower_function(&m.functions[0]).is_err(), "{src}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Fusion of elementwise chains (lower::fuse).
+
+/// The lowered MLIR of the module's first function.
+fn lowered(src: &str) -> String {
+    let m = parse_stage(src);
+    lower_function(&m.functions[0])
+        .unwrap_or_else(|e| panic!("lower: {e}"))
+        .0
+}
+
+fn count(hay: &str, needle: &str) -> usize {
+    hay.matches(needle).count()
+}
+
+const CHAIN: &str = r#"
+module {
+  func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>, %b: tensor<4x1xf32>, %c: tensor<f32>) -> (tensor<4x8xf32>) {
+    %m = "pp.mul"(%x, %w) : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+    %a = "pp.add"(%m, %b) : (tensor<4x8xf32>, tensor<4x1xf32>) -> tensor<4x8xf32>
+    %t = "pp.tanh"(%a) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    %u = "pp.mul"(%t, %x) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+    %s = "pp.sub"(%u, %c) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+    return %s : tensor<4x8xf32>
+  }
+}
+"#;
+
+#[test]
+fn a_chain_becomes_one_generic() {
+    let mlir = lowered(CHAIN);
+    assert_eq!(count(&mlir, "linalg.generic"), 1, "{mlir}");
+    assert_eq!(count(&mlir, "math.tanh"), 1, "{mlir}");
+    // Four distinct inputs (x read once although used twice) and their broadcast maps.
+    for needle in [
+        "ins(%arg0, %arg1, %arg2, %arg3 :",
+        "affine_map<(d0, d1) -> (d1)>",
+        "affine_map<(d0, d1) -> (d0, 0)>",
+        "affine_map<(d0, d1) -> ()>",
+    ] {
+        assert!(mlir.contains(needle), "missing `{needle}` in\n{mlir}");
+    }
+    check_src(CHAIN, None);
+}
+
+#[test]
+fn a_value_with_two_uses_is_computed_once() {
+    // %t feeds two ops: it is materialised (add+tanh fused), and exp/neg fuse into the
+    // final add; %q is used twice by one op (mul(q, q)), so it stays a tensor too.
+    let src = r#"
+module {
+  func @f(%x: tensor<3x5xf32>, %b: tensor<5xf32>) -> (tensor<3x5xf32>, tensor<3x5xf32>) {
+    %a = "pp.add"(%x, %b) : (tensor<3x5xf32>, tensor<5xf32>) -> tensor<3x5xf32>
+    %t = "pp.tanh"(%a) : (tensor<3x5xf32>) -> tensor<3x5xf32>
+    %p = "pp.exp"(%t) : (tensor<3x5xf32>) -> tensor<3x5xf32>
+    %n = "pp.neg"(%t) : (tensor<3x5xf32>) -> tensor<3x5xf32>
+    %r = "pp.add"(%p, %n) : (tensor<3x5xf32>, tensor<3x5xf32>) -> tensor<3x5xf32>
+    %q = "pp.sigmoid"(%x) : (tensor<3x5xf32>) -> tensor<3x5xf32>
+    %qq = "pp.mul"(%q, %q) : (tensor<3x5xf32>, tensor<3x5xf32>) -> tensor<3x5xf32>
+    return %r, %qq : tensor<3x5xf32>, tensor<3x5xf32>
+  }
+}
+"#;
+    let mlir = lowered(src);
+    assert_eq!(count(&mlir, "linalg.generic"), 4, "{mlir}");
+    assert_eq!(count(&mlir, "math.tanh"), 1, "{mlir}");
+    check_src(src, None);
+}
+
+#[test]
+fn results_and_broadcast_producers_are_not_inlined() {
+    // %e is returned; %s (shape 5) feeds a 3x5 op: inlining it would compute it 3 times.
+    let src = r#"
+module {
+  func @f(%x: tensor<3x5xf32>, %v: tensor<5xf32>) -> (tensor<3x5xf32>, tensor<3x5xf32>) {
+    %e = "pp.exp"(%x) : (tensor<3x5xf32>) -> tensor<3x5xf32>
+    %n = "pp.neg"(%e) : (tensor<3x5xf32>) -> tensor<3x5xf32>
+    %s = "pp.sin"(%v) : (tensor<5xf32>) -> tensor<5xf32>
+    %y = "pp.add"(%n, %s) : (tensor<3x5xf32>, tensor<5xf32>) -> tensor<3x5xf32>
+    return %e, %y : tensor<3x5xf32>, tensor<3x5xf32>
+  }
+}
+"#;
+    let mlir = lowered(src);
+    // exp, sin, and neg+add.
+    assert_eq!(count(&mlir, "linalg.generic"), 3, "{mlir}");
+    check_src(src, None);
+}
+
+#[test]
+fn broadcasting_inputs_inside_a_fused_tree() {
+    let src = r#"
+module {
+  func @f(%u: tensor<3x1xf32>, %v: tensor<1x5xf32>, %w: tensor<5xf32>, %z: tensor<2x3x5xf32>) -> (tensor<3x5xf32>, tensor<2x3x5xf32>) {
+    %a = "pp.sub"(%u, %v) : (tensor<3x1xf32>, tensor<1x5xf32>) -> tensor<3x5xf32>
+    %b = "pp.mul"(%a, %w) : (tensor<3x5xf32>, tensor<5xf32>) -> tensor<3x5xf32>
+    %c = "pp.max"(%b, %u) : (tensor<3x5xf32>, tensor<3x1xf32>) -> tensor<3x5xf32>
+    %g = "pp.gelu"(%z) : (tensor<2x3x5xf32>) -> tensor<2x3x5xf32>
+    %h = "pp.prelu"(%g, %w) : (tensor<2x3x5xf32>, tensor<5xf32>) -> tensor<2x3x5xf32>
+    %hc = "pp.less"(%z, %w) : (tensor<2x3x5xf32>, tensor<5xf32>) -> tensor<2x3x5xi1>
+    %k = "pp.where"(%hc, %h, %w) : (tensor<2x3x5xi1>, tensor<2x3x5xf32>, tensor<5xf32>) -> tensor<2x3x5xf32>
+    return %c, %k : tensor<3x5xf32>, tensor<2x3x5xf32>
+  }
+}
+"#;
+    let mlir = lowered(src);
+    assert_eq!(count(&mlir, "linalg.generic"), 2, "{mlir}");
+    for needle in [
+        "affine_map<(d0, d1) -> (d0, 0)>",
+        "affine_map<(d0, d1) -> (0, d1)>",
+        "affine_map<(d0, d1) -> (d1)>",
+        "affine_map<(d0, d1, d2) -> (d2)>",
+    ] {
+        assert!(mlir.contains(needle), "missing `{needle}` in\n{mlir}");
+    }
+    check_src(src, None);
+}
+
+#[test]
+fn fused_nodes_round_to_their_own_dtype() {
+    // f16 and bf16 chains must round after every op, as the interpreter does; a chain
+    // through cast, compare and where mixes dtypes; integers wrap at every step.
+    for (d, name) in [
+        (DType::F16, "f16"),
+        (DType::BF16, "bf16"),
+        (DType::F32, "f32"),
+    ] {
+        let src = format!(
+            r#"
+module {{
+  func @f(%x: tensor<6x7x{name}>, %y: tensor<7x{name}>, %i: tensor<6x7xi32>) -> (tensor<6x7x{name}>, tensor<6x7xi8>) {{
+    %a = "pp.mul"(%x, %y) : (tensor<6x7x{name}>, tensor<7x{name}>) -> tensor<6x7x{name}>
+    %b = "pp.add"(%a, %x) : (tensor<6x7x{name}>, tensor<6x7x{name}>) -> tensor<6x7x{name}>
+    %c = "pp.div"(%b, %y) : (tensor<6x7x{name}>, tensor<7x{name}>) -> tensor<6x7x{name}>
+    %e = "pp.elu"(%c) : (tensor<6x7x{name}>) -> tensor<6x7x{name}>
+    %f = "pp.cast"(%i) {{to = {name}}} : (tensor<6x7xi32>) -> tensor<6x7x{name}>
+    %g = "pp.less"(%e, %f) : (tensor<6x7x{name}>, tensor<6x7x{name}>) -> tensor<6x7xi1>
+    %h = "pp.where"(%g, %e, %x) : (tensor<6x7xi1>, tensor<6x7x{name}>, tensor<6x7x{name}>) -> tensor<6x7x{name}>
+    %j = "pp.mul"(%i, %i) : (tensor<6x7xi32>, tensor<6x7xi32>) -> tensor<6x7xi32>
+    %k = "pp.add"(%j, %i) : (tensor<6x7xi32>, tensor<6x7xi32>) -> tensor<6x7xi32>
+    %l = "pp.cast"(%k) {{to = i8}} : (tensor<6x7xi32>) -> tensor<6x7xi8>
+    %n = "pp.neg"(%l) : (tensor<6x7xi8>) -> tensor<6x7xi8>
+    return %h, %n : tensor<6x7x{name}>, tensor<6x7xi8>
+  }}
+}}
+"#
+        );
+        let mlir = lowered(&src);
+        // %e has two uses (less, where): [mul add div elu], [cast less where], [mul add cast neg].
+        assert_eq!(count(&mlir, "linalg.generic"), 3, "{mlir}");
+        let x = uniform(d, &[6, 7], 71, -3.0, 3.0);
+        let y = uniform(d, &[7], 72, 0.5, 3.0);
+        let i = ints(DType::I32, &[6, 7], 73, -70_000, 70_000);
+        check_src(&src, Some(vec![x, y, i]));
+    }
+}
+
+#[test]
+fn training_dropout_inside_a_fused_chain() {
+    let src = r#"
+module {
+  func @f(%x: tensor<4x9xf32>, %b: tensor<9xf32>, %k: tensor<2xi64>) -> (tensor<4x9xf32>, tensor<4x9xf32>, tensor<4x9xi1>) {
+    %a = "pp.add"(%x, %b) : (tensor<4x9xf32>, tensor<9xf32>) -> tensor<4x9xf32>
+    %r = "pp.relu"(%a) : (tensor<4x9xf32>) -> tensor<4x9xf32>
+    %d = "pp.dropout"(%r, %k) {ratio = 0.4, seed = 5, training = 1} : (tensor<4x9xf32>, tensor<2xi64>) -> tensor<4x9xf32>
+    %s = "pp.mul"(%d, %b) : (tensor<4x9xf32>, tensor<9xf32>) -> tensor<4x9xf32>
+    %e = "pp.exp"(%x) : (tensor<4x9xf32>) -> tensor<4x9xf32>
+    %d2, %m = "pp.dropout"(%e, %k) {ratio = 0.5, seed = 6, training = 1} : (tensor<4x9xf32>, tensor<2xi64>) -> (tensor<4x9xf32>, tensor<4x9xi1>)
+    return %s, %d2, %m : tensor<4x9xf32>, tensor<4x9xf32>, tensor<4x9xi1>
+  }
+}
+"#;
+    let mlir = lowered(src);
+    // add+relu+dropout+mul, and exp+dropout with its mask.
+    assert_eq!(count(&mlir, "linalg.generic"), 2, "{mlir}");
+    for key in [[3i64, 0], [-9, 12345]] {
+        let x = input(&[4, 9], 81);
+        let b = input(&[9], 82);
+        let k = Tensor::from_i64(DType::I64, vec![2], key.to_vec());
+        check_unverified(src, Some(vec![x, b, k]));
+    }
+}
+
+#[test]
+fn unfused_ops_lower_as_before() {
+    // Nothing fuses here: one generic per op, identity and same-dtype cast emit nothing.
+    let src = r#"
+module {
+  func @f(%x: tensor<3x4xf32>, %y: tensor<4xf32>) -> (tensor<3x4xf32>, tensor<4xf32>, tensor<3x4xf32>, tensor<4xf32>) {
+    %e = "pp.exp"(%x) : (tensor<3x4xf32>) -> tensor<3x4xf32>
+    %s = "pp.sqrt"(%y) : (tensor<4xf32>) -> tensor<4xf32>
+    %a = "pp.add"(%e, %s) : (tensor<3x4xf32>, tensor<4xf32>) -> tensor<3x4xf32>
+    %i = "pp.identity"(%y) : (tensor<4xf32>) -> tensor<4xf32>
+    %c = "pp.cast"(%i) {to = f32} : (tensor<4xf32>) -> tensor<4xf32>
+    return %e, %s, %a, %c : tensor<3x4xf32>, tensor<4xf32>, tensor<3x4xf32>, tensor<4xf32>
+  }
+}
+"#;
+    let mlir = lowered(src);
+    assert_eq!(count(&mlir, "linalg.generic"), 3, "{mlir}");
+    check_src(src, None);
+}
+
+#[test]
+fn an_inference_mask_over_an_inlined_training_dropout_is_all_true() {
+    let src = r#"
+module {
+  func @f(%x: tensor<5x6xf32>, %k: tensor<2xi64>) -> (tensor<5x6xf32>, tensor<5x6xi1>) {
+    %d = "pp.dropout"(%x, %k) {ratio = 0.5, seed = 1, training = 1} : (tensor<5x6xf32>, tensor<2xi64>) -> tensor<5x6xf32>
+    %y, %m = "pp.dropout"(%d) {ratio = 0.5} : (tensor<5x6xf32>) -> (tensor<5x6xf32>, tensor<5x6xi1>)
+    return %y, %m : tensor<5x6xf32>, tensor<5x6xi1>
+  }
+}
+"#;
+    let k = Tensor::from_i64(DType::I64, vec![2], vec![4, 1]);
+    check_unverified(src, Some(vec![input(&[5, 6], 91), k]));
+}
