@@ -35,6 +35,7 @@ use ppir::{DType, Function, OpData, OpId, OpKind, ValueId};
 pub mod comm;
 pub mod contraction;
 pub mod elementwise;
+pub mod fuse;
 pub mod movement;
 pub mod norm;
 pub mod pool;
@@ -619,27 +620,20 @@ fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
     }
     let res_tys: Vec<String> = outputs.iter().map(|(d, s)| tensor_type(s, *d)).collect();
 
+    // Chains of elementwise ops become one generic each (see `fuse`).
+    let plan = fuse::Plan::new(&e);
     for &op_id in f.ops() {
+        if plan.is_inlined(op_id) {
+            // Computed inside its consumer's generic.
+            continue;
+        }
         let op = f.op(op_id);
-        let mut view = OpView {
-            f,
-            id: op_id,
-            op,
-            kind: op.kind,
-            in_shapes: Vec::new(),
-            in_dtypes: Vec::new(),
-            out_shapes: Vec::new(),
-            out_dtypes: Vec::new(),
+        let view = elementwise::op_view(&e, op_id)?;
+        let names = if op.kind.is_elementwise() {
+            elementwise::lower_root(&mut e, &view, &|v| plan.inlined_producer(f, v))?
+        } else {
+            lower_op(&mut e, &view)?
         };
-        for &v in op.operands() {
-            view.in_shapes.push(e.shape(v)?);
-            view.in_dtypes.push(e.dtype(v));
-        }
-        for &v in op.results() {
-            view.out_shapes.push(e.shape(v)?);
-            view.out_dtypes.push(e.dtype(v));
-        }
-        let names = lower_op(&mut e, &view)?;
         if names.len() != op.results().len() {
             return Err(view.invalid(format!(
                 "lowering produced {} values for {} results",
