@@ -94,7 +94,9 @@ fn run(args: Args) -> Result<(), String> {
     for (i, spec) in args.passes.iter().enumerate() {
         if spec == LOWER_TO_MLIR {
             if i + 1 != args.passes.len() {
-                return Err(format!("error: --pass {LOWER_TO_MLIR} must be the last pass"));
+                return Err(format!(
+                    "error: --pass {LOWER_TO_MLIR} must be the last pass"
+                ));
             }
             to_mlir = true;
             continue;

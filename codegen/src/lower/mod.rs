@@ -273,6 +273,8 @@ pub struct Emitter<'f> {
     names: Vec<Option<String>>,
     pub out: String,
     tmp: usize,
+    /// Outlined op functions by their text (after the name): equal ops share one.
+    outlined: std::collections::HashMap<String, String>,
 }
 
 impl<'f> Emitter<'f> {
@@ -282,6 +284,7 @@ impl<'f> Emitter<'f> {
             names: vec![None; f.num_values()],
             out: String::new(),
             tmp: 0,
+            outlined: Default::default(),
         }
     }
 
@@ -622,6 +625,7 @@ fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
 
     // Chains of elementwise ops become one generic each (see `fuse`).
     let plan = fuse::Plan::new(&e);
+    let mut outlined = String::new();
     for &op_id in f.ops() {
         if plan.is_inlined(op_id) {
             // Computed inside its consumer's generic.
@@ -629,10 +633,18 @@ fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
         }
         let op = f.op(op_id);
         let view = elementwise::op_view(&e, op_id)?;
-        let names = if op.kind.is_elementwise() {
-            elementwise::lower_root(&mut e, &view, &|v| plan.inlined_producer(f, v))?
+        let lower_here = |e: &mut Emitter| {
+            if op.kind.is_elementwise() {
+                elementwise::lower_root(e, &view, &|v| plan.inlined_producer(f, v))
+            } else {
+                lower_op(e, &view)
+            }
+        };
+        let names = if outline(op.kind) && !op.results().is_empty() {
+            let leaves = leaf_operands(f, op_id, &plan);
+            outline_op(&mut e, op_id, &leaves, &mut outlined, lower_here)?
         } else {
-            lower_op(&mut e, &view)?
+            lower_here(&mut e)?
         };
         if names.len() != op.results().len() {
             return Err(view.invalid(format!(
@@ -663,13 +675,117 @@ fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
         e.out
     );
     Ok((
-        text,
+        text + &outlined,
         Signature {
             name: f.name.clone(),
             inputs,
             outputs,
         },
     ))
+}
+
+/// Whether an op's code goes into a function of its own. Every op with loops does: LLVM's
+/// optimiser scales badly with the size of one function (a DenseNet in one function takes
+/// minutes at O3), and one call per op costs nothing next to its loops. Communication
+/// (which needs the context), constants and pure reshapes stay inline.
+fn outline(kind: OpKind) -> bool {
+    use OpKind::*;
+    !matches!(
+        kind,
+        Send | Recv | Constant | Reshape | Flatten | Squeeze | Unsqueeze | Identity
+    )
+}
+
+/// The values an op (with the elementwise producers fused into it) reads: its operands,
+/// looking through inlined producers, each once, in order of first use.
+fn leaf_operands(f: &Function, op: OpId, plan: &fuse::Plan) -> Vec<ValueId> {
+    fn walk(f: &Function, op: OpId, plan: &fuse::Plan, out: &mut Vec<ValueId>) {
+        for &v in f.op(op).operands() {
+            match plan.inlined_producer(f, v) {
+                Some(p) => walk(f, p, plan, out),
+                None if !out.contains(&v) => out.push(v),
+                None => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(f, op, plan, &mut out);
+    out
+}
+
+/// Emit the op as `func.func private @<fn>__op<k>(leaves...) -> (results...)` (appended to
+/// `outlined`, never inlined by LLVM) and a `func.call` to it here; returns the call's
+/// result names.
+fn outline_op(
+    e: &mut Emitter,
+    op_id: OpId,
+    leaves: &[ValueId],
+    outlined: &mut String,
+    lower_here: impl FnOnce(&mut Emitter) -> Result<Vec<String>, LowerError>,
+) -> Result<Vec<String>, LowerError> {
+    let f = e.f;
+    let op = f.op(op_id);
+    let mut arg_tys = Vec::new();
+    let mut params = Vec::new();
+    let mut args = Vec::new();
+    let mut saved = Vec::new();
+    for (i, &v) in leaves.iter().enumerate() {
+        let ty = tensor_type(&e.shape(v)?, e.dtype(v));
+        params.push(format!("%p{i}: {ty}"));
+        args.push(e.name(v));
+        arg_tys.push(ty);
+        saved.push(e.name(v));
+        e.set_name(v, format!("%p{i}"));
+    }
+    let mut res_tys = Vec::new();
+    for &r in op.results() {
+        res_tys.push(tensor_type(&e.shape(r)?, e.dtype(r)));
+    }
+    // Temporaries are numbered from scratch in each outlined function, so ops with equal
+    // types and attributes get equal text and share one function.
+    let outer = std::mem::take(&mut e.out);
+    let outer_tmp = std::mem::replace(&mut e.tmp, 0);
+    let result = lower_here(e);
+    let body = std::mem::replace(&mut e.out, outer);
+    e.tmp = outer_tmp;
+    for (&v, n) in leaves.iter().zip(saved) {
+        e.set_name(v, n);
+    }
+    let names = result?;
+    let def = format!(
+        "({}) -> ({}) attributes {{passthrough = [\"noinline\"]}} {{\n{body}    return {} : {}\n  }}\n",
+        params.join(", "),
+        res_tys.join(", "),
+        names.join(", "),
+        res_tys.join(", "),
+    );
+    let callee = match e.outlined.get(&def) {
+        Some(c) => c.clone(),
+        None => {
+            let c = format!("{}__op{}", ppir::abi::mangle(&f.name), op_id.index());
+            *outlined += &format!("  func.func private @{c}{def}");
+            e.outlined.insert(def, c.clone());
+            c
+        }
+    };
+    let r = e.fresh();
+    let n = res_tys.len();
+    let lhs = if n == 1 {
+        r.clone()
+    } else {
+        format!("{r}:{n}")
+    };
+    e.line(format!(
+        "{lhs} = func.call @{callee}({}) : ({}) -> ({})",
+        args.join(", "),
+        arg_tys.join(", "),
+        res_tys.join(", ")
+    ));
+    Ok(if n == 1 {
+        vec![r]
+    } else {
+        (0..n).map(|j| format!("{r}#{j}")).collect()
+    })
 }
 
 /// Lower one op; returns the SSA names of its results.

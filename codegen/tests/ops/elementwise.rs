@@ -803,7 +803,7 @@ fn a_chain_becomes_one_generic() {
     assert_eq!(count(&mlir, "math.tanh"), 1, "{mlir}");
     // Four distinct inputs (x read once although used twice) and their broadcast maps.
     for needle in [
-        "ins(%arg0, %arg1, %arg2, %arg3 :",
+        "ins(%p0, %p1, %p2, %p3 :",
         "affine_map<(d0, d1) -> (d1)>",
         "affine_map<(d0, d1) -> (d0, 0)>",
         "affine_map<(d0, d1) -> ()>",
