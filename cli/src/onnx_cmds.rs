@@ -377,15 +377,11 @@ pub fn conform(a: ConformArgs) -> Result<ExitCode> {
                     &BuildOptions::default(),
                 )
                 .map_err(|e| match e {
-                    CodegenError::Lower {
-                        source: LowerError::Unsupported { .. },
-                        ..
-                    } => ExecError::Unsupported(format!(
-                        "codegen: {}",
-                        std::error::Error::source(&e)
-                            .map(|s| s.to_string())
-                            .unwrap_or_default()
-                    )),
+                    CodegenError::Lower { ref source, .. }
+                        if matches!(**source, LowerError::Unsupported { .. }) =>
+                    {
+                        ExecError::Unsupported(format!("codegen: {source}"))
+                    }
                     e => ExecError::Failed(format!(
                         "{e}: {}",
                         std::error::Error::source(&e)

@@ -265,7 +265,10 @@ fn conform_with_native_code_passes_what_the_interpreter_passes() {
     let out = text(&o);
     let summary = out.lines().last().unwrap_or_default().to_string();
     assert!(o.status.success(), "{out}");
-    assert!(summary.starts_with("141 passed, 0 failed, 8 unsupported"), "{out}");
+    assert!(
+        summary.starts_with("141 passed, 0 failed, 8 unsupported"),
+        "{out}"
+    );
     for line in out.lines().filter(|l| l.starts_with("unsupported")) {
         assert!(
             line.contains("Gradient") || line.contains("StringNormalizer"),

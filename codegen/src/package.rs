@@ -16,7 +16,7 @@ pub enum CodegenError {
     Lower {
         what: String,
         #[source]
-        source: LowerError,
+        source: Box<LowerError>,
     },
     #[error("generating code for {what}{}", function.as_ref().map(|f| format!(", function @{f}")).unwrap_or_default())]
     Compile {
@@ -24,7 +24,7 @@ pub enum CodegenError {
         /// The function the first MLIR diagnostic points into, when there is one.
         function: Option<String>,
         #[source]
-        source: CompileError,
+        source: Box<CompileError>,
     },
 }
 
@@ -64,7 +64,7 @@ pub fn build_module(
     };
     let (mlir, sigs) = lower_functions(&fs).map_err(|source| CodegenError::Lower {
         what: what.to_string(),
-        source,
+        source: Box::new(source),
     })?;
     let copts = CompileOptions {
         keep_intermediates: opts.keep_mlir,
@@ -75,7 +75,7 @@ pub fn build_module(
         CodegenError::Compile {
             what: what.to_string(),
             function: function_at_diagnostic(&mlir, &source.to_string(), &fs),
-            source,
+            source: Box::new(source),
         }
     })?;
     Ok(Built {

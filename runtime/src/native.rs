@@ -515,42 +515,6 @@ impl Buffer {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn buffers_round_trip_every_dtype() {
-        for d in DType::ALL {
-            let t = if d.is_float() {
-                Tensor::from_f64(d, vec![2, 3], vec![0.5, -1.25, 3.0, 0.0, 7.5, -0.125])
-            } else {
-                Tensor::from_i64(d, vec![2, 3], vec![1, 0, -1, 5, 0, 1])
-            };
-            let ty = Static {
-                dtype: d,
-                shape: vec![2, 3],
-            };
-            assert_eq!(Buffer::from_tensor(&t).into_tensor(&ty), t, "{d}");
-        }
-    }
-
-    #[test]
-    fn descriptor_is_row_major() {
-        let d = descriptor(std::ptr::null_mut(), &[2, 3, 4]);
-        assert_eq!(&d[2..], &[0, 2, 3, 4, 12, 4, 1]);
-    }
-
-    #[test]
-    fn missing_library_is_an_error() {
-        let m = Module::new();
-        let e = NativeModule::load(Path::new("/nonexistent/module.so"), &m, None)
-            .err()
-            .unwrap();
-        assert!(e.to_string().contains("/nonexistent/module.so"), "{e}");
-    }
-}
-
 /// A stage's functions as native code, behind the pipeline's [`StageExecutable`].
 pub struct NativeStage {
     /// The stage's IR (signatures by name; the code is `native`'s).
@@ -591,5 +555,41 @@ impl crate::Executor for NativeExecutor {
     ) -> Result<Vec<Tensor>, Box<dyn std::error::Error + Send + Sync>> {
         let refs: Vec<&Tensor> = args.iter().collect();
         Ok(self.native.call(&function.name, &refs, None)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_round_trip_every_dtype() {
+        for d in DType::ALL {
+            let t = if d.is_float() {
+                Tensor::from_f64(d, vec![2, 3], vec![0.5, -1.25, 3.0, 0.0, 7.5, -0.125])
+            } else {
+                Tensor::from_i64(d, vec![2, 3], vec![1, 0, -1, 5, 0, 1])
+            };
+            let ty = Static {
+                dtype: d,
+                shape: vec![2, 3],
+            };
+            assert_eq!(Buffer::from_tensor(&t).into_tensor(&ty), t, "{d}");
+        }
+    }
+
+    #[test]
+    fn descriptor_is_row_major() {
+        let d = descriptor(std::ptr::null_mut(), &[2, 3, 4]);
+        assert_eq!(&d[2..], &[0, 2, 3, 4, 12, 4, 1]);
+    }
+
+    #[test]
+    fn missing_library_is_an_error() {
+        let m = Module::new();
+        let e = NativeModule::load(Path::new("/nonexistent/module.so"), &m, None)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("/nonexistent/module.so"), "{e}");
     }
 }
