@@ -5,6 +5,7 @@ use crate::npz;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ppcc_codegen::{build_module, BuildOptions, CodegenError, LowerError};
@@ -161,6 +162,10 @@ pub struct EvalArgs {
     /// Run the model on the reference interpreter or as native code (MLIR → LLVM).
     #[arg(long, value_enum, default_value_t = Target::Interp)]
     target: Target,
+    /// After the first run, run the forward pass N more times and print its median and
+    /// minimum latency (the inputs and weights are passed in each time).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    repeat: usize,
     /// Compare the outputs with the arrays of the same names in this `.npz` (e.g.
     /// onnxruntime's outputs) and fail if any element differs by more than
     /// `atol + rtol * |reference|`.
@@ -257,16 +262,42 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
         Precision::Typed
     };
     let f = &imported.module.functions[0];
-    let outs = match a.target {
-        Target::Interp => run_function(f, args, &InterpOptions { precision }, None)?,
+    let opts = InterpOptions { precision };
+    let scratch = ScratchDir::new("eval")?;
+    let mut forward: Box<dyn FnMut() -> Result<Vec<ppir::Tensor>>> = match a.target {
+        Target::Interp => Box::new(|| Ok(run_function(f, args.clone(), &opts, None)?)),
         Target::Cpu => {
-            let scratch = ScratchDir::new("eval")?;
+            let t0 = Instant::now();
             let native =
                 build_native(&imported.module, &[&f.name], &scratch.0, "the model", false)?;
-            let refs: Vec<&ppir::Tensor> = args.iter().collect();
-            native.call(&f.name, &refs, None)?
+            eprintln!(
+                "generated native code in {:.2} s",
+                t0.elapsed().as_secs_f64()
+            );
+            let args = args.clone();
+            Box::new(move || {
+                let refs: Vec<&ppir::Tensor> = args.iter().collect();
+                Ok(native.call(&f.name, &refs, None)?)
+            })
         }
     };
+    let mut outs = forward()?;
+    if a.repeat > 0 {
+        let mut times = vec![];
+        for _ in 0..a.repeat {
+            let t = Instant::now();
+            outs = forward()?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        eprintln!(
+            "forward latency (--target {}): median {:.3} ms, min {:.3} ms over {} runs",
+            a.target.name(),
+            times[times.len() / 2] * 1e3,
+            times[0] * 1e3,
+            a.repeat
+        );
+    }
     let named: Vec<(String, ppir::Tensor)> = imported.outputs.iter().cloned().zip(outs).collect();
     npz::write_npz(&a.output, &named)?;
     let Some(reference) = &a.reference else {

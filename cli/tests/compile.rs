@@ -533,3 +533,47 @@ fn an_output_without_the_batch_is_refused_at_compile_time() {
         "{err}"
     );
 }
+
+/// `--target cpu` (the default) generates one native module per stage and says so in
+/// plan.json; `--target interp` generates none, and `ppcc run --target cpu` on such a plan
+/// says what to do; `--keep-mlir` keeps every pass's output.
+#[test]
+fn native_modules_per_stage_and_the_interp_target() {
+    let dir = out_dir("native");
+    let (ok, _, err) = compile("mlp.onnx", &dir, &["--stages", "2", "--keep-mlir"]);
+    assert!(ok, "{err}");
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["target"], "cpu");
+    for s in 0..2 {
+        let sd = dir.join(format!("stage{s}"));
+        for f in ["module.so", "stage.mlir", "stage.ppir", "module.ll"] {
+            assert!(sd.join(f).exists(), "missing stage{s}/{f}");
+        }
+        assert!(sd.join("mlir").join("00-input.mlir").exists());
+    }
+
+    let idir = out_dir("interp");
+    let (ok, _, err) = compile("mlp.onnx", &idir, &["--stages", "2", "--target", "interp"]);
+    assert!(ok, "{err}");
+    assert!(!idir.join("stage0").join("module.so").exists());
+    let out = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .args([
+            "run",
+            idir.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--target",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--target interp") && err.contains("module.so"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&idir);
+}

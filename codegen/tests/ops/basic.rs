@@ -156,3 +156,40 @@ fn a_module_for_other_ir_is_refused() {
     assert!(e.to_string().contains("rebuild"), "{e}");
     cleanup(dir);
 }
+
+#[test]
+fn keep_mlir_writes_every_pass_and_errors_name_the_module() {
+    use ppcc_codegen::{build_module, BuildOptions, CodegenError};
+    let m = parse(MLP);
+    let dir = std::env::temp_dir().join(format!("ppcc-ops-keep-{}", std::process::id()));
+    let built = build_module(&m, &[], &dir, "stage 0", &BuildOptions { keep_mlir: true })
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(built.so.exists() && built.mlir.exists());
+    let mut passes: Vec<String> = std::fs::read_dir(dir.join("mlir"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    passes.sort();
+    assert_eq!(passes.first().map(String::as_str), Some("00-input.mlir"));
+    assert!(
+        passes.iter().any(|p| p.contains("one-shot-bufferize")),
+        "{passes:?}"
+    );
+    let last = std::fs::read_to_string(dir.join("mlir").join(passes.last().unwrap())).unwrap();
+    assert!(
+        last.contains("llvm.func"),
+        "the last pass leaves the LLVM dialect"
+    );
+    assert!(dir.join("module.ll").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // A dynamic shape cannot be lowered: the error says which module and value.
+    let dynamic = parse(
+        "module {\n  func @g(%x: tensor<?x4xf32>) -> (tensor<?x4xf32>) {\n    %y = \"pp.relu\"(%x) : (tensor<?x4xf32>) -> tensor<?x4xf32>\n    return %y : tensor<?x4xf32>\n  }\n}\n",
+    );
+    let e = build_module(&dynamic, &[], &dir, "stage 3", &BuildOptions::default()).unwrap_err();
+    assert!(matches!(e, CodegenError::Lower { .. }));
+    let text = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(text.contains("stage 3") && text.contains("%x"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
