@@ -38,6 +38,10 @@ fn steps(stdout: &str) -> Vec<String> {
         .collect()
 }
 
+fn loss_of(line: &str) -> f64 {
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 fn check(model: &str, opts: &[&str], stages: &str, schedule: &str) {
     let mut targs = vec!["train", model, "--steps", "10"];
     targs.extend_from_slice(opts);
@@ -50,24 +54,41 @@ fn check(model: &str, opts: &[&str], stages: &str, schedule: &str) {
     let mut extra = vec!["--stages", stages, "--schedule", schedule];
     extra.extend_from_slice(opts);
     compile(model, &dir, &extra);
-    let got = mpirun(
-        stages.parse().unwrap(),
-        &[
-            "run",
-            dir.to_str().unwrap(),
-            "--transport",
-            "mpi",
-            "--steps",
-            "10",
-        ],
-    );
-    assert!(got.ok, "{model} {stages} {schedule}: {}", got.stderr);
-    assert_eq!(
-        steps(&got.stdout),
-        steps(&want.stdout),
-        "{model} {stages} {schedule}"
-    );
-    assert_eq!(steps(&got.stdout).len(), 10);
+    let run = |target: &str| {
+        let got = mpirun(
+            stages.parse().unwrap(),
+            &[
+                "run",
+                dir.to_str().unwrap(),
+                "--transport",
+                "mpi",
+                "--steps",
+                "10",
+                "--target",
+                target,
+            ],
+        );
+        assert!(
+            got.ok,
+            "{model} {stages} {schedule} --target {target}: {}",
+            got.stderr
+        );
+        steps(&got.stdout)
+    };
+    // On the interpreter, bit for bit the single-device losses.
+    let interp = run("interp");
+    assert_eq!(interp, steps(&want.stdout), "{model} {stages} {schedule}");
+    assert_eq!(interp.len(), 10);
+    // As native stage modules (f32 arithmetic in another order): within 1e-5 relative.
+    let native = run("cpu");
+    assert_eq!(native.len(), 10);
+    for (n, w) in native.iter().zip(&interp) {
+        let (n, w) = (loss_of(n), loss_of(w));
+        assert!(
+            (n - w).abs() <= 1e-5 * w.abs(),
+            "{model} {stages} {schedule} native: {n} vs {w}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
