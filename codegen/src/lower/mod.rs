@@ -107,13 +107,24 @@ pub fn lower_function(f: &Function) -> Result<(String, Signature), LowerError> {
 
 /// Lower several functions into one MLIR module (one stage's `fwd`, `bwd_input`, ...).
 pub fn lower_functions(fs: &[&Function]) -> Result<(String, Vec<Signature>), LowerError> {
-    let mut text = String::from("module {\n");
+    let mut bodies = String::new();
+    let mut decls: Vec<String> = Vec::new();
     let mut sigs = Vec::new();
     for f in fs {
-        let (body, sig) = lower_func_op(f)?;
-        text.push_str(&body);
+        let (body, sig, ds) = lower_func_op(f)?;
+        bodies.push_str(&body);
+        for d in ds {
+            if !decls.contains(&d) {
+                decls.push(d);
+            }
+        }
         sigs.push(sig);
     }
+    let mut text = String::from("module {\n");
+    for d in &decls {
+        writeln!(text, "  {d}").unwrap();
+    }
+    text.push_str(&bodies);
     text.push_str("}\n");
     Ok((text, sigs))
 }
@@ -272,6 +283,8 @@ pub struct Emitter<'f> {
     names: Vec<Option<String>>,
     pub out: String,
     tmp: usize,
+    /// Module-level declarations the body refers to (`llvm.func @ppcc_sgemm(..)`), each once.
+    decls: Vec<String>,
 }
 
 impl<'f> Emitter<'f> {
@@ -281,6 +294,16 @@ impl<'f> Emitter<'f> {
             names: vec![None; f.num_values()],
             out: String::new(),
             tmp: 0,
+            decls: Vec::new(),
+        }
+    }
+
+    /// Declare a symbol at module level (an external function the body calls); repeated
+    /// declarations are emitted once.
+    pub fn declare(&mut self, decl: impl Into<String>) {
+        let d = decl.into();
+        if !self.decls.contains(&d) {
+            self.decls.push(d);
         }
     }
 
@@ -599,7 +622,8 @@ impl<'a> OpView<'a> {
     }
 }
 
-fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
+/// The `func.func` text, its signature and the module-level declarations it needs.
+fn lower_func_op(f: &Function) -> Result<(String, Signature, Vec<String>), LowerError> {
     let mut e = Emitter::new(f);
     let mut params = vec!["%ctx: !llvm.ptr".to_string()];
     let mut inputs = Vec::new();
@@ -675,6 +699,7 @@ fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
             inputs,
             outputs,
         },
+        e.decls,
     ))
 }
 
