@@ -24,8 +24,11 @@ use melior::Context;
 
 use crate::lower::Signature;
 
-/// The default bufferization + lowering pipeline (CPU, scalar loops).
+/// The default bufferization + lowering pipeline (CPU, scalar loops; matrix products call
+/// the support GEMM, [`SUPPORT_C`]).
 ///
+/// - `cse` first: besides merging identical pure ops it erases dead ones, such as a
+///   transposed copy that a matrix product reads through its transpose flag instead;
 /// - one-shot bufferization across function boundaries with identity layouts, so the C
 ///   entry's descriptors are plain dense row-major buffers;
 /// - `buffer-results-to-out-params{hoist-static-allocs modify-public-functions}`: results become caller-provided
@@ -33,6 +36,7 @@ use crate::lower::Signature;
 /// - the ownership-based deallocation pipeline frees every temporary;
 /// - linalg → loops → cf → LLVM dialect.
 pub const CPU_PIPELINE: &str = "builtin.module(\
+cse,\
 one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},\
 buffer-results-to-out-params{hoist-static-allocs modify-public-functions},\
 buffer-deallocation-pipeline,\
@@ -323,15 +327,128 @@ fn add_entries<'c>(
     Ok(())
 }
 
-/// Link objects into a shared object with the system C compiler (`$CC`, else `cc`).
+/// The runtime support code linked into every module (`support.c`): the GEMM that matrix
+/// products call (`ppcc_sgemm`, `ppcc_dgemm`), `ppcc_set_num_threads` /
+/// `ppcc_get_num_threads`, and `memrefCopy` (what MLIR's `memref.copy` lowering calls for
+/// non-contiguous copies), so a module needs none of MLIR's runner libraries.
+pub const SUPPORT_C: &str = include_str!("support.c");
+
+/// Flags for compiling [`SUPPORT_C`]; the first set is tried first, the second (portable)
+/// when the compiler refuses it.
+const SUPPORT_FLAGS: [&[&str]; 2] = [
+    &["-O3", "-fPIC", "-march=native", "-std=gnu11"],
+    &["-O3", "-fPIC", "-std=gnu11"],
+];
+
+fn c_compiler() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
+}
+
+/// FNV-1a, for a cache key that is stable across runs and toolchains.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in p.iter().chain([0xffu8].iter()) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The object of [`SUPPORT_C`] for this host, compiled with `$CC` (else `cc`) on first use
+/// and cached in `$PPCC_CACHE_DIR` (default `<temp>/ppcc-support-cache`) under a key of
+/// the source, the compiler (`--version`), the flags and the host CPU (`-march=native`).
+pub fn support_object() -> Result<PathBuf, CompileError> {
+    static OBJ: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    OBJ.get_or_init(|| build_support_object().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|message| CompileError::Link {
+            path: PathBuf::from("support.o"),
+            message,
+        })
+}
+
+fn build_support_object() -> Result<PathBuf, CompileError> {
+    let cc = c_compiler();
+    let version = Command::new(&cc)
+        .arg("--version")
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    let cpu = TargetMachine::get_host_cpu_name();
+    let features = TargetMachine::get_host_cpu_features();
+    let flags = format!("{SUPPORT_FLAGS:?}");
+    let key = fnv1a(&[
+        SUPPORT_C.as_bytes(),
+        cc.as_bytes(),
+        &version,
+        flags.as_bytes(),
+        cpu.to_bytes(),
+        features.to_bytes(),
+    ]);
+    let dir = std::env::var_os("PPCC_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("ppcc-support-cache"));
+    let obj = dir.join(format!("support-{key:016x}.o"));
+    if obj.is_file() {
+        return Ok(obj);
+    }
+    std::fs::create_dir_all(&dir)?;
+    // support.c includes itself (once per element type), so it is compiled from a file.
+    let unique = format!("{key:016x}-{}", std::process::id());
+    let src = dir.join(format!("support-{unique}.c"));
+    let tmp = dir.join(format!("support-{unique}.o.tmp"));
+    std::fs::write(&src, SUPPORT_C)?;
+    let mut errors = String::new();
+    let mut built = false;
+    for flags in SUPPORT_FLAGS {
+        let out = Command::new(&cc)
+            .args(flags)
+            .arg("-c")
+            .arg(&src)
+            .arg("-o")
+            .arg(&tmp)
+            .output()
+            .map_err(|e| CompileError::Link {
+                path: obj.clone(),
+                message: format!("running `{cc}`: {e}"),
+            })?;
+        if out.status.success() {
+            built = true;
+            break;
+        }
+        errors.push_str(&format!(
+            "`{cc} {}`: {}\n",
+            flags.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let _ = std::fs::remove_file(&src);
+    if !built {
+        return Err(CompileError::Link {
+            path: obj,
+            message: format!("compiling the runtime support code failed:\n{errors}"),
+        });
+    }
+    // Atomic: concurrent builders each rename a complete object into place.
+    std::fs::rename(&tmp, &obj)?;
+    Ok(obj)
+}
+
+/// Link objects and the runtime support object ([`support_object`]) into a shared object
+/// with the system C compiler (`$CC`, else `cc`).
 pub fn link_shared(objects: &[PathBuf], so: &Path) -> Result<(), CompileError> {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let cc = c_compiler();
+    let support = support_object()?;
     let out = Command::new(&cc)
         .arg("-shared")
         .arg("-o")
         .arg(so)
         .args(objects)
+        .arg(&support)
         .arg("-lm")
+        .arg("-lpthread")
         .output()
         .map_err(|e| CompileError::Link {
             path: so.to_path_buf(),

@@ -2,14 +2,17 @@
 //! interpreter's semantics (`ppir::interp::{linalg, conv, grad}`).
 //!
 //! * `matmul` (numpy): 1-D operands are promoted with `tensor.expand_shape` and the added
-//!   dimension collapsed away again. Plain shapes go to [`emit_matmul2d`] (`linalg.matmul`)
-//!   or [`emit_batch_matmul`] (`linalg.batch_matmul`), collapsing leading dimensions where
-//!   that is exact (equal batches; a batched left operand against a matrix); batches that
-//!   broadcast become one `linalg.generic` ([`emit_broadcast_matmul`]). Floats and
-//!   integers (wrapping, as the interpreter's result is wrapped to the dtype).
-//! * `gemm`: transposed operands are materialised (`linalg.generic` with a permuted map),
-//!   the product goes through [`emit_matmul2d`], and one elementwise epilogue applies
-//!   `alpha · acc + beta · C` (C broadcast with a 0 in the map).
+//!   dimension collapsed away again. Float products call the support GEMM
+//!   (`ppcc_sgemm` / `ppcc_dgemm` in `codegen/src/support.c`, linked into every module):
+//!   [`emit_gemm_call`] hands the operands' buffers to one call, or to a loop nest of calls
+//!   over the batch dimensions (numpy broadcasting through zero strides); an operand that
+//!   is a `transpose` of its last two dimensions is read through the call's transpose flag,
+//!   and a batched left operand against one matrix is one 2-D product over its rows.
+//!   Integer products (wrapping, as the interpreter's result is wrapped to the dtype) are
+//!   [`emit_matmul2d`] (`linalg.matmul`), [`emit_batch_matmul`] (`linalg.batch_matmul`) or,
+//!   for broadcast batches, one `linalg.generic` ([`emit_broadcast_matmul`]).
+//! * `gemm`: one support-GEMM call computing `alpha · op(A) · op(B) + beta · C`, the
+//!   transposes as flags and C broadcast into the result through its strides.
 //! * `conv`, `conv_transpose`, `conv_grad_weight`: one `linalg.generic` each over
 //!   `[N, group, channels per group, spatial..]` views (`tensor.expand_shape`, exact), with
 //!   strided and dilated windows in the affine maps (`d3 * 2 + d7 * 3`). Padding is a
@@ -26,7 +29,9 @@ use std::fmt::Write as _;
 
 use ppir::{DType, OpKind};
 
-use super::{elem_type, literal, tensor_type, Body, Emitter, Iter, LowerError, OpView, Operand};
+use super::{
+    elem_type, literal, memref_type, tensor_type, Body, Emitter, Iter, LowerError, OpView, Operand,
+};
 
 pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let (lo, hi) = match op.kind {
@@ -378,8 +383,210 @@ fn bias_init(e: &mut Emitter, op: &OpView, out5: &[u64], d: DType) -> Result<Str
 
 // ---- matmul and gemm ----
 
-/// `a (m×k) · b (k×n)` into a fresh zero accumulator: the one place a plain matrix product
-/// is emitted (a faster kernel or a library call replaces this function).
+/// The support-library GEMM for `d` (`codegen/src/support.c`), declared in the module:
+/// `void ppcc_<s|d>gemm(i64 flags, i64 m, i64 n, i64 k, T alpha, T *a, i64 lda, T *b, i64 ldb,
+/// T beta, T *c0, i64 c0_rs, i64 c0_cs, T *c, i64 ldc)` computes the row-major
+/// `c = alpha · op(a) · op(b) [+ beta · c0]` (flags bit 0 / bit 1: `a` / `b` transposed;
+/// `c0` null or broadcast through its strides).
+fn declare_gemm(e: &mut Emitter, d: DType) -> String {
+    let sym = match d {
+        DType::F64 => "ppcc_dgemm",
+        _ => "ppcc_sgemm",
+    };
+    let t = elem_type(d);
+    e.declare(format!(
+        "llvm.func @{sym}(i64, i64, i64, i64, {t}, !llvm.ptr, i64, !llvm.ptr, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64)"
+    ));
+    sym.to_string()
+}
+
+/// `!llvm.ptr` to the first element of an identity-layout memref (offset 0 by its type).
+fn memref_ptr(e: &mut Emitter, memref: &str, mty: &str) -> String {
+    let idx = e.op(format!(
+        "memref.extract_aligned_pointer_as_index {memref} : {mty} -> index"
+    ));
+    let i = e.op(format!("arith.index_cast {idx} : index to i64"));
+    e.op(format!("llvm.inttoptr {i} : i64 to !llvm.ptr"))
+}
+
+/// `!llvm.ptr` to the first element of tensor `t`'s buffer (read-only, dense row-major:
+/// bufferization copies a strided view into an identity-layout buffer first).
+fn tensor_ptr(e: &mut Emitter, t: &str, shape: &[u64], d: DType) -> String {
+    let mty = memref_type(shape, d);
+    let m = e.op(format!(
+        "bufferization.to_buffer {t} read_only : {} to {mty}",
+        tensor_type(shape, d)
+    ));
+    memref_ptr(e, &m, &mty)
+}
+
+fn i64_const(e: &mut Emitter, x: i64) -> String {
+    e.op(format!("arith.constant {x} : i64"))
+}
+
+/// A matrix operand of a GEMM call: a dense row-major tensor of `shape` `[batch.., r, c]`
+/// whose matrices are read transposed when `trans`.
+struct Mat<'a> {
+    name: &'a str,
+    shape: &'a [u64],
+    trans: bool,
+}
+
+impl Mat<'_> {
+    /// Row-major element strides of the batch dimensions `batch` (numpy broadcasting:
+    /// missing and size-1 dimensions against larger ones have stride 0).
+    fn batch_strides(&self, batch: &[u64]) -> Vec<u64> {
+        let r = self.shape.len();
+        let own = &self.shape[..r - 2];
+        let lead = batch.len() - own.len();
+        let mut strides = vec![0; batch.len()];
+        let mut s = self.shape[r - 2] * self.shape[r - 1];
+        for j in (0..own.len()).rev() {
+            if own[j] != 1 {
+                strides[lead + j] = s;
+            }
+            s *= own[j];
+        }
+        strides
+    }
+}
+
+/// Loops over broadcast batch dimensions, merged where the three operands' strides allow:
+/// `(count, stride of a, stride of b, stride of c)` from the outermost loop in.
+fn batch_loops(batch: &[u64], sa: &[u64], sb: &[u64], sc: &[u64]) -> Vec<(u64, [u64; 3])> {
+    let mut loops: Vec<(u64, [u64; 3])> = Vec::new();
+    for i in (0..batch.len()).rev() {
+        if batch[i] == 1 {
+            continue;
+        }
+        let st = [sa[i], sb[i], sc[i]];
+        if let Some((n, inner)) = loops.last_mut() {
+            if (0..3).all(|x| st[x] == inner[x] * *n) {
+                *n *= batch[i];
+                continue;
+            }
+        }
+        loops.push((batch[i], st));
+    }
+    loops.reverse();
+    loops
+}
+
+/// `alpha · op(a)[i] · op(b)[i] (+ beta · c)` for every index `i` of `batch` (numpy
+/// broadcasting of the operands' batch dimensions), as calls into the support GEMM: one
+/// call, or a loop nest of calls over the batch dimensions that do not merge. `c` (`gemm`
+/// only, no batch) is `(name, shape of rank <= 2 broadcast to m × n, beta)`. Returns the
+/// `[batch.., m, n]` result, written by the calls into a fresh buffer.
+#[allow(clippy::too_many_arguments)]
+fn emit_gemm_call(
+    e: &mut Emitter,
+    a: Mat,
+    b: Mat,
+    batch: &[u64],
+    (m, k, n): (u64, u64, u64),
+    alpha: f64,
+    c: Option<(&str, &[u64], f64)>,
+    d: DType,
+) -> String {
+    let sym = declare_gemm(e, d);
+    let t = elem_type(d);
+    let mut out = batch.to_vec();
+    out.extend([m, n]);
+    let mty = memref_type(&out, d);
+    let pa = tensor_ptr(e, a.name, a.shape, d);
+    let pb = tensor_ptr(e, b.name, b.shape, d);
+    let (pc0, c0_rs, c0_cs, beta) = match c {
+        Some((cn, cs, beta)) => {
+            let p = tensor_ptr(e, cn, cs, d);
+            let (cr, cc) = match cs {
+                [] => (1, 1),
+                [x] => (1, *x),
+                [x, y, ..] => (*x, *y),
+            };
+            let rs = if cr == 1 { 0 } else { cc };
+            let cst = if cc == 1 { 0 } else { 1 };
+            (p, rs as i64, cst, beta)
+        }
+        None => (e.op("llvm.mlir.zero : !llvm.ptr"), 0, 0, 0.0),
+    };
+    let alloc = e.op(format!("memref.alloc() {{alignment = 64 : i64}} : {mty}"));
+    let pc = memref_ptr(e, &alloc, &mty);
+    let flags = i64_const(e, a.trans as i64 | (b.trans as i64) << 1);
+    let (mv, nv, kv) = (
+        i64_const(e, m as i64),
+        i64_const(e, n as i64),
+        i64_const(e, k as i64),
+    );
+    let lda = i64_const(e, *a.shape.last().unwrap() as i64);
+    let ldb = i64_const(e, *b.shape.last().unwrap() as i64);
+    let ldc = i64_const(e, n as i64);
+    let al = e.op(format!("arith.constant {} : {t}", literal(d, alpha)));
+    let be = e.op(format!("arith.constant {} : {t}", literal(d, beta)));
+    let (rs, cs) = (i64_const(e, c0_rs), i64_const(e, c0_cs));
+
+    let sa = a.batch_strides(batch);
+    let sb = b.batch_strides(batch);
+    let mut sc = vec![0; batch.len()];
+    let mut s = m * n;
+    for i in (0..batch.len()).rev() {
+        sc[i] = s;
+        s *= batch[i];
+    }
+    let loops = batch_loops(batch, &sa, &sb, &sc);
+    if batch.contains(&0) || m * n == 0 {
+        // Nothing to compute: the result has no elements.
+        return e.op(format!(
+            "bufferization.to_tensor {alloc} restrict writable : {mty} to {}",
+            tensor_type(&out, d)
+        ));
+    }
+    let mut ptrs = [pa.clone(), pb.clone(), pc.clone()];
+    if !loops.is_empty() {
+        let zero = e.op("arith.constant 0 : index");
+        let one = e.op("arith.constant 1 : index");
+        let mut offs: [Option<String>; 3] = [None, None, None];
+        for (count, strides) in &loops {
+            let hi = e.op(format!("arith.constant {count} : index"));
+            let iv = e.fresh();
+            e.line(format!("scf.for {iv} = {zero} to {hi} step {one} {{"));
+            for x in 0..3 {
+                if strides[x] == 0 {
+                    continue;
+                }
+                let st = e.op(format!("arith.constant {} : index", strides[x]));
+                let term = e.op(format!("arith.muli {iv}, {st} : index"));
+                offs[x] = Some(match &offs[x] {
+                    None => term,
+                    Some(o) => e.op(format!("arith.addi {o}, {term} : index")),
+                });
+            }
+        }
+        let bases = [&pa, &pb, &pc];
+        for x in 0..3 {
+            if let Some(o) = &offs[x] {
+                let i = e.op(format!("arith.index_cast {o} : index to i64"));
+                ptrs[x] = e.op(format!(
+                    "llvm.getelementptr {}[{i}] : (!llvm.ptr, i64) -> !llvm.ptr, {t}",
+                    bases[x]
+                ));
+            }
+        }
+    }
+    let [pa, pb, pc] = &ptrs;
+    e.line(format!(
+        "llvm.call @{sym}({flags}, {mv}, {nv}, {kv}, {al}, {pa}, {lda}, {pb}, {ldb}, {be}, {pc0}, {rs}, {cs}, {pc}, {ldc}) : (i64, i64, i64, i64, {t}, !llvm.ptr, i64, !llvm.ptr, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64) -> ()"
+    ));
+    for _ in &loops {
+        e.line("}");
+    }
+    e.op(format!(
+        "bufferization.to_tensor {alloc} restrict writable : {mty} to {}",
+        tensor_type(&out, d)
+    ))
+}
+
+/// `a (m×k) · b (k×n)` into a fresh tensor: floats call the support GEMM
+/// ([`emit_gemm_call`]), integers are one `linalg.matmul` (wrapping).
 pub fn emit_matmul2d(
     e: &mut Emitter,
     a: &str,
@@ -387,6 +594,20 @@ pub fn emit_matmul2d(
     (m, k, n): (u64, u64, u64),
     d: DType,
 ) -> String {
+    if d.is_float() {
+        let (sa, sb) = ([m, k], [k, n]);
+        let a = Mat {
+            name: a,
+            shape: &sa,
+            trans: false,
+        };
+        let b = Mat {
+            name: b,
+            shape: &sb,
+            trans: false,
+        };
+        return emit_gemm_call(e, a, b, &[], (m, k, n), 1.0, None, d);
+    }
     let out = [m, n];
     let acc = e.zeros(&out, d);
     e.op(format!(
@@ -398,7 +619,8 @@ pub fn emit_matmul2d(
     ))
 }
 
-/// `a[i] (m×k) · b[i] (k×n)` for `i < batch` into a fresh zero accumulator.
+/// `a[i] (m×k) · b[i] (k×n)` for `i < batch` into a fresh tensor: floats call the support
+/// GEMM once per batch entry, integers are one `linalg.batch_matmul`.
 pub fn emit_batch_matmul(
     e: &mut Emitter,
     a: &str,
@@ -407,6 +629,20 @@ pub fn emit_batch_matmul(
     (m, k, n): (u64, u64, u64),
     d: DType,
 ) -> String {
+    if d.is_float() {
+        let (sa, sb) = ([batch, m, k], [batch, k, n]);
+        let a = Mat {
+            name: a,
+            shape: &sa,
+            trans: false,
+        };
+        let b = Mat {
+            name: b,
+            shape: &sb,
+            trans: false,
+        };
+        return emit_gemm_call(e, a, b, &[batch], (m, k, n), 1.0, None, d);
+    }
     let out = [batch, m, n];
     let acc = e.zeros(&out, d);
     e.op(format!(
@@ -416,6 +652,43 @@ pub fn emit_batch_matmul(
         tensor_type(&out, d),
         tensor_type(&out, d)
     ))
+}
+
+/// Operand `i` of a float matmul as the GEMM reads it: `(name, stored shape, transposed)`.
+/// A `transpose` of the last two dimensions (rank >= 2) is folded into the transpose flag
+/// and its source read directly; the transposed copy is then dead unless something else
+/// uses it (the pipeline's `cse` erases dead ops).
+fn gemm_operand(e: &Emitter, op: &OpView, i: usize) -> (String, Vec<u64>, bool) {
+    let v = op.op.operands()[i];
+    let shape = op.in_shapes[i].clone();
+    let r = shape.len();
+    let folded = (|| {
+        if r < 2 {
+            return None;
+        }
+        let p = op.f.op(op.f.producer(v)?);
+        if p.kind != OpKind::Transpose || p.operands().len() != 1 {
+            return None;
+        }
+        let perm = p.attrs.ints("perm").ok()?;
+        let perm: Vec<i64> = perm.unwrap_or_else(|| (0..r as i64).rev().collect());
+        let norm: Vec<i64> = perm
+            .iter()
+            .map(|&x| if x < 0 { x + r as i64 } else { x })
+            .collect();
+        let mut want: Vec<i64> = (0..r as i64).collect();
+        want.swap(r - 2, r - 1);
+        if norm != want {
+            return None;
+        }
+        let x = p.operands()[0];
+        if !e.has_name(x) {
+            return None;
+        }
+        let xs = e.shape(x).ok()?;
+        (e.dtype(x) == e.dtype(v)).then(|| (e.name(x), xs, true))
+    })();
+    folded.unwrap_or_else(|| (e.name(v), shape, false))
 }
 
 /// The indexing of a batch of `shape` broadcast against `batch` (numpy rules): size-1
@@ -536,6 +809,10 @@ fn matmul(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     }
     check_result(op, &want)?;
 
+    if d.is_float() {
+        let r = float_matmul(e, op, (&ap, &bp), &batch, (m, k, n), d);
+        return Ok(e.reshape(&r, &full, &want, d));
+    }
     let a = e.name(op.op.operands()[0]);
     let b = e.name(op.op.operands()[1]);
     let a = e.reshape(&a, sa, &ap, d);
@@ -560,19 +837,82 @@ fn matmul(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     Ok(e.reshape(&r, &full, &want, d))
 }
 
-/// The transpose of a 2-D tensor of `shape`, materialised.
-fn transpose2d(e: &mut Emitter, x: &str, shape: &[u64], d: DType) -> String {
-    let out = [shape[1], shape[0]];
-    let init = e.empty(&out, d);
-    e.generic(
-        2,
-        &[Iter::Parallel, Iter::Parallel],
-        &[Operand::new(x, shape, d, dims([1, 0]))],
-        &[Operand::identity(init, &out, d)],
-        &Body::default(),
-        &["%in0".to_string()],
+/// A float `matmul` of the promoted shapes `ap` `[.., m, k]` and `bp` `[.., k, n]` with
+/// broadcast `batch`, as support-GEMM calls ([`emit_gemm_call`]): operands that are a
+/// `transpose` of the last two dimensions are read through the transpose flag
+/// ([`gemm_operand`]), and a batched left operand against one matrix is one 2-D product
+/// over its rows. Returns the `[batch.., m, n]` result.
+fn float_matmul(
+    e: &mut Emitter,
+    op: &OpView,
+    (ap, bp): (&[u64], &[u64]),
+    batch: &[u64],
+    (m, k, n): (u64, u64, u64),
+    d: DType,
+) -> String {
+    let (sa, sb) = (&op.in_shapes[0], &op.in_shapes[1]);
+    // 1-D operands are promoted by a reshape; the others may be transposes.
+    let (a, a_shape, ta) = if sa.len() == 1 {
+        let a = e.name(op.op.operands()[0]);
+        (e.reshape(&a, sa, ap, d), ap.to_vec(), false)
+    } else {
+        gemm_operand(e, op, 0)
+    };
+    let (b, b_shape, tb) = if sb.len() == 1 {
+        let b = e.name(op.op.operands()[1]);
+        (e.reshape(&b, sb, bp, d), bp.to_vec(), false)
+    } else {
+        gemm_operand(e, op, 1)
+    };
+    let (ra, rb) = (a_shape.len(), b_shape.len());
+    let b_single = b_shape[..rb - 2].iter().all(|&x| x == 1);
+    let nb: u64 = batch.iter().product();
+    if !batch.is_empty() && !ta && b_single && a_shape[..ra - 2] == *batch {
+        // The right operand is one matrix: the left one's batch folds into its rows.
+        let a2_shape = [nb * m, k];
+        let a2 = e.reshape(&a, &a_shape, &a2_shape, d);
+        let b2_shape = [b_shape[rb - 2], b_shape[rb - 1]];
+        let b2 = e.reshape(&b, &b_shape, &b2_shape, d);
+        let r2 = emit_gemm_call(
+            e,
+            Mat {
+                name: &a2,
+                shape: &a2_shape,
+                trans: false,
+            },
+            Mat {
+                name: &b2,
+                shape: &b2_shape,
+                trans: tb,
+            },
+            &[],
+            (nb * m, k, n),
+            1.0,
+            None,
+            d,
+        );
+        let mut full = batch.to_vec();
+        full.extend([m, n]);
+        return e.reshape(&r2, &[nb * m, n], &full, d);
+    }
+    emit_gemm_call(
+        e,
+        Mat {
+            name: &a,
+            shape: &a_shape,
+            trans: ta,
+        },
+        Mat {
+            name: &b,
+            shape: &b_shape,
+            trans: tb,
+        },
+        batch,
+        (m, k, n),
+        1.0,
+        None,
+        d,
     )
-    .remove(0)
 }
 
 fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
@@ -612,48 +952,30 @@ fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
             )));
         }
     }
-    let mut a = e.name(op.op.operands()[0]);
-    let mut b = e.name(op.op.operands()[1]);
-    if trans_a {
-        a = transpose2d(e, &a, sa, d);
-    }
-    if trans_b {
-        b = transpose2d(e, &b, sb, d);
-    }
-    let acc = emit_matmul2d(e, &a, &b, (m, k, n), d);
-    if c.is_none() && alpha == 1.0 {
-        return Ok(acc);
-    }
-    // The interpreter's order: acc · alpha, then + beta · c (each factor skipped when 1,
-    // which is exact).
-    let ty = elem_type(d);
-    let mut body = Body::default();
-    let mut y = "%in0".to_string();
-    if alpha != 1.0 {
-        let al = body.constant(d, alpha);
-        y = body.op(format!("arith.mulf {y}, {al} : {ty}"));
-    }
-    let mut inputs = vec![Operand::identity(acc, &out, d)];
-    if let Some(c) = c {
-        let cs = &op.in_shapes[2];
-        inputs.push(Operand::new(e.name(c), cs, d, batch_map(cs, &out)));
-        let mut t = "%in1".to_string();
-        if beta != 1.0 {
-            let be = body.constant(d, beta);
-            t = body.op(format!("arith.mulf {be}, {t} : {ty}"));
-        }
-        y = body.op(format!("arith.addf {y}, {t} : {ty}"));
-    }
-    let init = e.empty(&out, d);
-    Ok(e.generic(
-        2,
-        &[Iter::Parallel, Iter::Parallel],
-        &inputs,
-        &[Operand::identity(init, &out, d)],
-        &body,
-        &[y],
-    )
-    .remove(0))
+    let a = e.name(op.op.operands()[0]);
+    let b = e.name(op.op.operands()[1]);
+    let c = c.map(|c| (e.name(c), op.in_shapes[2].clone()));
+    // alpha · op(A) · op(B) + beta · C in one call: the transposes are flags, C is
+    // broadcast into the result through its strides (the interpreter's order: the product
+    // times alpha, plus beta · C).
+    Ok(emit_gemm_call(
+        e,
+        Mat {
+            name: &a,
+            shape: sa,
+            trans: trans_a,
+        },
+        Mat {
+            name: &b,
+            shape: sb,
+            trans: trans_b,
+        },
+        &[],
+        (m, k, n),
+        alpha,
+        c.as_ref().map(|(n, s)| (n.as_str(), s.as_slice(), beta)),
+        d,
+    ))
 }
 
 // ---- convolutions ----

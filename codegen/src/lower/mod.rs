@@ -108,13 +108,24 @@ pub fn lower_function(f: &Function) -> Result<(String, Signature), LowerError> {
 
 /// Lower several functions into one MLIR module (one stage's `fwd`, `bwd_input`, ...).
 pub fn lower_functions(fs: &[&Function]) -> Result<(String, Vec<Signature>), LowerError> {
-    let mut text = String::from("module {\n");
+    let mut bodies = String::new();
+    let mut decls: Vec<String> = Vec::new();
     let mut sigs = Vec::new();
     for f in fs {
-        let (body, sig) = lower_func_op(f)?;
-        text.push_str(&body);
+        let (body, sig, ds) = lower_func_op(f)?;
+        bodies.push_str(&body);
+        for d in ds {
+            if !decls.contains(&d) {
+                decls.push(d);
+            }
+        }
         sigs.push(sig);
     }
+    let mut text = String::from("module {\n");
+    for d in &decls {
+        writeln!(text, "  {d}").unwrap();
+    }
+    text.push_str(&bodies);
     text.push_str("}\n");
     Ok((text, sigs))
 }
@@ -275,6 +286,8 @@ pub struct Emitter<'f> {
     tmp: usize,
     /// Outlined op functions by their text (after the name): equal ops share one.
     outlined: std::collections::HashMap<String, String>,
+    /// Module-level declarations the body refers to (`llvm.func @ppcc_sgemm(..)`), each once.
+    decls: Vec<String>,
 }
 
 impl<'f> Emitter<'f> {
@@ -285,6 +298,16 @@ impl<'f> Emitter<'f> {
             out: String::new(),
             tmp: 0,
             outlined: Default::default(),
+            decls: Vec::new(),
+        }
+    }
+
+    /// Declare a symbol at module level (an external function the body calls); repeated
+    /// declarations are emitted once.
+    pub fn declare(&mut self, decl: impl Into<String>) {
+        let d = decl.into();
+        if !self.decls.contains(&d) {
+            self.decls.push(d);
         }
     }
 
@@ -315,6 +338,11 @@ impl<'f> Emitter<'f> {
             .cloned()
             .flatten()
             .unwrap_or_else(|| format!("%undefined_{}", v.index()))
+    }
+
+    /// Whether `v` has a name here (inside an outlined op function only its parameters do).
+    pub fn has_name(&self, v: ValueId) -> bool {
+        self.names.get(v.index()).is_some_and(Option::is_some)
     }
 
     pub fn set_name(&mut self, v: ValueId, name: String) {
@@ -603,7 +631,8 @@ impl<'a> OpView<'a> {
     }
 }
 
-fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
+/// The `func.func` text, its signature and the module-level declarations it needs.
+fn lower_func_op(f: &Function) -> Result<(String, Signature, Vec<String>), LowerError> {
     let mut e = Emitter::new(f);
     let mut params = vec!["%ctx: !llvm.ptr".to_string()];
     let mut inputs = Vec::new();
@@ -681,6 +710,7 @@ fn lower_func_op(f: &Function) -> Result<(String, Signature), LowerError> {
             inputs,
             outputs,
         },
+        e.decls,
     ))
 }
 
@@ -710,6 +740,21 @@ fn leaf_operands(f: &Function, op: OpId, plan: &fuse::Plan) -> Vec<ValueId> {
     }
     let mut out = Vec::new();
     walk(f, op, plan, &mut out);
+    // A matrix product reads a transposed operand's source through the GEMM's transpose
+    // flag (`contraction::gemm_operand`): pass the source too.
+    if matches!(f.op(op).kind, OpKind::MatMul | OpKind::Gemm) {
+        for &v in f.op(op).operands() {
+            if let Some(p) = f.producer(v) {
+                let p = f.op(p);
+                if p.kind == OpKind::Transpose && p.operands().len() == 1 {
+                    let x = p.operands()[0];
+                    if !out.contains(&x) {
+                        out.push(x);
+                    }
+                }
+            }
+        }
+    }
     out
 }
 
@@ -728,15 +773,16 @@ fn outline_op(
     let mut arg_tys = Vec::new();
     let mut params = Vec::new();
     let mut args = Vec::new();
-    let mut saved = Vec::new();
+    // Inside the function only its parameters have names (it is isolated from above).
+    let mut inner = vec![None; e.names.len()];
     for (i, &v) in leaves.iter().enumerate() {
         let ty = tensor_type(&e.shape(v)?, e.dtype(v));
         params.push(format!("%p{i}: {ty}"));
         args.push(e.name(v));
         arg_tys.push(ty);
-        saved.push(e.name(v));
-        e.set_name(v, format!("%p{i}"));
+        inner[v.index()] = Some(format!("%p{i}"));
     }
+    let saved = std::mem::replace(&mut e.names, inner);
     let mut res_tys = Vec::new();
     for &r in op.results() {
         res_tys.push(tensor_type(&e.shape(r)?, e.dtype(r)));
@@ -748,9 +794,7 @@ fn outline_op(
     let result = lower_here(e);
     let body = std::mem::replace(&mut e.out, outer);
     e.tmp = outer_tmp;
-    for (&v, n) in leaves.iter().zip(saved) {
-        e.set_name(v, n);
-    }
+    e.names = saved;
     let names = result?;
     let def = format!(
         "({}) -> ({}) attributes {{passthrough = [\"noinline\"]}} {{\n{body}    return {} : {}\n  }}\n",

@@ -49,6 +49,24 @@ fn check_op(op: &str, attrs: &str, args: &[&str], rank: usize) {
     check_with(&m, "f", inputs, 1e-5);
 }
 
+/// The tolerance for f32 products summing `k` terms. The interpreter accumulates in f64
+/// and rounds once; the GEMM accumulates in f32 (as f32 BLAS libraries do), so its error
+/// grows with the length of the sums: measured up to 1.1e-5 · max(1, |x|) at k = 300,
+/// 2.6e-5 at k = 600, 3.3e-5 at k = 1100 (inputs in [-2, 2)). The first-order bound of
+/// recursive summation, k · ε (ε = 2^-23, f32's machine epsilon), leaves a margin of 3×
+/// and more and still catches any wrong element.
+fn sum_rtol(k: u64) -> f64 {
+    (k as f64 * f32::EPSILON as f64).max(1e-5)
+}
+
+/// [`check_op`] with the tolerance of a `k`-term f32 sum ([`sum_rtol`]).
+fn check_op_k(op: &str, attrs: &str, args: &[&str], rank: usize, k: u64) {
+    let dtype = args[0].rsplit('x').next().unwrap();
+    let m = one_op(op, attrs, args, rank, dtype);
+    let inputs = random_inputs(&m.functions[0], 3);
+    check_with(&m, "f", inputs, sum_rtol(k));
+}
+
 /// The lowering error of one op, which must be a refusal (not a panic).
 fn refusal(op: &str, attrs: &str, args: &[&str], rank: usize, dtype: &str) -> String {
     let m = one_op(op, attrs, args, rank, dtype);
@@ -86,23 +104,66 @@ fn matmul_batch_broadcasting() {
     check_op("matmul", "", &["3x1x2x4xf32", "1x5x4x6xf32"], 4);
 }
 
+/// The value of the `arith.constant` that defines `name` in `text`.
+fn constant_of(text: &str, name: &str) -> String {
+    let key = format!("{name} = arith.constant ");
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(key.as_str()))
+        .unwrap_or_else(|| panic!("no constant {name} in\n{text}"));
+    line.split(' ').next().unwrap().to_string()
+}
+
+/// The transpose flags operand (bit 0: A, bit 1: B) of each support-GEMM call in `text`.
+fn gemm_flags(text: &str) -> Vec<i64> {
+    // SSA names are per function (each op is outlined into its own): look each call's
+    // flags up in the function that makes it.
+    text.split("func.func ")
+        .flat_map(|func| {
+            func.lines()
+                .filter_map(|l| l.split_once("llvm.call @ppcc_"))
+                .map(|(_, rest)| {
+                    let args = rest.split_once('(').unwrap().1;
+                    let first = args.split(',').next().unwrap().trim();
+                    constant_of(func, first).parse::<i64>().unwrap()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 #[test]
-fn matmul_uses_named_ops_where_exact() {
-    let mm = |args: &[&str], rank| {
-        let m = one_op("matmul", "", args, rank, "f32");
+fn matmul_calls_the_support_gemm() {
+    let mm = |args: &[&str], rank, dtype| {
+        let m = one_op("matmul", "", args, rank, dtype);
         lower_function(&m.functions[0]).unwrap().0
     };
-    let t = mm(&["5x7xf32", "7x3xf32"], 2);
-    assert!(t.contains("linalg.matmul"), "{t}");
-    let t = mm(&["2x3x5x7xf32", "2x3x7x6xf32"], 4);
-    assert!(t.contains("linalg.batch_matmul"), "{t}");
-    // A batched left operand against one matrix folds into one 2-D product.
-    let t = mm(&["2x3x5x7xf32", "7x6xf32"], 4);
+    let t = mm(&["5x7xf32", "7x3xf32"], 2, "f32");
     assert!(
-        t.contains("linalg.matmul") && !t.contains("linalg.generic"),
+        t.contains("llvm.func @ppcc_sgemm(")
+            && t.contains("llvm.call @ppcc_sgemm(")
+            && !t.contains("linalg.matmul"),
         "{t}"
     );
-    let t = mm(&["2x1x3x4xf32", "5x4x6xf32"], 4);
+    let t = mm(&["5x7xf64", "7x3xf64"], 2, "f64");
+    assert!(t.contains("llvm.call @ppcc_dgemm("), "{t}");
+    // Equal batches: one loop of calls over the merged batch dimensions.
+    let t = mm(&["2x3x5x7xf32", "2x3x7x6xf32"], 4, "f32");
+    assert_eq!(t.matches("scf.for").count(), 1, "{t}");
+    assert!(!t.contains("linalg."), "{t}");
+    // A batched left operand against one matrix folds into one 2-D product.
+    let t = mm(&["2x3x5x7xf32", "7x6xf32"], 4, "f32");
+    assert!(
+        t.contains("llvm.call @ppcc_sgemm(") && !t.contains("scf.for") && !t.contains("linalg."),
+        "{t}"
+    );
+    // Broadcast batches that do not merge: a loop per batch dimension.
+    let t = mm(&["2x1x3x4xf32", "5x4x6xf32"], 4, "f32");
+    assert_eq!(t.matches("scf.for").count(), 2, "{t}");
+    // Integers keep the linalg forms.
+    let t = mm(&["5x7xi64", "7x3xi64"], 2, "i64");
+    assert!(t.contains("linalg.matmul") && !t.contains("ppcc_"), "{t}");
+    let t = mm(&["2x1x3x4xi32", "5x4x6xi32"], 4, "i32");
     assert!(
         t.contains("linalg.generic") && t.contains("\"reduction\""),
         "{t}"
@@ -166,6 +227,206 @@ fn gemm_with_c() {
         &["7x5xf64", "7x3xf64", "5x3xf64"],
         2,
     );
+}
+
+/// Large enough for every level of the GEMM's blocking (several k blocks, partial tiles in
+/// m and n), and degenerate sizes.
+#[test]
+fn matmul_large_and_ragged() {
+    check_op_k("matmul", "", &["37x1100xf32", "1100x70xf32"], 2, 1100);
+    check_op("matmul", "", &["130x17xf32", "17x33xf32"], 2);
+    check_op("matmul", "", &["1x9xf32", "9x1xf32"], 2);
+    check_op("matmul", "", &["3x1x1xf32", "3x1x1xf32"], 3);
+    check_op("matmul", "", &["3x20x600xf64", "3x600x17xf64"], 3);
+    check_op("matmul", "", &["2x1x30x40xf32", "3x40x50xf32"], 4);
+}
+
+/// Long sums (k = 4096): the GEMM accumulates f32 in blocks of k, within [`sum_rtol`]
+/// (f64 within the harness's 1e-5).
+#[test]
+fn matmul_large_k() {
+    check_op_k("matmul", "", &["8x4096xf32", "4096x24xf32"], 2, 4096);
+    check_op_k(
+        "gemm",
+        "trans_a = 1, trans_b = 1",
+        &["4096x8xf32", "24x4096xf32"],
+        2,
+        4096,
+    );
+    check_op("matmul", "", &["8x4096xf64", "4096x24xf64"], 2);
+}
+
+#[test]
+fn gemm_transposed_large() {
+    check_op_k("gemm", "trans_a = 1", &["600x37xf32", "600x45xf32"], 2, 600);
+    check_op_k(
+        "gemm",
+        "trans_b = 1, alpha = 0.5",
+        &["37x600xf32", "45x600xf32", "45xf32"],
+        2,
+        600,
+    );
+    check_op_k(
+        "gemm",
+        "trans_a = 1, trans_b = 1, beta = 0.0",
+        &["600x37xf32", "45x600xf32", "37x1xf32"],
+        2,
+        600,
+    );
+    check_op(
+        "gemm",
+        "trans_a = 1, alpha = -1.5, beta = 0.25",
+        &["300x40xf64", "300x50xf64", "40x50xf64"],
+        2,
+    );
+}
+
+#[test]
+fn gemm_c_propagates_non_finite_values_with_beta_zero() {
+    // The interpreter adds beta · C even for beta = 0, so inf in C gives NaN.
+    let m = one_op(
+        "gemm",
+        "beta = 0.0",
+        &["2x3xf32", "3x2xf32", "2x2xf32"],
+        2,
+        "f32",
+    );
+    let c = Tensor::from_f32(vec![2, 2], vec![1.0, f32::INFINITY, 2.0, f32::NAN]);
+    check_with(&m, "f", vec![input(&[2, 3], 1), input(&[3, 2], 2), c], 1e-5);
+}
+
+/// Matrix products of transposed views read the source through the GEMM's transpose
+/// flags (the transposed copies are then dead code, erased by the pipeline).
+#[test]
+fn matmul_of_transposes_uses_flags() {
+    let src = r#"
+module {
+  func @f(%a: tensor<7x5xf32>, %b: tensor<2x3x7xf32>, %q: tensor<2x4x6x8xf32>, %k: tensor<2x4x6x8xf32>) -> (tensor<2x5x3xf32>, tensor<2x4x6x6xf32>, tensor<5x7xf32>) {
+    %at = "pp.transpose"(%a) {perm = [1, 0]} : (tensor<7x5xf32>) -> tensor<5x7xf32>
+    %bt = "pp.transpose"(%b) {perm = [0, -1, -2]} : (tensor<2x3x7xf32>) -> tensor<2x7x3xf32>
+    %y = "pp.matmul"(%at, %bt) : (tensor<5x7xf32>, tensor<2x7x3xf32>) -> tensor<2x5x3xf32>
+    %kt = "pp.transpose"(%k) {perm = [0, 1, 3, 2]} : (tensor<2x4x6x8xf32>) -> tensor<2x4x8x6xf32>
+    %s = "pp.matmul"(%q, %kt) : (tensor<2x4x6x8xf32>, tensor<2x4x8x6xf32>) -> tensor<2x4x6x6xf32>
+    return %y, %s, %at : tensor<2x5x3xf32>, tensor<2x4x6x6xf32>, tensor<5x7xf32>
+  }
+}
+"#;
+    let m = parse(src);
+    let text = lower_function(&m.functions[0]).unwrap().0;
+    assert_eq!(gemm_flags(&text), vec![3, 2], "{text}");
+    check(src, None);
+    // A transpose of other dimensions is not a flag.
+    let src2 = r#"
+module {
+  func @g(%a: tensor<3x2x4xf32>, %b: tensor<4x5xf32>) -> (tensor<2x3x5xf32>) {
+    %at = "pp.transpose"(%a) {perm = [1, 0, 2]} : (tensor<3x2x4xf32>) -> tensor<2x3x4xf32>
+    %y = "pp.matmul"(%at, %b) : (tensor<2x3x4xf32>, tensor<4x5xf32>) -> tensor<2x3x5xf32>
+    return %y : tensor<2x3x5xf32>
+  }
+}
+"#;
+    let text = lower_function(&parse(src2).functions[0]).unwrap().0;
+    assert_eq!(gemm_flags(&text), vec![0], "{text}");
+    check(src2, None);
+}
+
+#[test]
+fn gemm_passes_transposes_as_flags() {
+    let text = |attrs: &str| {
+        let m = one_op("gemm", attrs, &["7x5xf32", "3x7xf32"], 2, "f32");
+        lower_function(&m.functions[0]).unwrap().0
+    };
+    let t = text("trans_a = 1, trans_b = 1");
+    assert_eq!(gemm_flags(&t), vec![3], "{t}");
+    assert!(!t.contains("linalg."), "{t}");
+}
+
+/// `ppcc_set_num_threads` (exported by every module) splits one product over threads;
+/// the result does not change.
+#[test]
+fn gemm_threads() {
+    let m = one_op(
+        "gemm",
+        "trans_b = 1, alpha = 0.5",
+        &["150x300xf32", "170x300xf32", "170xf32"],
+        2,
+        "f32",
+    );
+    let inputs = random_inputs(&m.functions[0], 5);
+    let args: Vec<&Tensor> = inputs.iter().collect();
+    let (nm, dir) = compile(&m);
+    let one = nm.call("f", &args, None).unwrap();
+    // SAFETY: module.so is ppcc's; the symbols have these C signatures.
+    let lib = unsafe { libloading::Library::new(nm.path()) }.unwrap();
+    let set: libloading::Symbol<unsafe extern "C" fn(i32)> =
+        unsafe { lib.get(b"ppcc_set_num_threads") }.unwrap();
+    let get: libloading::Symbol<unsafe extern "C" fn() -> i32> =
+        unsafe { lib.get(b"ppcc_get_num_threads") }.unwrap();
+    assert_eq!(unsafe { get() }, 1, "one thread by default");
+    for threads in [2, 3, 7] {
+        unsafe { set(threads) };
+        assert_eq!(unsafe { get() }, threads);
+        let many = nm.call("f", &args, None).unwrap();
+        assert_close(&many[0], &one[0], 0.0, &format!("{threads} threads"));
+    }
+    unsafe { set(1) };
+    let f = &m.functions[0];
+    let want = ppir::interp::run_function(f, inputs.clone(), &Default::default(), None).unwrap();
+    assert_close(&one[0], &want[0], sum_rtol(300), "gemm");
+    cleanup(dir);
+}
+
+/// `memref.copy` between non-contiguous memrefs lowers to a call of `memrefCopy`, which
+/// the support code defines (a module needs no MLIR runner library): a strided slice of
+/// an argument returned as a result.
+#[test]
+fn strided_copy_uses_support_memref_copy() {
+    let ir = r#"
+module {
+  func @f(%x: tensor<5x7xf32>) -> (tensor<2x3xf32>, tensor<3x2xf64>) {
+    %y = "pp.slice"(%x) {starts = [1, 1], ends = [5, 7], steps = [2, 2]} : (tensor<5x7xf32>) -> tensor<2x3xf32>
+    %z0 = "pp.slice"(%x) {starts = [0, 4], ends = [5, 6], steps = [2, 1]} : (tensor<5x7xf32>) -> tensor<3x2xf32>
+    %z = "pp.cast"(%z0) {to = f64} : (tensor<3x2xf32>) -> tensor<3x2xf64>
+    return %y, %z : tensor<2x3xf32>, tensor<3x2xf64>
+  }
+}
+"#;
+    let m = parse(ir);
+    let f = &m.functions[0];
+    let sigs = vec![ppcc_codegen::Signature {
+        name: "f".into(),
+        inputs: vec![(DType::F32, vec![5, 7])],
+        outputs: vec![(DType::F32, vec![2, 3]), (DType::F64, vec![3, 2])],
+    }];
+    // The same function in MLIR, the slices as strided views copied into the results.
+    let mlir = r#"
+module {
+  func.func @f(%ctx: !llvm.ptr, %x: tensor<5x7xf32> {bufferization.writable = false}) -> (tensor<2x3xf32>, tensor<3x2xf64>) attributes {llvm.emit_c_interface} {
+    %y = tensor.extract_slice %x[1, 1] [2, 3] [2, 2] : tensor<5x7xf32> to tensor<2x3xf32>
+    %z0 = tensor.extract_slice %x[0, 4] [3, 2] [2, 1] : tensor<5x7xf32> to tensor<3x2xf32>
+    %e = tensor.empty() : tensor<3x2xf64>
+    %z = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>], iterator_types = ["parallel", "parallel"]} ins(%z0 : tensor<3x2xf32>) outs(%e : tensor<3x2xf64>) {
+    ^bb0(%a: f32, %b: f64):
+      %c = arith.extf %a : f32 to f64
+      linalg.yield %c : f64
+    } -> tensor<3x2xf64>
+    return %y, %z : tensor<2x3xf32>, tensor<3x2xf64>
+  }
+}
+"#;
+    let llvm = ppcc_codegen::compile::lower_to_llvm_dialect(mlir, &Default::default()).unwrap();
+    assert!(llvm.contains("memrefCopy"), "{llvm}");
+    let dir = std::env::temp_dir().join(format!("ppcc-ops-memref-copy-{}", std::process::id()));
+    let so = ppcc_codegen::compile_to_shared_object(mlir, &sigs, &dir, &Default::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let nm = ppcc_runtime::native::NativeModule::load(&so, &m, None).unwrap();
+    let x = input(&[5, 7], 11);
+    let got = nm.call("f", &[&x], None).unwrap();
+    let want = ppir::interp::run_function(f, vec![x], &Default::default(), None).unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_close(g, w, 0.0, &format!("result {i}"));
+    }
+    cleanup(dir);
 }
 
 // ---- conv ----

@@ -1,0 +1,518 @@
+/* Runtime support compiled into every module.so that ppcc-codegen links (see
+ * codegen/src/compile.rs: `cc -O3 -fPIC -march=native` on this file, cached per source,
+ * compiler and host CPU). Everything here is ppcc's own code; a module.so needs nothing
+ * beyond libc, libm and libpthread at run time.
+ *
+ * Exported:
+ *   ppcc_sgemm / ppcc_dgemm   C = alpha * op(A) op(B) [+ beta * C0], row-major, the entry the
+ *                             lowered matmul / batch matmul / gemm ops call;
+ *   ppcc_set_num_threads(n)   threads one GEMM call may use (default 1: in pipelined
+ *                             training each stage worker runs on its own core);
+ *   ppcc_get_num_threads()
+ *   memrefCopy                the ABI MLIR's memref.copy lowering calls for copies between
+ *                             non-contiguous memrefs (same signature as MLIR's CRunnerUtils).
+ *
+ * The GEMM is a BLIS-style blocked algorithm: B is packed in KC x NC blocks into NR-column
+ * panels, A in KC x MC blocks into MR-row panels, and a register-blocked microkernel
+ * computes MR x NR tiles of C (MR rows of broadcast A values against two vectors of B per
+ * k step, all accumulators in registers). GCC/Clang vector extensions give one kernel
+ * source for AVX-512 (zmm), AVX2 (ymm) and anything else (16-byte vectors); with
+ * AVX-512 the packing of transposed operands uses in-register 16 x 16 transposes.
+ *
+ * This file includes itself once per element type (PPCC_T = float, then double).
+ */
+#ifndef PPCC_T
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define PPCC_VBYTES 64
+#define PPCC_MR_BIG 14
+#define PPCC_MR_SMALL 8
+#elif defined(__AVX2__) || defined(__AVX__)
+#define PPCC_VBYTES 32
+#define PPCC_MR_BIG 6
+#define PPCC_MR_SMALL 4
+#else
+#define PPCC_VBYTES 16
+#define PPCC_MR_BIG 6
+#define PPCC_MR_SMALL 4
+#endif
+
+/* Blocking in bytes of one row of a packed block: KC elements of k, NC columns of B, MC
+ * rows of A (per element type: 512 / 4096 / 1024 floats, 256 / 2048 / 512 doubles). */
+#define PPCC_KC_BYTES 2048
+#define PPCC_NC_BYTES 16384
+#define PPCC_MC_BYTES 4096
+
+#define PPCC_CAT_(a, b) a##b
+#define PPCC_CAT(a, b) PPCC_CAT_(a, b)
+
+/* ---- threads ---- */
+
+static int ppcc_threads = 1;
+
+void ppcc_set_num_threads(int n) {
+  __atomic_store_n(&ppcc_threads, n < 1 ? 1 : n > 256 ? 256 : n, __ATOMIC_RELAXED);
+}
+
+int ppcc_get_num_threads(void) { return __atomic_load_n(&ppcc_threads, __ATOMIC_RELAXED); }
+
+/* ---- packing workspace ---- */
+
+typedef struct {
+  void *a, *b;
+  size_t acap, bcap; /* bytes */
+} ppcc_ws;
+
+static void ppcc_ws_free(ppcc_ws *w) {
+  free(w->a);
+  free(w->b);
+  w->a = w->b = NULL;
+  w->acap = w->bcap = 0;
+}
+
+/* Workspaces kept between calls (so that large packing buffers are not mapped and
+ * faulted in again on every call), one per concurrent caller up to PPCC_WS_SLOTS; a caller
+ * that finds none free uses a temporary one. No thread-local storage or thread-exit hooks:
+ * a module may be unloaded while threads that called it live on. The kept buffers are
+ * freed when the module is unloaded. */
+#define PPCC_WS_SLOTS 16
+static struct {
+  int busy;
+  ppcc_ws ws;
+} ppcc_ws_pool[PPCC_WS_SLOTS];
+
+static ppcc_ws *ppcc_ws_acquire(void) {
+  for (int i = 0; i < PPCC_WS_SLOTS; i++)
+    if (!__atomic_exchange_n(&ppcc_ws_pool[i].busy, 1, __ATOMIC_ACQUIRE))
+      return &ppcc_ws_pool[i].ws;
+  return (ppcc_ws *)calloc(1, sizeof(ppcc_ws));
+}
+
+static void ppcc_ws_release(ppcc_ws *w) {
+  for (int i = 0; i < PPCC_WS_SLOTS; i++)
+    if (w == &ppcc_ws_pool[i].ws) {
+      __atomic_store_n(&ppcc_ws_pool[i].busy, 0, __ATOMIC_RELEASE);
+      return;
+    }
+  if (w) {
+    ppcc_ws_free(w);
+    free(w);
+  }
+}
+
+__attribute__((destructor)) static void ppcc_ws_pool_free(void) {
+  for (int i = 0; i < PPCC_WS_SLOTS; i++) ppcc_ws_free(&ppcc_ws_pool[i].ws);
+}
+
+/* At least `need` bytes at *p, 64-byte aligned; NULL when out of memory. */
+static void *ppcc_reserve(void **p, size_t *cap, size_t need) {
+  if (need > *cap) {
+    free(*p);
+    *p = aligned_alloc(64, (need + 63) / 64 * 64);
+    *cap = *p ? need : 0;
+  }
+  return *p;
+}
+
+#if defined(__AVX512F__)
+/* Transpose the `rows` x `cols` (<= 16 x 16) block at `src` (row stride `ld`; rows past
+ * `rows` read as zeros) and store its column p, the first `width` lanes, at
+ * dst + p * dstride for p < cols. */
+static inline void ppcc_tr16(const float *src, int64_t ld, int rows, int cols, float *dst,
+                             int64_t dstride, int width) {
+  __m512 r[16], t[16];
+  __mmask16 cm = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+  for (int i = 0; i < 16; i++)
+    r[i] = i < rows ? _mm512_maskz_loadu_ps(cm, src + i * ld) : _mm512_setzero_ps();
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; i++) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; i++) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  __mmask16 wm = width >= 16 ? 0xFFFF : (__mmask16)((1u << width) - 1);
+  for (int p = 0; p < cols; p++) _mm512_mask_storeu_ps(dst + p * dstride, wm, r[p]);
+}
+#endif
+
+/* ---- memref.copy for non-contiguous memrefs ---- */
+
+typedef struct {
+  int64_t rank;
+  void *descriptor; /* {T *allocated, T *aligned, i64 offset, i64 sizes[rank], i64 strides[rank]} */
+} ppcc_unranked_memref;
+
+void memrefCopy(int64_t elem_size, ppcc_unranked_memref *src, ppcc_unranked_memref *dst) {
+  int64_t rank = src->rank;
+  const int64_t *sd = (const int64_t *)src->descriptor, *dd = (const int64_t *)dst->descriptor;
+  const char *sp = (const char *)(intptr_t)sd[1] + sd[2] * elem_size;
+  char *dp = (char *)(intptr_t)dd[1] + dd[2] * elem_size;
+  if (rank == 0) {
+    memcpy(dp, sp, (size_t)elem_size);
+    return;
+  }
+  const int64_t *sizes = sd + 3, *sstr = sd + 3 + rank, *dstr = dd + 3 + dst->rank;
+  for (int64_t d = 0; d < rank; d++)
+    if (sizes[d] == 0) return;
+  int64_t inner = sizes[rank - 1];
+  int contiguous_rows = sstr[rank - 1] == 1 && dstr[rank - 1] == 1;
+  int64_t idx[rank > 0 ? rank : 1];
+  memset(idx, 0, sizeof idx);
+  int64_t so = 0, doff = 0;
+  for (;;) {
+    if (contiguous_rows) {
+      memcpy(dp + doff * elem_size, sp + so * elem_size, (size_t)(inner * elem_size));
+    } else {
+      for (int64_t j = 0; j < inner; j++)
+        memcpy(dp + (doff + j * dstr[rank - 1]) * elem_size,
+               sp + (so + j * sstr[rank - 1]) * elem_size, (size_t)elem_size);
+    }
+    int64_t d = rank - 2;
+    for (; d >= 0; d--) {
+      so += sstr[d];
+      doff += dstr[d];
+      if (++idx[d] < sizes[d]) break;
+      so -= sizes[d] * sstr[d];
+      doff -= sizes[d] * dstr[d];
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+/* ---- GEMM, once per element type ---- */
+
+#define PPCC_T float
+#define PPCC_S s
+#include __FILE__
+#undef PPCC_T
+#undef PPCC_S
+#define PPCC_T double
+#define PPCC_S d
+#include __FILE__
+#undef PPCC_T
+#undef PPCC_S
+
+#else /* PPCC_T: the GEMM for one element type */
+
+#define T PPCC_T
+#define F(name) PPCC_CAT(PPCC_CAT(name, _), PPCC_S)
+#define VL (PPCC_VBYTES / (int)sizeof(T))
+#define NR (2 * VL)
+#define KC (PPCC_KC_BYTES / (int64_t)sizeof(T))
+#define NC (PPCC_NC_BYTES / (int64_t)sizeof(T))
+#define MC (PPCC_MC_BYTES / (int64_t)sizeof(T))
+
+typedef T F(vec) __attribute__((vector_size(PPCC_VBYTES), aligned(PPCC_VBYTES)));
+typedef T F(uvec) __attribute__((vector_size(PPCC_VBYTES), aligned(sizeof(T))));
+
+/* How a microkernel combines its tile with C: overwrite, add, or add beta * C. */
+enum { F(SET) = 0, F(ADD) = 1, F(BETA) = 2 };
+
+/* c[i*ldc + j] <- alpha * sum_p a[p*MRK + i] * b[p*NR + j] (+ c or + beta*c by `mode`) for
+ * i < mr, j < nr: MRK x 2 vectors of accumulators. */
+#define PPCC_KERNEL(NAME, MRK)                                                                 \
+  static void NAME(int64_t kc, const T *restrict a, const T *restrict b, T *restrict c,       \
+                   int64_t ldc, int64_t mr, int64_t nr, T alpha, T beta, int mode) {           \
+    F(vec) acc[MRK][2];                                                                        \
+    for (int i = 0; i < MRK; i++) {                                                            \
+      acc[i][0] = (F(vec)){0};                                                                 \
+      acc[i][1] = (F(vec)){0};                                                                 \
+    }                                                                                          \
+    for (int64_t p = 0; p < kc; p++) {                                                         \
+      F(vec) b0 = *(const F(vec) *)(b + p * NR);                                               \
+      F(vec) b1 = *(const F(vec) *)(b + p * NR + VL);                                          \
+      _Pragma("GCC unroll 16") for (int i = 0; i < MRK; i++) {                                 \
+        T av = a[p * MRK + i];                                                                 \
+        acc[i][0] += av * b0;                                                                  \
+        acc[i][1] += av * b1;                                                                  \
+      }                                                                                        \
+    }                                                                                          \
+    if (mr == MRK && nr == NR) {                                                               \
+      for (int i = 0; i < MRK; i++) {                                                          \
+        F(uvec) *c0 = (F(uvec) *)(c + i * ldc), *c1 = (F(uvec) *)(c + i * ldc + VL);           \
+        F(vec) r0 = acc[i][0], r1 = acc[i][1];                                                 \
+        if (alpha != 1) {                                                                      \
+          r0 *= alpha;                                                                         \
+          r1 *= alpha;                                                                         \
+        }                                                                                      \
+        if (mode == F(ADD)) {                                                                  \
+          r0 += *c0;                                                                           \
+          r1 += *c1;                                                                           \
+        } else if (mode == F(BETA)) {                                                          \
+          r0 += beta * *c0;                                                                    \
+          r1 += beta * *c1;                                                                    \
+        }                                                                                      \
+        *c0 = r0;                                                                              \
+        *c1 = r1;                                                                              \
+      }                                                                                        \
+    } else {                                                                                   \
+      T tile[MRK][NR] __attribute__((aligned(PPCC_VBYTES)));                                   \
+      for (int i = 0; i < MRK; i++) {                                                          \
+        *(F(vec) *)&tile[i][0] = acc[i][0];                                                    \
+        *(F(vec) *)&tile[i][VL] = acc[i][1];                                                   \
+      }                                                                                        \
+      for (int64_t i = 0; i < mr; i++)                                                         \
+        for (int64_t j = 0; j < nr; j++) {                                                     \
+          T r = tile[i][j];                                                                    \
+          if (alpha != 1) r *= alpha;                                                          \
+          if (mode == F(ADD))                                                                  \
+            r += c[i * ldc + j];                                                               \
+          else if (mode == F(BETA))                                                            \
+            r += beta * c[i * ldc + j];                                                        \
+          c[i * ldc + j] = r;                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+  }
+
+PPCC_KERNEL(F(kernel_big), PPCC_MR_BIG)
+PPCC_KERNEL(F(kernel_small), PPCC_MR_SMALL)
+
+typedef void (*F(kernel_fn))(int64_t, const T *restrict, const T *restrict, T *restrict, int64_t,
+                             int64_t, int64_t, T, T, int);
+
+/* Pack rows [0, mc) x k [0, kc) of A (element (i, p) at a[i*rsa + p*csa]) into MR-row
+ * panels: panel r holds a[(r*MR + i), p] at out[r*MR*kc + p*MR + i], zero-padded rows. */
+static void F(pack_a)(int64_t mc, int64_t kc, const T *a, int64_t rsa, int64_t csa, T *out,
+                      int mrk) {
+#if defined(__AVX512F__)
+  if (sizeof(T) == 4 && csa == 1 && mrk <= 16) {
+    for (int64_t i0 = 0; i0 < mc; i0 += mrk) {
+      int rows = (int)(mc - i0 < mrk ? mc - i0 : mrk);
+      for (int64_t p0 = 0; p0 < kc; p0 += 16)
+        ppcc_tr16((const float *)(a + i0 * rsa + p0), rsa, rows, (int)(kc - p0 < 16 ? kc - p0 : 16),
+                  (float *)(out + i0 * kc + p0 * mrk), mrk, mrk);
+    }
+    return;
+  }
+#endif
+  for (int64_t i0 = 0; i0 < mc; i0 += mrk) {
+    int64_t mr = mc - i0 < mrk ? mc - i0 : mrk;
+    T *o = out + i0 * kc;
+    for (int64_t p = 0; p < kc; p++) {
+      const T *src = a + i0 * rsa + p * csa;
+      int64_t i = 0;
+      for (; i < mr; i++) o[p * mrk + i] = src[i * rsa];
+      for (; i < mrk; i++) o[p * mrk + i] = 0;
+    }
+  }
+}
+
+/* Pack k [0, kc) x columns [0, nc) of B (element (p, j) at b[p*rsb + j*csb]) into
+ * NR-column panels: panel q holds b[p, q*NR + j] at out[q*NR*kc + p*NR + j], zero-padded. */
+static void F(pack_b)(int64_t kc, int64_t nc, const T *b, int64_t rsb, int64_t csb, T *out) {
+  int64_t nfull = nc / NR * NR;
+  if (csb == 1) {
+    for (int64_t p = 0; p < kc; p++) {
+      const T *src = b + p * rsb;
+      for (int64_t j0 = 0; j0 < nfull; j0 += NR) {
+        T *o = out + j0 * kc + p * NR;
+        *(F(vec) *)o = *(const F(uvec) *)(src + j0);
+        *(F(vec) *)(o + VL) = *(const F(uvec) *)(src + j0 + VL);
+      }
+    }
+  } else {
+#if defined(__AVX512F__)
+    if (sizeof(T) == 4 && rsb == 1 && NR == 32) {
+      for (int64_t j0 = 0; j0 < nc; j0 += NR)
+        for (int h = 0; h < 2; h++) {
+          int64_t rows = nc - j0 - h * 16;
+          rows = rows < 0 ? 0 : rows > 16 ? 16 : rows;
+          for (int64_t p0 = 0; p0 < kc; p0 += 16)
+            ppcc_tr16((const float *)(b + (j0 + h * 16) * csb + p0), csb, (int)rows,
+                      (int)(kc - p0 < 16 ? kc - p0 : 16), (float *)(out + j0 * kc + p0 * NR + h * 16),
+                      NR, 16);
+        }
+      return;
+    }
+#endif
+    for (int64_t j0 = 0; j0 < nfull; j0 += NR) {
+      T *o = out + j0 * kc;
+      for (int64_t j = 0; j < NR; j++) {
+        const T *src = b + (j0 + j) * csb;
+        for (int64_t p = 0; p < kc; p++) o[p * NR + j] = src[p * rsb];
+      }
+    }
+  }
+  if (nfull < nc) {
+    T *o = out + nfull * kc;
+    for (int64_t p = 0; p < kc; p++) {
+      int64_t j = 0;
+      for (; j < nc - nfull; j++) o[p * NR + j] = b[p * rsb + (nfull + j) * csb];
+      for (; j < NR; j++) o[p * NR + j] = 0;
+    }
+  }
+}
+
+/* One thread's GEMM on a dense row-major C: c = alpha * op(a) op(b) (+ beta * c when
+ * `has_c`). Returns 0, or -1 when the packing buffers could not be allocated. */
+static int F(gemm_serial)(int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t rsa,
+                          int64_t csa, const T *b, int64_t rsb, int64_t csb, T beta, int has_c,
+                          T *c, int64_t ldc, ppcc_ws *ws) {
+  if (m <= 0 || n <= 0) return 0;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) c[i * ldc + j] = has_c ? beta * c[i * ldc + j] : 0;
+    return 0;
+  }
+  /* The smaller padding of m wins (both kernels run at about the same speed). */
+  int mrk = PPCC_MR_BIG;
+  F(kernel_fn) kern = F(kernel_big);
+  int64_t pad_big = (m + PPCC_MR_BIG - 1) / PPCC_MR_BIG * PPCC_MR_BIG;
+  int64_t pad_small = (m + PPCC_MR_SMALL - 1) / PPCC_MR_SMALL * PPCC_MR_SMALL;
+  if (pad_small < pad_big) {
+    mrk = PPCC_MR_SMALL;
+    kern = F(kernel_small);
+  }
+  int64_t kcmax = k < KC ? k : KC, ncmax = n < NC ? n : NC, mcmax = m < MC ? m : MC;
+  size_t bneed = sizeof(T) * (size_t)(kcmax * ((ncmax + NR - 1) / NR * NR));
+  size_t aneed = sizeof(T) * (size_t)(kcmax * ((mcmax + mrk - 1) / mrk * mrk));
+  T *bp = (T *)ppcc_reserve(&ws->b, &ws->bcap, bneed);
+  T *ap = (T *)ppcc_reserve(&ws->a, &ws->acap, aneed);
+  if (!bp || !ap) return -1;
+  for (int64_t jc = 0; jc < n; jc += NC) {
+    int64_t nc = n - jc < NC ? n - jc : NC;
+    for (int64_t pc = 0; pc < k; pc += KC) {
+      int64_t kc = k - pc < KC ? k - pc : KC;
+      int mode = pc > 0 ? F(ADD) : has_c ? F(BETA) : F(SET);
+      F(pack_b)(kc, nc, b + pc * rsb + jc * csb, rsb, csb, bp);
+      for (int64_t ic = 0; ic < m; ic += MC) {
+        int64_t mc = m - ic < MC ? m - ic : MC;
+        F(pack_a)(mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap, mrk);
+        for (int64_t ir = 0; ir < mc; ir += mrk) {
+          int64_t mr = mc - ir < mrk ? mc - ir : mrk;
+          for (int64_t jr = 0; jr < nc; jr += NR) {
+            int64_t nr = nc - jr < NR ? nc - jr : NR;
+            kern(kc, ap + ir * kc, bp + jr * kc, c + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha,
+                 beta, mode);
+          }
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+/* The same product without packing buffers (the fallback when they cannot be allocated). */
+static void F(gemm_naive)(int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t rsa,
+                          int64_t csa, const T *b, int64_t rsb, int64_t csb, T beta, int has_c, T *c,
+                          int64_t ldc) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      T acc = 0;
+      for (int64_t p = 0; p < k; p++) acc += a[i * rsa + p * csa] * b[p * rsb + j * csb];
+      c[i * ldc + j] = alpha * acc + (has_c ? beta * c[i * ldc + j] : 0);
+    }
+}
+
+typedef struct {
+  int64_t m, n, k;
+  T alpha, beta;
+  const T *a, *b;
+  int64_t rsa, csa, rsb, csb, ldc;
+  int has_c;
+  T *c;
+  int rc;
+} F(part);
+
+static void *F(run_part)(void *arg) {
+  F(part) *p = (F(part) *)arg;
+  ppcc_ws *ws = ppcc_ws_acquire();
+  p->rc = !ws || F(gemm_serial)(p->m, p->n, p->k, p->alpha, p->a, p->rsa, p->csa, p->b, p->rsb,
+                                p->csb, p->beta, p->has_c, p->c, p->ldc, ws);
+  ppcc_ws_release(ws);
+  if (p->rc)
+    F(gemm_naive)(p->m, p->n, p->k, p->alpha, p->a, p->rsa, p->csa, p->b, p->rsb, p->csb, p->beta,
+                  p->has_c, p->c, p->ldc);
+  return NULL;
+}
+
+/* C (m x n, row-major, row stride ldc) = alpha * op(A) op(B) [+ beta * C0].
+ *   flags bit 0: op(A) = A^T (A stored k x m, row stride lda), else A is m x k;
+ *   flags bit 1: op(B) = B^T (B stored n x k, row stride ldb), else B is k x n;
+ *   c0: NULL, or C0 broadcast to m x n: element (i, j) at c0[i*c0_rs + j*c0_cs] (strides 0
+ *       along broadcast dimensions). With C0, beta * C0 is added even when beta is 0 (so
+ *       non-finite values propagate, as the interpreter computes it).
+ * Accumulation is in T. */
+void PPCC_CAT(PPCC_CAT(ppcc_, PPCC_S), gemm)(int64_t flags, int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda,
+                 const T *b, int64_t ldb, T beta, const T *c0, int64_t c0_rs, int64_t c0_cs, T *c,
+                 int64_t ldc) {
+  int64_t rsa = flags & 1 ? 1 : lda, csa = flags & 1 ? lda : 1;
+  int64_t rsb = flags & 2 ? 1 : ldb, csb = flags & 2 ? ldb : 1;
+  int has_c = c0 != NULL;
+  if (has_c && c0 != c) {
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) c[i * ldc + j] = c0[i * c0_rs + j * c0_cs];
+  }
+  int threads = ppcc_get_num_threads();
+  double flops = 2.0 * (double)m * (double)n * (double)k;
+  /* Enough work per thread to repay starting it (about 4 MFLOP). */
+  if (threads > 1 && flops / threads < 4e6) threads = (int)(flops / 4e6);
+  if (threads <= 1) {
+    ppcc_ws *ws = ppcc_ws_acquire();
+    if (!ws || F(gemm_serial)(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, has_c, c, ldc, ws))
+      F(gemm_naive)(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, has_c, c, ldc);
+    ppcc_ws_release(ws);
+    return;
+  }
+  /* Split the larger side of C, in whole tiles, into `threads` parts. */
+  int split_n = (n + NR - 1) / NR >= (m + PPCC_MR_BIG - 1) / PPCC_MR_BIG;
+  int64_t unit = split_n ? NR : PPCC_MR_BIG, len = split_n ? n : m;
+  int64_t units = (len + unit - 1) / unit;
+  if (threads > units) threads = (int)units;
+  F(part) parts[threads];
+  pthread_t tids[threads];
+  int started[threads];
+  for (int t = 0; t < threads; t++) {
+    int64_t lo = units * t / threads * unit, hi = units * (t + 1) / threads * unit;
+    if (hi > len) hi = len;
+    F(part) *p = &parts[t];
+    *p = (F(part)){m, n, k, alpha, beta, a, b, rsa, csa, rsb, csb, ldc, has_c, c, 0};
+    if (split_n) {
+      p->n = hi - lo;
+      p->b = b + lo * csb;
+      p->c = c + lo;
+    } else {
+      p->m = hi - lo;
+      p->a = a + lo * rsa;
+      p->c = c + lo * ldc;
+    }
+    started[t] = t > 0 && pthread_create(&tids[t], NULL, F(run_part), p) == 0;
+  }
+  F(run_part)(&parts[0]);
+  for (int t = 1; t < threads; t++) {
+    if (started[t])
+      pthread_join(tids[t], NULL);
+    else
+      F(run_part)(&parts[t]);
+  }
+}
+
+#undef T
+#undef F
+#undef VL
+#undef NR
+#undef KC
+#undef NC
+#undef MC
+
+#endif /* PPCC_T */
