@@ -128,7 +128,7 @@ fn sum_exp(
         |b| {
             let v = to_f64(b, "%in0", d);
             let t = b.op(format!("arith.subf {v}, %in1 : f64"));
-            let x = b.op(format!("math.exp {t} : f64"));
+            let x = exp_f64(b, &t);
             vec![b.op(format!("arith.addf %out0, {x} : f64"))]
         },
     )
@@ -168,7 +168,7 @@ fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
         pointwise(e, &x, &[xin, sh, so], d, |b| {
             let v = to_f64(b, "%in0", d);
             let t = b.op(format!("arith.subf {v}, %in1 : f64"));
-            let ex = b.op(format!("math.exp {t} : f64"));
+            let ex = exp_f64(b, &t);
             let y = b.op(format!("arith.divf {ex}, %in2 : f64"));
             from_f64(b, &y, d)
         })
@@ -655,7 +655,7 @@ fn cross_entropy(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError
     let stats = reduction(e, &rc, &[1], &row_ins, &accs, |b| {
         let v = to_f64(b, "%in0", d);
         let t = b.op(format!("arith.subf {v}, %in1 : f64"));
-        let x = b.op(format!("math.exp {t} : f64"));
+        let x = exp_f64(b, &t);
         let s = b.op(format!("arith.addf %out0, {x} : f64"));
         if grad {
             return vec![s];
@@ -755,7 +755,7 @@ fn cross_entropy(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError
         |b| {
             let v = to_f64(b, "%in0", d);
             let t = b.op(format!("arith.subf {v}, %in1 : f64"));
-            let p = b.op(format!("math.exp {t} : f64"));
+            let p = exp_f64(b, &t);
             let l = label_i64(b, "%in2", ld);
             let hit = is_label_column(b, &l);
             let one = f64c(b, 1.0);
@@ -769,4 +769,17 @@ fn cross_entropy(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError
         },
     );
     Ok(vec![e.reshape(&out, &rc, &shape, d)])
+}
+
+/// `exp(t)` in f64, keeping libm off its slow underflow path where the result is exactly 0
+/// (`t < -746`, e.g. masked attention scores of `-1e9`): exp runs on a clamped argument and
+/// the select gives 0 there. NaN compares false and goes through exp unchanged.
+fn exp_f64(b: &mut Body, t: &str) -> String {
+    let lim = b.op("arith.constant -7.460000e+02 : f64");
+    let safe = b.op("arith.constant -7.000000e+02 : f64");
+    let zero = b.op("arith.constant 0.000000e+00 : f64");
+    let small = b.op(format!("arith.cmpf olt, {t}, {lim} : f64"));
+    let arg = b.op(format!("arith.select {small}, {safe}, {t} : f64"));
+    let x = b.op(format!("math.exp {arg} : f64"));
+    b.op(format!("arith.select {small}, {zero}, {x} : f64"))
 }
