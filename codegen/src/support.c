@@ -229,48 +229,38 @@ typedef T F(uvec) __attribute__((vector_size(PPCC_VBYTES), aligned(sizeof(T))));
 enum { F(SET) = 0, F(ADD) = 1, F(BETA) = 2 };
 
 /* c[i*ldc + j] <- alpha * sum_p a[p*MRK + i] * b[p*NR + j] (+ c or + beta*c by `mode`) for
- * i < mr, j < nr: MRK x 2 vectors of accumulators. */
-#define PPCC_KERNEL(NAME, MRK)                                                                 \
+ * i < mr, j < nr <= NV*VL: MRK x NV vectors of accumulators (NV = 1 for a last strip of
+ * at most VL columns, which reads the first half of the packed NR-column panel). */
+#define PPCC_KERNEL(NAME, MRK, NV)                                                             \
   static void NAME(int64_t kc, const T *restrict a, const T *restrict b, T *restrict c,       \
                    int64_t ldc, int64_t mr, int64_t nr, T alpha, T beta, int mode) {           \
-    F(vec) acc[MRK][2];                                                                        \
-    for (int i = 0; i < MRK; i++) {                                                            \
-      acc[i][0] = (F(vec)){0};                                                                 \
-      acc[i][1] = (F(vec)){0};                                                                 \
-    }                                                                                          \
+    F(vec) acc[MRK][NV];                                                                       \
+    for (int i = 0; i < MRK; i++)                                                              \
+      for (int v = 0; v < NV; v++) acc[i][v] = (F(vec)){0};                                    \
     for (int64_t p = 0; p < kc; p++) {                                                         \
-      F(vec) b0 = *(const F(vec) *)(b + p * NR);                                               \
-      F(vec) b1 = *(const F(vec) *)(b + p * NR + VL);                                          \
+      F(vec) bv[NV];                                                                           \
+      for (int v = 0; v < NV; v++) bv[v] = *(const F(vec) *)(b + p * NR + v * VL);             \
       _Pragma("GCC unroll 16") for (int i = 0; i < MRK; i++) {                                 \
         T av = a[p * MRK + i];                                                                 \
-        acc[i][0] += av * b0;                                                                  \
-        acc[i][1] += av * b1;                                                                  \
+        for (int v = 0; v < NV; v++) acc[i][v] += av * bv[v];                                  \
       }                                                                                        \
     }                                                                                          \
-    if (mr == MRK && nr == NR) {                                                               \
-      for (int i = 0; i < MRK; i++) {                                                          \
-        F(uvec) *c0 = (F(uvec) *)(c + i * ldc), *c1 = (F(uvec) *)(c + i * ldc + VL);           \
-        F(vec) r0 = acc[i][0], r1 = acc[i][1];                                                 \
-        if (alpha != 1) {                                                                      \
-          r0 *= alpha;                                                                         \
-          r1 *= alpha;                                                                         \
+    if (mr == MRK && nr == NV * VL) {                                                          \
+      for (int i = 0; i < MRK; i++)                                                            \
+        for (int v = 0; v < NV; v++) {                                                         \
+          F(uvec) *cv = (F(uvec) *)(c + i * ldc + v * VL);                                     \
+          F(vec) r = acc[i][v];                                                                \
+          if (alpha != 1) r *= alpha;                                                          \
+          if (mode == F(ADD))                                                                  \
+            r += *cv;                                                                          \
+          else if (mode == F(BETA))                                                            \
+            r += beta * *cv;                                                                   \
+          *cv = r;                                                                             \
         }                                                                                      \
-        if (mode == F(ADD)) {                                                                  \
-          r0 += *c0;                                                                           \
-          r1 += *c1;                                                                           \
-        } else if (mode == F(BETA)) {                                                          \
-          r0 += beta * *c0;                                                                    \
-          r1 += beta * *c1;                                                                    \
-        }                                                                                      \
-        *c0 = r0;                                                                              \
-        *c1 = r1;                                                                              \
-      }                                                                                        \
     } else {                                                                                   \
-      T tile[MRK][NR] __attribute__((aligned(PPCC_VBYTES)));                                   \
-      for (int i = 0; i < MRK; i++) {                                                          \
-        *(F(vec) *)&tile[i][0] = acc[i][0];                                                    \
-        *(F(vec) *)&tile[i][VL] = acc[i][1];                                                   \
-      }                                                                                        \
+      T tile[MRK][NV * VL] __attribute__((aligned(PPCC_VBYTES)));                              \
+      for (int i = 0; i < MRK; i++)                                                            \
+        for (int v = 0; v < NV; v++) *(F(vec) *)&tile[i][v * VL] = acc[i][v];                  \
       for (int64_t i = 0; i < mr; i++)                                                         \
         for (int64_t j = 0; j < nr; j++) {                                                     \
           T r = tile[i][j];                                                                    \
@@ -284,8 +274,10 @@ enum { F(SET) = 0, F(ADD) = 1, F(BETA) = 2 };
     }                                                                                          \
   }
 
-PPCC_KERNEL(F(kernel_big), PPCC_MR_BIG)
-PPCC_KERNEL(F(kernel_small), PPCC_MR_SMALL)
+PPCC_KERNEL(F(kernel_big), PPCC_MR_BIG, 2)
+PPCC_KERNEL(F(kernel_small), PPCC_MR_SMALL, 2)
+PPCC_KERNEL(F(kernel_big_half), PPCC_MR_BIG, 1)
+PPCC_KERNEL(F(kernel_small_half), PPCC_MR_SMALL, 1)
 
 typedef void (*F(kernel_fn))(int64_t, const T *restrict, const T *restrict, T *restrict, int64_t,
                              int64_t, int64_t, T, T, int);
@@ -370,18 +362,21 @@ static int F(gemm_serial)(int64_t m, int64_t n, int64_t k, T alpha, const T *a, 
                           T *c, int64_t ldc, ppcc_ws *ws) {
   if (m <= 0 || n <= 0) return 0;
   if (k <= 0) {
+    /* An empty sum, times alpha (0 · alpha is NaN for a non-finite alpha), plus beta · C. */
+    T z = (T)0 * alpha;
     for (int64_t i = 0; i < m; i++)
-      for (int64_t j = 0; j < n; j++) c[i * ldc + j] = has_c ? beta * c[i * ldc + j] : 0;
+      for (int64_t j = 0; j < n; j++) c[i * ldc + j] = has_c ? z + beta * c[i * ldc + j] : z;
     return 0;
   }
   /* The smaller padding of m wins (both kernels run at about the same speed). */
   int mrk = PPCC_MR_BIG;
-  F(kernel_fn) kern = F(kernel_big);
+  F(kernel_fn) kern = F(kernel_big), kern_half = F(kernel_big_half);
   int64_t pad_big = (m + PPCC_MR_BIG - 1) / PPCC_MR_BIG * PPCC_MR_BIG;
   int64_t pad_small = (m + PPCC_MR_SMALL - 1) / PPCC_MR_SMALL * PPCC_MR_SMALL;
   if (pad_small < pad_big) {
     mrk = PPCC_MR_SMALL;
     kern = F(kernel_small);
+    kern_half = F(kernel_small_half);
   }
   int64_t kcmax = k < KC ? k : KC, ncmax = n < NC ? n : NC, mcmax = m < MC ? m : MC;
   size_t bneed = sizeof(T) * (size_t)(kcmax * ((ncmax + NR - 1) / NR * NR));
@@ -402,8 +397,9 @@ static int F(gemm_serial)(int64_t m, int64_t n, int64_t k, T alpha, const T *a, 
           int64_t mr = mc - ir < mrk ? mc - ir : mrk;
           for (int64_t jr = 0; jr < nc; jr += NR) {
             int64_t nr = nc - jr < NR ? nc - jr : NR;
-            kern(kc, ap + ir * kc, bp + jr * kc, c + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha,
-                 beta, mode);
+            (nr > VL ? kern : kern_half)(kc, ap + ir * kc, bp + jr * kc,
+                                         c + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, beta,
+                                         mode);
           }
         }
       }

@@ -239,6 +239,16 @@ fn matmul_large_and_ragged() {
     check_op("matmul", "", &["3x1x1xf32", "3x1x1xf32"], 3);
     check_op("matmul", "", &["3x20x600xf64", "3x600x17xf64"], 3);
     check_op("matmul", "", &["2x1x30x40xf32", "3x40x50xf32"], 4);
+    // Empty sums and empty results.
+    check_op("matmul", "", &["3x0xf32", "0x4xf32"], 2);
+    check_op(
+        "gemm",
+        "alpha = 2.0, beta = 0.5",
+        &["3x0xf32", "0x4xf32", "4xf32"],
+        2,
+    );
+    check_op("matmul", "", &["0x5xf32", "5x3xf32"], 2);
+    check_op("matmul", "", &["2x0x5xf64", "2x5x3xf64"], 3);
 }
 
 /// Long sums (k = 4096): the GEMM accumulates f32 in blocks of k, within [`sum_rtol`]
