@@ -58,6 +58,11 @@ impl ScratchDir {
 
 impl Drop for ScratchDir {
     fn drop(&mut self) {
+        // PPCC_KEEP_SCRATCH=1 keeps generated modules for profilers and debuggers.
+        if std::env::var_os("PPCC_KEEP_SCRATCH").is_some_and(|v| v != "0") {
+            eprintln!("kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 
 use ppir::{DType, OpId, OpKind, ValueId};
 
-use super::{elem_type, int_literal, Body, Emitter, Iter, LowerError, OpView, Operand};
+use super::{elem_type, int_literal, mathfn, Body, Emitter, Iter, LowerError, OpView, Operand};
 
 /// A scalar computation inside an elementwise `linalg.generic` body, every node in one
 /// dtype (a convenience for other op families: see [`generic_elementwise`]).
@@ -909,6 +909,30 @@ impl<'a> Gen<'a> {
         self.b.constant(d, x)
     }
 
+    /// `eˣ` in float type `c` (f32: inline and vectorisable, see [`mathfn`]).
+    fn exp(&mut self, x: &str, c: DType) -> String {
+        match c {
+            DType::F32 => mathfn::exp_f32(&mut self.b, x),
+            _ => self.op(format!("math.exp {x} : {}", elem_type(c))),
+        }
+    }
+
+    /// `erf(x)` in float type `c`.
+    fn erf(&mut self, x: &str, c: DType) -> String {
+        match c {
+            DType::F32 => mathfn::erf_f32(&mut self.b, x),
+            _ => self.op(format!("math.erf {x} : {}", elem_type(c))),
+        }
+    }
+
+    /// `tanh(x)` in float type `c`.
+    fn tanh(&mut self, x: &str, c: DType) -> String {
+        match c {
+            DType::F32 => mathfn::tanh_f32(&mut self.b, x),
+            _ => self.op(format!("math.tanh {x} : {}", elem_type(c))),
+        }
+    }
+
     /// An integer (or bool) constant of `d`.
     fn ci(&mut self, d: DType, x: i64) -> String {
         self.op(int_constant(d, x))
@@ -1067,7 +1091,7 @@ impl<'a> Gen<'a> {
     /// `expm1(x)` in float type `t` (Kahan: `(u - 1) · x / log u` with `u = e^x`).
     fn expm1(&mut self, x: &str, c: DType) -> String {
         let t = elem_type(c);
-        let u = self.op(format!("math.exp {x} : {t}"));
+        let u = self.exp(x, c);
         let one = self.cst(c, 1.0);
         let m1 = self.cst(c, -1.0);
         let inf = self.cst(c, f64::INFINITY);
@@ -1368,7 +1392,7 @@ impl<'a> Gen<'a> {
                     // a ≥ 0: 1 / (1 + e^-a); else e^a / (1 + e^a).
                     let ab = self.op(format!("math.absf {a} : {t}"));
                     let n = self.op(format!("arith.negf {ab} : {t}"));
-                    let e = self.op(format!("math.exp {n} : {t}"));
+                    let e = self.exp(&n, c);
                     let one = self.cst(c, 1.0);
                     let den = self.op(format!("arith.addf {one}, {e} : {t}"));
                     let z = self.cst(c, 0.0);
@@ -1376,9 +1400,9 @@ impl<'a> Gen<'a> {
                     let num = self.sel(&ge, &one, &e, t);
                     self.op(format!("arith.divf {num}, {den} : {t}"))
                 }
-                Tanh => self.op(format!("math.tanh {a} : {t}")),
-                Erf => self.op(format!("math.erf {a} : {t}")),
-                Exp => self.op(format!("math.exp {a} : {t}")),
+                Tanh => self.tanh(a, c),
+                Erf => self.erf(a, c),
+                Exp => self.exp(a, c),
                 Log => self.op(format!("math.log {a} : {t}")),
                 Sqrt => self.op(format!("math.sqrt {a} : {t}")),
                 Abs => self.op(format!("math.absf {a} : {t}")),
@@ -1404,7 +1428,7 @@ impl<'a> Gen<'a> {
                     // NaN stays; else max(a, 0) + log1p(e^-|a|).
                     let ab = self.op(format!("math.absf {a} : {t}"));
                     let n = self.op(format!("arith.negf {ab} : {t}"));
-                    let e = self.op(format!("math.exp {n} : {t}"));
+                    let e = self.exp(&n, c);
                     let l = self.log1p(&e, c);
                     let z = self.cst(c, 0.0);
                     let m = self.op(format!("arith.maximumf {a}, {z} : {t}"));
@@ -1472,7 +1496,7 @@ impl<'a> Gen<'a> {
                 let one = self.cst(c, 1.0);
                 let ha = self.op(format!("arith.mulf {h}, {a} : {t}"));
                 let s = self.op(format!("arith.mulf {a}, {k} : {t}"));
-                let e = self.op(format!("math.erf {s} : {t}"));
+                let e = self.erf(&s, c);
                 let o = self.op(format!("arith.addf {one}, {e} : {t}"));
                 self.op(format!("arith.mulf {ha}, {o} : {t}"))
             }
@@ -1486,7 +1510,7 @@ impl<'a> Gen<'a> {
                 let c3 = self.op(format!("arith.mulf {c2}, {a} : {t}"));
                 let inner = self.op(format!("arith.addf {a}, {c3} : {t}"));
                 let ki = self.op(format!("arith.mulf {k}, {inner} : {t}"));
-                let th = self.op(format!("math.tanh {ki} : {t}"));
+                let th = self.tanh(&ki, c);
                 let ha = self.op(format!("arith.mulf {h}, {a} : {t}"));
                 let o = self.op(format!("arith.addf {one}, {th} : {t}"));
                 self.op(format!("arith.mulf {ha}, {o} : {t}"))

@@ -36,6 +36,7 @@ pub mod comm;
 pub mod contraction;
 pub mod elementwise;
 pub mod fuse;
+pub mod mathfn;
 pub mod movement;
 pub mod norm;
 pub mod pool;
