@@ -82,7 +82,8 @@ pub struct CompileOptions {
 impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
-            pipeline: CPU_PIPELINE.to_string(),
+            pipeline: std::env::var("PPCC_MLIR_PIPELINE")
+                .unwrap_or_else(|_| CPU_PIPELINE.to_string()),
             opt_level: OptimizationLevel::Aggressive,
             keep_intermediates: false,
             keep_passes: None,
@@ -208,12 +209,21 @@ fn host_target_machine(opt: OptimizationLevel) -> Result<TargetMachine, CompileE
     let triple = TargetMachine::get_default_triple();
     let target = Target::from_triple(&triple).map_err(|e| CompileError::Llvm(e.to_string()))?;
     let cpu = TargetMachine::get_host_cpu_name();
-    let features = TargetMachine::get_host_cpu_features();
+    let mut features = TargetMachine::get_host_cpu_features()
+        .to_str()
+        .unwrap_or("")
+        .to_string();
+    // The loops linalg leaves have short, fully unrolled inner loops (a softmax row of 16);
+    // with gathers allowed LLVM vectorises the outer loop with gather/scatter, several
+    // times slower than the contiguous SLP-vectorised inner body it makes without them.
+    if triple.as_str().to_string_lossy().starts_with("x86_64") {
+        features.push_str(",+prefer-no-gather,+prefer-no-scatter");
+    }
     target
         .create_target_machine(
             &triple,
             cpu.to_str().unwrap_or("generic"),
-            features.to_str().unwrap_or(""),
+            &features,
             opt,
             RelocMode::PIC,
             CodeModel::Default,

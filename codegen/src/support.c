@@ -9,6 +9,8 @@
  *   ppcc_set_num_threads(n)   threads one GEMM call may use (default 1: in pipelined
  *                             training each stage worker runs on its own core);
  *   ppcc_get_num_threads()
+ *   ppcc_softmax_f32          softmax / log_softmax over a contiguous last axis (f32);
+ *   ppcc_layernorm_f32        layer normalisation over contiguous trailing axes (f32);
  *   memrefCopy                the ABI MLIR's memref.copy lowering calls for copies between
  *                             non-contiguous memrefs (same signature as MLIR's CRunnerUtils).
  *
@@ -23,6 +25,7 @@
  */
 #ifndef PPCC_T
 
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -196,6 +199,254 @@ void memrefCopy(int64_t elem_size, ppcc_unranked_memref *src, ppcc_unranked_memr
       idx[d] = 0;
     }
     if (d < 0) return;
+  }
+}
+
+/* ---- Row-wise softmax and layer normalisation over a contiguous last axis, f32 ----
+ *
+ * The same formulas as the interpreter (and as the generic linalg lowering in
+ * codegen/src/lower/norm.rs): statistics in f64, one rounding to f32 per result. exp is the
+ * f32 polynomial of codegen/src/lower/mathfn.rs (coefficients fitted by
+ * codegen/tools/fit_mathfn.py; the two must stay equal), here on GCC/Clang vectors so one
+ * row of 16 floats is one AVX-512 register. */
+
+typedef float ppcc_vf __attribute__((vector_size(PPCC_VBYTES), aligned(PPCC_VBYTES)));
+typedef float ppcc_uvf __attribute__((vector_size(PPCC_VBYTES), aligned(4)));
+typedef int32_t ppcc_vi __attribute__((vector_size(PPCC_VBYTES), aligned(PPCC_VBYTES)));
+#define PPCC_VF (PPCC_VBYTES / 4)
+
+/* Lanes of `a` where `m` is all ones, else of `b`. */
+static inline ppcc_vf ppcc_vsel(ppcc_vi m, ppcc_vf a, ppcc_vf b) {
+  return (ppcc_vf)(((ppcc_vi)a & m) | ((ppcc_vi)b & ~m));
+}
+
+/* e^x per lane: x clamped to [-104, 89], n = floor(x log2 e + 1/2), r = x - n ln 2 (two
+ * parts), e^r = 1 + r + r^2 P(r), times 2^n in two halves; NaN stays NaN. */
+static inline ppcc_vf ppcc_vexp(ppcc_vf x) {
+  const ppcc_vf zero = {0};
+  ppcc_vf xc = ppcc_vsel(x < -104.0f, zero - 104.0f, x);
+  xc = ppcc_vsel(xc > 89.0f, zero + 89.0f, xc);
+  xc = ppcc_vsel(x != x, zero, xc); /* NaN: any finite value, fixed below */
+  ppcc_vf k = xc * 1.44269504088896341f + 0.5f;
+  ppcc_vi ki = __builtin_convertvector(k, ppcc_vi); /* truncation; |k| < 152 */
+  ppcc_vf n = __builtin_convertvector(ki, ppcc_vf);
+  ppcc_vi below = n > k; /* floor: one less where truncation went up */
+  n += __builtin_convertvector(below, ppcc_vf);
+  ki += below;
+  ppcc_vf r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  ppcc_vf p = r * 1.98992762170281255e-04f + 1.39336435225996232e-03f;
+  p = p * r + 8.33329848036461901e-03f;
+  p = p * r + 4.16664649761263883e-02f;
+  p = p * r + 1.66666667190076917e-01f;
+  p = p * r + 5.00000001346221912e-01f;
+  ppcc_vf y = (r * r) * p + r + 1.0f;
+  ppcc_vi n1 = ki >> 1, n2 = ki - n1;
+  y *= (ppcc_vf)((n1 + 127) << 23);
+  y *= (ppcc_vf)((n2 + 127) << 23);
+  return ppcc_vsel(x != x, x, y);
+}
+
+/* Lanes [0, len) from p, the rest `pad`. */
+static inline ppcc_vf ppcc_vload_pad(const float *p, int64_t len, float pad) {
+  if (len >= PPCC_VF) return *(const ppcc_uvf *)p;
+  ppcc_vf v;
+  for (int i = 0; i < PPCC_VF; i++) v[i] = i < len ? p[i] : pad;
+  return v;
+}
+
+/* Lanes [0, len) to p. */
+static inline void ppcc_vstore_part(float *p, ppcc_vf v, int64_t len) {
+  if (len >= PPCC_VF) {
+    *(ppcc_uvf *)p = v;
+    return;
+  }
+  for (int64_t i = 0; i < len; i++) p[i] = v[i];
+}
+
+/* The largest lane (no lane is NaN). */
+static inline float ppcc_hmax(ppcc_vf v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps((__m512)v);
+#else
+  float m = v[0];
+  for (int i = 1; i < PPCC_VF; i++) m = v[i] > m ? v[i] : m;
+  return m;
+#endif
+}
+
+#if defined(__AVX512F__)
+/* One row of ppcc_softmax_f32 in AVX-512 registers (masked loads for the last vector). */
+static inline void ppcc_softmax_row16(int64_t n, const float *xr, float *yr, int64_t log_) {
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  __m512 mv = ninf;
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 k = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+    /* max(v, m) gives m where v is NaN: NaN is ignored, as f64::max does. */
+    mv = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, k, xr + j), mv);
+  }
+  float m = _mm512_reduce_max_ps(mv);
+  /* x - s rounded to f32 (the interpreter rounds the f64 difference: at most an ulp of
+   * x - s apart, well inside exp's own error). */
+  __m512 sv = _mm512_set1_ps(__builtin_isfinite(m) ? m : 0.0f);
+  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 k = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+    __m512 v = _mm512_mask_loadu_ps(ninf, k, xr + j);
+    __m512 e = (__m512)ppcc_vexp((ppcc_vf)_mm512_sub_ps(v, sv)); /* 0 in masked lanes */
+    s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(
+                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    if (!log_) _mm512_mask_storeu_ps(yr + j, k, e);
+  }
+  double s = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+  if (log_) {
+    __m512d ls = _mm512_set1_pd((double)_mm512_cvtss_f32(sv) + log(s));
+    for (int64_t j = 0; j < n; j += 16) {
+      __mmask16 k = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+      __m512 v = _mm512_maskz_loadu_ps(k, xr + j);
+      __m256 lo = _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), ls));
+      __m256 hi = _mm512_cvtpd_ps(_mm512_sub_pd(
+          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))), ls));
+      __m512 y = _mm512_castpd_ps(_mm512_insertf64x4(
+          _mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+      _mm512_mask_storeu_ps(yr + j, k, y);
+    }
+  } else {
+    __m512d inv = _mm512_set1_pd(1.0 / s);
+    for (int64_t j = 0; j < n; j += 16) {
+      __mmask16 k = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+      __m512 e = _mm512_maskz_loadu_ps(k, yr + j);
+      __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)), inv));
+      __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(
+          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))), inv));
+      __m512 y = _mm512_castpd_ps(_mm512_insertf64x4(
+          _mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+      _mm512_mask_storeu_ps(yr + j, k, y);
+    }
+  }
+}
+#endif
+
+/* Each of `rows` rows of `n` contiguous floats: y = softmax(x) = e^(x - s) / Σ e^(x - s),
+ * or log_softmax(x) = (x - s) - ln Σ e^(x - s) when `log_`, with s the row's maximum (NaN
+ * ignored; 0 when not finite). Σ in f64. */
+void ppcc_softmax_f32(int64_t rows, int64_t n, const float *x, float *y, int64_t log_) {
+#if defined(__AVX512F__)
+  int64_t r = 0;
+  if (n <= 16 && !log_) {
+    /* Short rows: four at a time, so that four independent max → exp → sum → scale chains
+     * overlap (one row alone is mostly latency). */
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    __mmask16 k = (__mmask16)((1u << n) - 1);
+    for (; r + 4 <= rows; r += 4) {
+      __m512 v[4], e[4];
+      double inv[4];
+      for (int i = 0; i < 4; i++) v[i] = _mm512_mask_loadu_ps(ninf, k, x + (r + i) * n);
+      for (int i = 0; i < 4; i++) {
+        float m = _mm512_reduce_max_ps(_mm512_max_ps(v[i], ninf));
+        __m512 sv = _mm512_set1_ps(__builtin_isfinite(m) ? m : 0.0f);
+        e[i] = (__m512)ppcc_vexp((ppcc_vf)_mm512_sub_ps(v[i], sv));
+      }
+      for (int i = 0; i < 4; i++) {
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(e[i]));
+        __m512d hi = _mm512_cvtps_pd(
+            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e[i]), 1)));
+        inv[i] = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+      }
+      __m256d iv = _mm256_div_pd(_mm256_set1_pd(1.0), _mm256_loadu_pd(inv));
+      _mm256_storeu_pd(inv, iv);
+      for (int i = 0; i < 4; i++) {
+        __m512d s = _mm512_set1_pd(inv[i]);
+        __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e[i])), s));
+        __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e[i]), 1))), s));
+        __m512 yv = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+        _mm512_mask_storeu_ps(y + (r + i) * n, k, yv);
+      }
+    }
+  }
+  for (; r < rows; r++) ppcc_softmax_row16(n, x + r * n, y + r * n, log_);
+#else
+  const float ninf = -__builtin_inff();
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * n;
+    float *yr = y + r * n;
+    ppcc_vf mv = (ppcc_vf){0} + ninf;
+    for (int64_t j = 0; j < n; j += PPCC_VF) {
+      ppcc_vf v = ppcc_vload_pad(xr + j, n - j, ninf);
+      ppcc_vi gt = v > mv;
+      mv = ppcc_vsel(gt, v, mv);
+    }
+    float m = ppcc_hmax(mv);
+    float shift = __builtin_isfinite(m) ? m : 0.0f;
+    double s = 0;
+    for (int64_t j = 0; j < n; j += PPCC_VF) {
+      ppcc_vf e = ppcc_vexp(ppcc_vload_pad(xr + j, n - j, ninf) - shift);
+      for (int i = 0; i < PPCC_VF; i++) s += (double)e[i];
+      if (!log_) ppcc_vstore_part(yr + j, e, n - j);
+    }
+    if (log_) {
+      double ls = (double)shift + log(s);
+      for (int64_t j = 0; j < n; j++) yr[j] = (float)((double)xr[j] - ls);
+    } else {
+      double inv = 1.0 / s;
+      for (int64_t j = 0; j < n; j++) yr[j] = (float)((double)yr[j] * inv);
+    }
+  }
+#endif
+}
+
+/* Each of `rows` rows of `n` contiguous floats: mean and variance in f64 (population),
+ * inv = 1 / sqrt(var + eps), y = (x - mean) · inv · scale (+ bias), scale and bias of `n`
+ * floats (bias may be NULL); `mean` / `inv` (one float per row) are written when not NULL. */
+void ppcc_layernorm_f32(int64_t rows, int64_t n, const float *x, const float *scale,
+                        const float *bias, double eps, float *y, float *mean, float *inv) {
+  /* Blocks of 8 rows: the per-row divisions and square roots run as one vector operation
+   * for the block instead of one long dependent chain per row. */
+  enum { B = 8 };
+  for (int64_t r0 = 0; r0 < rows; r0 += B) {
+    int64_t nb = rows - r0 < B ? rows - r0 : B;
+    double mu[B], is[B];
+    for (int64_t b = 0; b < B; b++) {
+      const float *xr = x + (r0 + (b < nb ? b : 0)) * n;
+      double acc[8] = {0};
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8)
+        for (int i = 0; i < 8; i++) acc[i] += (double)xr[j + i];
+      for (; j < n; j++) acc[0] += (double)xr[j];
+      mu[b] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+    for (int b = 0; b < B; b++) mu[b] /= (double)n;
+    for (int64_t b = 0; b < B; b++) {
+      const float *xr = x + (r0 + (b < nb ? b : 0)) * n;
+      double acc[8] = {0};
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8)
+        for (int i = 0; i < 8; i++) {
+          double t = (double)xr[j + i] - mu[b];
+          acc[i] += t * t;
+        }
+      for (; j < n; j++) {
+        double t = (double)xr[j] - mu[b];
+        acc[0] += t * t;
+      }
+      is[b] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+    for (int b = 0; b < B; b++) is[b] = 1.0 / sqrt(is[b] / (double)n + eps);
+    for (int64_t b = 0; b < nb; b++) {
+      const float *xr = x + (r0 + b) * n;
+      float *yr = y + (r0 + b) * n;
+      double m = mu[b], v = is[b];
+      if (bias)
+        for (int64_t j = 0; j < n; j++)
+          yr[j] = (float)(((double)xr[j] - m) * v * (double)scale[j] + (double)bias[j]);
+      else
+        for (int64_t j = 0; j < n; j++) yr[j] = (float)(((double)xr[j] - m) * v * (double)scale[j]);
+      if (mean) mean[r0 + b] = (float)m;
+      if (inv) inv[r0 + b] = (float)v;
+    }
   }
 }
 

@@ -401,7 +401,7 @@ fn declare_gemm(e: &mut Emitter, d: DType) -> String {
 }
 
 /// `!llvm.ptr` to the first element of an identity-layout memref (offset 0 by its type).
-fn memref_ptr(e: &mut Emitter, memref: &str, mty: &str) -> String {
+pub(super) fn memref_ptr(e: &mut Emitter, memref: &str, mty: &str) -> String {
     let idx = e.op(format!(
         "memref.extract_aligned_pointer_as_index {memref} : {mty} -> index"
     ));
@@ -411,7 +411,7 @@ fn memref_ptr(e: &mut Emitter, memref: &str, mty: &str) -> String {
 
 /// `!llvm.ptr` to the first element of tensor `t`'s buffer (read-only, dense row-major:
 /// bufferization copies a strided view into an identity-layout buffer first).
-fn tensor_ptr(e: &mut Emitter, t: &str, shape: &[u64], d: DType) -> String {
+pub(super) fn tensor_ptr(e: &mut Emitter, t: &str, shape: &[u64], d: DType) -> String {
     let mty = memref_type(shape, d);
     let m = e.op(format!(
         "bufferization.to_buffer {t} read_only : {} to {mty}",
@@ -420,7 +420,7 @@ fn tensor_ptr(e: &mut Emitter, t: &str, shape: &[u64], d: DType) -> String {
     memref_ptr(e, &m, &mty)
 }
 
-fn i64_const(e: &mut Emitter, x: i64) -> String {
+pub(super) fn i64_const(e: &mut Emitter, x: i64) -> String {
     e.op(format!("arith.constant {x} : i64"))
 }
 

@@ -11,7 +11,7 @@
 //! * `exp(x)`: `n = ⌊x·log₂e + ½⌋`, `r = x − n·ln2` (two-part ln2), `eʳ = 1 + r + r²·P(r)`,
 //!   scaled by `2ⁿ` in two halves (so subnormal results and overflow to ∞ come out right);
 //!   `x` is clamped to [−104, 89] first, beyond which the f32 result is 0 or ∞.
-//! * `erf(x)`: `|x| < 1`: `x·P(2x² − 1)`; `1 ≤ |x| ≤ 4`: `1 − e^{−x²}·Q((1/|x| − 0.625)/0.375)`
+//! * `erf(x)`: `|x| < 1`: `x·P(2x² − 1)`; `1 ≤ |x| ≤ 4`: `1 − e^{−x²}·Q((|x| − 2.5)/1.5)`
 //!   (Q fits `erfc(x)·e^{x²}`); beyond 4 the f32 result is ±1. Odd by `copysign`.
 //! * `tanh(x)`: `|x| < 0.7`: `x·P(x²/0.245 − 1)`; else `1 − 2/(e^{2|x|} + 1)` with `|x|`
 //!   clamped to 10 (tanh rounds to 1 in f32 from 9.01 on). Odd by `copysign`.
@@ -43,19 +43,20 @@ const ERF_SMALL: [f64; 7] = [
     -1.76690808117398171e-05,
     1.23164017471065432e-06,
 ];
-/// erfc(x)·e^{x²} as a polynomial in s = (1/x − 0.625)/0.375, 1 ≤ x ≤ 4.
-const ERFC_Q: [f64; 11] = [
-    3.05952992323846207e-01,
-    1.43356414461965370e-01,
-    -2.42430140329222832e-02,
-    2.30802120614783226e-03,
-    4.61369425096149681e-04,
-    -3.48115405717058552e-04,
-    1.20197002067920692e-04,
-    -2.80781543323395695e-05,
-    1.80646873248767632e-06,
-    3.81659466784732713e-06,
-    -1.83425049535737236e-06,
+/// erfc(x)·e^{x²} as a polynomial in s = (x − 2.5)/1.5, 1 ≤ x ≤ 4.
+const ERFC_Q: [f64; 12] = [
+    2.10806357528338983e-01,
+    -1.11521004695381842e-01,
+    5.61109584116327095e-02,
+    -2.70057252897404759e-02,
+    1.24840356857481901e-02,
+    -5.56733290952513178e-03,
+    2.42588510121670127e-03,
+    -1.01711777431486689e-03,
+    3.67868672463678528e-04,
+    -1.43948597882936815e-04,
+    9.64045152214223773e-05,
+    -3.69287235751963988e-05,
 ];
 /// tanh(x)/x as a polynomial in s = x²/0.245 − 1, |x| < 0.7.
 const TANH_SMALL: [f64; 7] = [
@@ -162,10 +163,9 @@ pub fn erf_f32(b: &mut Body, x: &str) -> String {
     let four = c32(b, 4.0);
     let xc = bin(b, "maxnumf", &ax, &one);
     let xc = bin(b, "minnumf", &xc, &four);
-    let u = bin(b, "divf", &one, &xc);
-    let scale = c32(b, 1.0 / 0.375);
-    let shift = c32(b, -0.625 / 0.375);
-    let s = mul_add(b, &u, &scale, &shift);
+    let scale = c32(b, 1.0 / 1.5);
+    let shift = c32(b, -2.5 / 1.5);
+    let s = mul_add(b, &xc, &scale, &shift);
     let q = horner(b, &ERFC_Q, &s);
     let x2 = bin(b, "mulf", &xc, &xc);
     let nx2 = b.op(format!("arith.negf {x2} : f32"));

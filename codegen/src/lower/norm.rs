@@ -30,6 +30,7 @@
 
 use ppir::{DType, OpKind};
 
+use super::contraction::{i64_const, memref_ptr, tensor_ptr};
 use super::reduce::{
     dims_map, f64c, float_ok, from_f64, kept, pointwise, reduction, to_f64, FLOATS,
 };
@@ -142,6 +143,14 @@ fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
         return Err(op.invalid("softmax needs an operand of rank >= 1"));
     }
     let axis = op.axis(op.int_or("axis", -1)?, rank)?;
+    if d == DType::F32 && axis == rank - 1 {
+        return Ok(vec![softmax_rows_call(
+            e,
+            &src,
+            &x,
+            op.kind == OpKind::LogSoftmax,
+        )]);
+    }
     let axes = [axis];
     let shift = max_shift(e, &src, &x, &axes, d);
     let xin = Operand::identity(src.as_str(), &x, d);
@@ -176,7 +185,7 @@ fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
             &axes,
             &[Operand::identity(ex.as_str(), &x, DType::F64)],
             &[(DType::F64, 0.0)],
-            |b| vec![b.op("arith.addf %out0, %in0 : f64")],
+            |b| vec![b.op("arith.addf %out0, %in0 fastmath<reassoc> : f64")],
         )
         .remove(0);
         let so = stat(&s, &x, &axes, DType::F64);
@@ -192,6 +201,116 @@ fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
         )
     };
     Ok(vec![r])
+}
+
+/// f32 softmax / log_softmax over the last axis as one call of the support library's
+/// `ppcc_softmax_f32(rows, n, x, y, log)` (`codegen/src/support.c`: a row of 16 floats is one
+/// vector register, where the loops linalg leaves run a 16-element row scalar or strided).
+fn softmax_rows_call(e: &mut Emitter, src: &str, x: &[u64], log: bool) -> String {
+    let n = *x.last().unwrap();
+    let rows: u64 = x[..x.len() - 1].iter().product();
+    e.declare("llvm.func @ppcc_softmax_f32(i64, i64, !llvm.ptr, !llvm.ptr, i64)");
+    let px = tensor_ptr(e, src, x, DType::F32);
+    let mty = super::memref_type(x, DType::F32);
+    let alloc = e.op(format!("memref.alloc() {{alignment = 64 : i64}} : {mty}"));
+    let py = memref_ptr(e, &alloc, &mty);
+    let (r, c, l) = (
+        i64_const(e, rows as i64),
+        i64_const(e, n as i64),
+        i64_const(e, log as i64),
+    );
+    e.line(format!(
+        "llvm.call @ppcc_softmax_f32({r}, {c}, {px}, {py}, {l}) : (i64, i64, !llvm.ptr, !llvm.ptr, i64) -> ()"
+    ));
+    e.op(format!(
+        "bufferization.to_tensor {alloc} restrict writable : {mty} to {}",
+        tensor_type(x, DType::F32)
+    ))
+}
+
+/// f32 layer_norm whose scale (and bias) cover the whole normalised shape (no broadcast)
+/// and whose statistics, if asked for, are f32: one call of the support library's
+/// `ppcc_layernorm_f32(rows, n, x, scale, bias, eps, y, mean, inv)`. `None` when the op
+/// does not fit (the generic lowering handles it).
+fn layer_norm_rows_call(
+    e: &mut Emitter,
+    op: &OpView,
+    src: &str,
+    x: &[u64],
+    axis: usize,
+    eps: f64,
+) -> Option<Vec<String>> {
+    let inner = &x[axis..];
+    let n: u64 = inner.iter().product();
+    let rows: u64 = x[..axis].iter().product();
+    let dense = |i: usize| {
+        op.in_dtypes[i] == DType::F32
+            && op.in_shapes[i].iter().product::<u64>() == n
+            && op.in_shapes[i]
+                .iter()
+                .filter(|&&s| s != 1)
+                .eq(inner.iter().filter(|&&s| s != 1))
+    };
+    let n_out = op.out_shapes.len();
+    if !(1..=3).contains(&op.in_shapes.len())
+        || !(2..op.in_shapes.len()).all(dense)
+        || !dense(1)
+        || op.out_dtypes.iter().any(|&t| t != DType::F32)
+        || n == 0
+    {
+        return None;
+    }
+    let mut stat_shape = x[..axis].to_vec();
+    stat_shape.resize(x.len(), 1);
+    if n_out == 3 && (op.out_shapes[1] != stat_shape || op.out_shapes[2] != stat_shape) {
+        return None;
+    }
+    e.declare(
+        "llvm.func @ppcc_layernorm_f32(i64, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, f64, !llvm.ptr, !llvm.ptr, !llvm.ptr)",
+    );
+    let operand = |e: &mut Emitter, i: usize| {
+        let name = e.name(op.op.operands()[i]);
+        let shape = op.in_shapes[i].clone();
+        tensor_ptr(e, &name, &shape, DType::F32)
+    };
+    let px = tensor_ptr(e, src, x, DType::F32);
+    let ps = operand(e, 1);
+    let pb = if op.in_shapes.len() == 3 {
+        operand(e, 2)
+    } else {
+        e.op("llvm.mlir.zero : !llvm.ptr")
+    };
+    let mut outs = vec![(x.to_vec(), String::new())];
+    if n_out == 3 {
+        outs.push((stat_shape.clone(), String::new()));
+        outs.push((stat_shape, String::new()));
+    }
+    let mut ptrs = Vec::new();
+    for (shape, alloc) in outs.iter_mut() {
+        let mty = super::memref_type(shape, DType::F32);
+        *alloc = e.op(format!("memref.alloc() {{alignment = 64 : i64}} : {mty}"));
+        ptrs.push(memref_ptr(e, alloc, &mty));
+    }
+    while ptrs.len() < 3 {
+        ptrs.push(e.op("llvm.mlir.zero : !llvm.ptr"));
+    }
+    let (r, c) = (i64_const(e, rows as i64), i64_const(e, n as i64));
+    let ep = e.op(format!("arith.constant {eps:.17e} : f64"));
+    e.line(format!(
+        "llvm.call @ppcc_layernorm_f32({r}, {c}, {px}, {ps}, {pb}, {ep}, {}, {}, {}) : (i64, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, f64, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()",
+        ptrs[0], ptrs[1], ptrs[2]
+    ));
+    Some(
+        outs.iter()
+            .map(|(shape, alloc)| {
+                let mty = super::memref_type(shape, DType::F32);
+                e.op(format!(
+                    "bufferization.to_tensor {alloc} restrict writable : {mty} to {}",
+                    tensor_type(shape, DType::F32)
+                ))
+            })
+            .collect(),
+    )
 }
 
 /// Per-channel operand `i` (shape `[C]`, any lowered float type), indexed by loop d1.
@@ -398,6 +517,11 @@ fn layer_norm(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
             "has 1 result, or 3 with the mean and inverse std dev; {n_out} are declared"
         )));
     }
+    if d == DType::F32 {
+        if let Some(r) = layer_norm_rows_call(e, op, &src, &x, axis, eps) {
+            return Ok(r);
+        }
+    }
     let scale = trailing_broadcast(e, op, 1, "scale", &x, axis, d)?;
     let bias = match op.in_shapes.len() {
         3 => Some(trailing_broadcast(e, op, 2, "bias", &x, axis, d)?),
@@ -560,7 +684,7 @@ fn lrn(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
             Operand::new(window, &[size], DType::F64, vec![format!("d{rank}")]),
         ],
         &[(DType::F64, 0.0)],
-        |b| vec![b.op("arith.addf %out0, %in0 : f64")],
+        |b| vec![b.op("arith.addf %out0, %in0 fastmath<reassoc> : f64")],
     )
     .remove(0);
     let k = alpha / size as f64;

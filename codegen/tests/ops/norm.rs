@@ -410,3 +410,42 @@ fn bf16_is_refused() {
     let e = lower_function(&m.functions[0]).unwrap_err().to_string();
     assert!(e.contains("bf16"), "{e}");
 }
+
+/// The support-library row kernels (f32 softmax over the last axis, layer_norm with dense
+/// scale and bias): rows that do not fill a block of 4 or 8, rows shorter and longer than a
+/// vector, NaN and infinities, and all three layer_norm results.
+#[test]
+fn row_kernels_on_ragged_shapes() {
+    for shape in [&[9u64, 5][..], &[3, 17], &[2, 2, 33], &[7, 1], &[1, 16]] {
+        check(&softmaxes(shape, "f32", "{axis = -1}"), None);
+    }
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let mut v = vec![0.25f32; 9 * 20];
+    v[3] = nan;
+    v[25] = inf;
+    v[47] = -inf;
+    for x in &mut v[60..80] {
+        *x = -inf;
+    }
+    v[100] = 80.0;
+    v[101] = -80.0;
+    check_nan_inputs(
+        &softmaxes(&[9, 20], "f32", "{}"),
+        vec![Tensor::from_f32(vec![9, 20], v)],
+    );
+    for (rows, n) in [(9u64, 5u64), (3, 40), (17, 3)] {
+        let src = format!(
+            r#"
+module {{
+  func @f(%x: tensor<{rows}x{n}xf32>, %s: tensor<{n}xf32>, %b: tensor<{n}xf32>) -> (tensor<{rows}x{n}xf32>, tensor<{rows}x1xf32>, tensor<{rows}x1xf32>) {{
+    %y, %m, %r = "pp.layer_norm"(%x, %s, %b) {{axis = 1, epsilon = 1e-3}} : (tensor<{rows}x{n}xf32>, tensor<{n}xf32>, tensor<{n}xf32>) -> (tensor<{rows}x{n}xf32>, tensor<{rows}x1xf32>, tensor<{rows}x1xf32>)
+    return %y, %m, %r : tensor<{rows}x{n}xf32>, tensor<{rows}x1xf32>, tensor<{rows}x1xf32>
+  }}
+}}
+"#
+        );
+        let m = parse_stage(&src);
+        let inputs = random_inputs(&m.functions[0], 6);
+        check_with(&m, "f", inputs, 1e-5);
+    }
+}
