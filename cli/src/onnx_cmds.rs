@@ -13,7 +13,7 @@ use ppcc_frontends::onnx::conform::{
     compare, run_dirs, ConformOptions, ExecError, Executor, Tolerance,
 };
 use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions, Imported};
-use ppcc_runtime::native::NativeModule;
+use ppcc_runtime::native::{Arg as NativeArgRef, NativeModule};
 use ppir::interp::{run_function, InterpOptions, Precision};
 use ppir::{Function, Module};
 
@@ -274,10 +274,26 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
                 "generated native code in {:.2} s",
                 t0.elapsed().as_secs_f64()
             );
+            // Weights go into native buffers once (as a session keeps its initializers);
+            // the model's inputs are converted on every call.
+            let mut prepared = Vec::new();
+            for (i, (&(_, kind), t)) in f.args().iter().zip(&args).enumerate() {
+                prepared.push(match kind {
+                    ArgKind::Input => None,
+                    ArgKind::Param | ArgKind::State => Some(native.prepare(&f.name, i, t)?),
+                });
+            }
             let args = args.clone();
             Box::new(move || {
-                let refs: Vec<&ppir::Tensor> = args.iter().collect();
-                Ok(native.call(&f.name, &refs, None)?)
+                let call_args: Vec<NativeArgRef> = args
+                    .iter()
+                    .zip(&prepared)
+                    .map(|(t, p)| match p {
+                        Some(p) => NativeArgRef::Native(p),
+                        None => NativeArgRef::Tensor(t),
+                    })
+                    .collect();
+                Ok(native.call_with(&f.name, &call_args, None)?)
             })
         }
     };

@@ -140,6 +140,46 @@ impl NativeModule {
         args: &[&Tensor],
         comm: Option<&'c mut (dyn Comm + 'c)>,
     ) -> Result<Vec<Tensor>, NativeError> {
+        let args: Vec<Arg> = args.iter().map(|&t| Arg::Tensor(t)).collect();
+        self.call_with(function, &args, comm)
+    }
+
+    /// Convert `t` once into the native layout of argument `index` of `function`, for
+    /// [`NativeModule::call_with`] calls that pass the same value many times (weights).
+    pub fn prepare(
+        &self,
+        function: &str,
+        index: usize,
+        t: &Tensor,
+    ) -> Result<NativeArg, NativeError> {
+        let call_err = |message: String| NativeError::Call {
+            function: function.to_string(),
+            message,
+        };
+        let f = self
+            .funcs
+            .get(function)
+            .ok_or_else(|| call_err("the module has no such function".into()))?;
+        let want = f.inputs.get(index).ok_or_else(|| {
+            call_err(format!(
+                "no argument {index}: the function takes {}",
+                f.inputs.len()
+            ))
+        })?;
+        check_arg(index, t, want).map_err(call_err)?;
+        Ok(NativeArg {
+            buf: Buffer::from_tensor(t),
+            ty: want.clone(),
+        })
+    }
+
+    /// [`NativeModule::call`] with arguments that are tensors or prepared native buffers.
+    pub fn call_with<'c>(
+        &self,
+        function: &str,
+        args: &[Arg],
+        comm: Option<&'c mut (dyn Comm + 'c)>,
+    ) -> Result<Vec<Tensor>, NativeError> {
         let call_err = |message: String| NativeError::Call {
             function: function.to_string(),
             message,
@@ -155,31 +195,49 @@ impl NativeModule {
                 f.inputs.len()
             )));
         }
-        let mut bufs: Vec<Buffer> = Vec::with_capacity(f.inputs.len() + f.outputs.len());
-        for (i, (t, want)) in args.iter().zip(&f.inputs).enumerate() {
-            if t.dtype != want.dtype || t.shape != want.shape {
-                return Err(call_err(format!(
-                    "argument {i} is {}{:?}, the function takes {}",
-                    t.dtype.name(),
-                    t.shape,
-                    want.text()
-                )));
+        // Converted tensors (owned here) and the data pointer of every argument.
+        let mut owned: Vec<Buffer> = Vec::with_capacity(f.inputs.len());
+        let mut in_ptrs: Vec<*mut u8> = Vec::with_capacity(f.inputs.len());
+        for (i, (a, want)) in args.iter().zip(&f.inputs).enumerate() {
+            match a {
+                Arg::Tensor(t) => {
+                    check_arg(i, t, want).map_err(call_err)?;
+                    owned.push(Buffer::from_tensor(t));
+                    in_ptrs.push(owned.last_mut().unwrap().as_mut_ptr());
+                }
+                Arg::Native(n) => {
+                    if &n.ty != want {
+                        return Err(call_err(format!(
+                            "argument {i} was prepared as {}, the function takes {}",
+                            n.ty.text(),
+                            want.text()
+                        )));
+                    }
+                    // The generated code never writes its inputs (they are read-only
+                    // buffers to it), so a shared buffer can be passed.
+                    in_ptrs.push(n.buf.words.as_ptr() as *mut u8);
+                }
             }
-            bufs.push(Buffer::from_tensor(t));
         }
-        for o in &f.outputs {
-            bufs.push(Buffer::zeroed(o.dtype, o.len()));
-        }
+        let mut bufs: Vec<Buffer> = f
+            .outputs
+            .iter()
+            .map(|o| Buffer::zeroed(o.dtype, o.len()))
+            .collect();
+        let ptrs_all: Vec<*mut u8> = in_ptrs
+            .into_iter()
+            .chain(bufs.iter_mut().map(|b| b.as_mut_ptr()))
+            .collect();
         let shapes: Vec<&[usize]> = f
             .inputs
             .iter()
             .chain(&f.outputs)
             .map(|s| s.shape.as_slice())
             .collect();
-        let mut descs: Vec<Vec<i64>> = bufs
-            .iter_mut()
+        let mut descs: Vec<Vec<i64>> = ptrs_all
+            .iter()
             .zip(&shapes)
-            .map(|(b, s)| descriptor(b.as_mut_ptr(), s))
+            .map(|(&p, s)| descriptor(p, s))
             .collect();
         let ptrs: Vec<*mut c_void> = descs
             .iter_mut()
@@ -201,16 +259,42 @@ impl NativeModule {
         // only through their descriptors.
         unsafe { (f.entry)(&mut ctx, ptrs.as_ptr()) };
         drop(descs);
+        drop(owned);
         if let Some(e) = state.error {
             return Err(call_err(e));
         }
         Ok(bufs
-            .split_off(f.inputs.len())
             .into_iter()
             .zip(&f.outputs)
             .map(|(b, o)| b.into_tensor(o))
             .collect())
     }
+}
+
+/// An argument of [`NativeModule::call_with`].
+pub enum Arg<'a> {
+    /// Converted for this call.
+    Tensor(&'a Tensor),
+    /// Converted once by [`NativeModule::prepare`].
+    Native(&'a NativeArg),
+}
+
+/// A tensor already in a function argument's native layout ([`NativeModule::prepare`]).
+pub struct NativeArg {
+    buf: Buffer,
+    ty: Static,
+}
+
+fn check_arg(i: usize, t: &Tensor, want: &Static) -> Result<(), String> {
+    if t.dtype != want.dtype || t.shape != want.shape {
+        return Err(format!(
+            "argument {i} is {}{:?}, the function takes {}",
+            t.dtype.name(),
+            t.shape,
+            want.text()
+        ));
+    }
+    Ok(())
 }
 
 fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, NativeError> {
