@@ -765,7 +765,47 @@ fn broadcast(a: &[u64], b: &[u64]) -> Option<Vec<u64>> {
     Some(out)
 }
 
+/// `add(matmul(x, w), bias)` (op `add`, the product by op `mm`; see
+/// `fuse::Plan::bias_matmul`): one GEMM call with the bias broadcast as its `C` where the
+/// product is one matrix product, else the product and then the add as usual.
+pub fn matmul_plus_bias(
+    e: &mut Emitter,
+    add: &OpView,
+    mm: ppir::OpId,
+    inlined: &dyn Fn(ppir::ValueId) -> Option<ppir::OpId>,
+) -> Result<Vec<String>, LowerError> {
+    let mv = super::elementwise::op_view(e, mm)?;
+    let product = mv.op.results()[0];
+    let bias = if add.op.operands()[0] == product {
+        add.op.operands()[1]
+    } else {
+        add.op.operands()[0]
+    };
+    let d = e.dtype(bias);
+    let bs = e.shape(bias)?;
+    let bn = bs.last().copied().unwrap_or(1);
+    let b2 = [1, bn];
+    let bname = e.name(bias);
+    let bname = e.reshape(&bname, &bs, &b2, d);
+    let (r, used) = matmul_impl(e, &mv, Some((&bname, &b2)))?;
+    if used {
+        return Ok(vec![r]);
+    }
+    e.set_name(product, r);
+    super::elementwise::lower_root(e, add, inlined)
+}
+
 fn matmul(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
+    Ok(matmul_impl(e, op, None)?.0)
+}
+
+/// A matmul, plus `bias` (a `[1, n]` or `[1, 1]` tensor, added to every row) when the
+/// product is a single GEMM; the flag says whether the bias was added.
+fn matmul_impl(
+    e: &mut Emitter,
+    op: &OpView,
+    bias: Option<(&str, &[u64])>,
+) -> Result<(String, bool), LowerError> {
     use DType::*;
     let d = common_dtype(op, &[F32, F64, I64, I32, I8])?;
     let (sa, sb) = (&op.in_shapes[0], &op.in_shapes[1]);
@@ -810,8 +850,8 @@ fn matmul(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     check_result(op, &want)?;
 
     if d.is_float() {
-        let r = float_matmul(e, op, (&ap, &bp), &batch, (m, k, n), d);
-        return Ok(e.reshape(&r, &full, &want, d));
+        let (r, used) = float_matmul(e, op, (&ap, &bp), &batch, (m, k, n), d, bias);
+        return Ok((e.reshape(&r, &full, &want, d), used));
     }
     let a = e.name(op.op.operands()[0]);
     let b = e.name(op.op.operands()[1]);
@@ -834,7 +874,7 @@ fn matmul(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     } else {
         emit_broadcast_matmul(e, &a, &ap, &b, &bp, &batch, (m, k, n), d)
     };
-    Ok(e.reshape(&r, &full, &want, d))
+    Ok((e.reshape(&r, &full, &want, d), false))
 }
 
 /// A float `matmul` of the promoted shapes `ap` `[.., m, k]` and `bp` `[.., k, n]` with
@@ -849,7 +889,8 @@ fn float_matmul(
     batch: &[u64],
     (m, k, n): (u64, u64, u64),
     d: DType,
-) -> String {
+    bias: Option<(&str, &[u64])>,
+) -> (String, bool) {
     let (sa, sb) = (&op.in_shapes[0], &op.in_shapes[1]);
     // 1-D operands are promoted by a reshape; the others may be transposes.
     let (a, a_shape, ta) = if sa.len() == 1 {
@@ -888,14 +929,16 @@ fn float_matmul(
             &[],
             (nb * m, k, n),
             1.0,
-            None,
+            bias.map(|(name, shape)| (name, shape, 1.0)),
             d,
         );
         let mut full = batch.to_vec();
         full.extend([m, n]);
-        return e.reshape(&r2, &[nb * m, n], &full, d);
+        return (e.reshape(&r2, &[nb * m, n], &full, d), bias.is_some());
     }
-    emit_gemm_call(
+    // A bias rides along only on a single (unbatched) product.
+    let bias = bias.filter(|_| batch.is_empty());
+    let r = emit_gemm_call(
         e,
         Mat {
             name: &a,
@@ -910,9 +953,10 @@ fn float_matmul(
         batch,
         (m, k, n),
         1.0,
-        None,
+        bias.map(|(name, shape)| (name, shape, 1.0)),
         d,
-    )
+    );
+    (r, bias.is_some())
 }
 
 fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {

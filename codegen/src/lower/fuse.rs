@@ -15,16 +15,22 @@
 //! inlined op still yields a value of its own dtype, rounded as it would be on its own, so
 //! fused and unfused code compute the same numbers.
 
-use ppir::{Function, OpId, Use, ValueId};
+use ppir::{DType, Function, OpId, OpKind, Use, ValueId};
 
 use super::elementwise::elementwise_operands;
 use super::Emitter;
 
-/// Which ops of a function are computed inside a consumer's generic.
+/// Which ops of a function are computed inside a consumer's generic, and which float
+/// matrix products absorb the bias `add` that follows them.
 #[derive(Debug, Default)]
 pub struct Plan {
     /// Indexed by op id: inlined into its single consumer.
     inlined: Vec<bool>,
+    /// Indexed by op id of an `add`: the `matmul` whose only use it is, computed by the
+    /// add as one GEMM with the bias as its `C` (the matmul emits nothing itself).
+    bias_of: Vec<Option<OpId>>,
+    /// Indexed by op id: a `matmul` computed by its bias `add`.
+    absorbed: Vec<bool>,
 }
 
 impl Plan {
@@ -59,7 +65,77 @@ impl Plan {
                 *x = true;
             }
         }
-        Plan { inlined }
+        let mut plan = Plan {
+            inlined,
+            bias_of: vec![None; f.num_op_slots()],
+            absorbed: vec![false; f.num_op_slots()],
+        };
+        for &a in f.ops() {
+            if let Some(mm) = plan.matmul_bias(e, a) {
+                plan.bias_of[a.index()] = Some(mm);
+                plan.absorbed[mm.index()] = true;
+            }
+        }
+        plan
+    }
+
+    /// `Some(matmul)` when op `a` is `add(matmul(x, w), bias)` (either order) that one GEMM
+    /// computes with `bias` as its `C`: a float matmul (f32/f64) of an `x` of rank >= 2 by a
+    /// matrix `w`, used only by this add; a bias of the same dtype that varies at most
+    /// along the last dimension; the add's result of the matmul's shape; and nothing fused
+    /// into the add (it stands alone).
+    fn matmul_bias(&self, e: &Emitter, a: OpId) -> Option<OpId> {
+        let f = e.f;
+        let add = f.op(a);
+        if add.kind != OpKind::Add
+            || add.operands().len() != 2
+            || add.results().len() != 1
+            || self.is_inlined(a)
+        {
+            return None;
+        }
+        let r = add.results()[0];
+        let d = e.dtype(r);
+        if !matches!(d, DType::F32 | DType::F64) {
+            return None;
+        }
+        let out = e.shape(r).ok()?;
+        for j in 0..2 {
+            let (v, bias) = (add.operands()[j], add.operands()[1 - j]);
+            let Some(mm) = f.producer(v) else { continue };
+            let m = f.op(mm);
+            if m.kind != OpKind::MatMul
+                || m.operands().len() != 2
+                || !matches!(f.users(v), [Use::Operand(c, _)] if *c == a)
+                || self.inlined_producer(f, bias).is_some()
+            {
+                continue;
+            }
+            let (x, w) = (m.operands()[0], m.operands()[1]);
+            let (Ok(xs), Ok(ws), Ok(bs), Ok(vs)) =
+                (e.shape(x), e.shape(w), e.shape(bias), e.shape(v))
+            else {
+                continue;
+            };
+            let same_type = [x, w, bias, v].iter().all(|&u| e.dtype(u) == d);
+            let bias_ok = bs.len() <= out.len()
+                && bs.iter().rev().skip(1).all(|&s| s == 1)
+                && bs.last().is_none_or(|&s| s == 1 || Some(&s) == out.last());
+            if same_type && xs.len() >= 2 && ws.len() == 2 && vs == out && bias_ok {
+                return Some(mm);
+            }
+        }
+        None
+    }
+
+    /// The matmul that the bias add `id` computes, if any.
+    pub fn bias_matmul(&self, id: OpId) -> Option<OpId> {
+        self.bias_of.get(id.index()).copied().flatten()
+    }
+
+    /// Whether matmul `id` is computed by its bias add (and emits nothing itself).
+    pub fn is_absorbed(&self, id: OpId) -> bool {
+        self.absorbed.get(id.index()).copied().unwrap_or(false)
     }
 
     /// Whether op `id` is computed inside its consumer (and emits nothing itself).

@@ -657,21 +657,35 @@ fn lower_func_op(f: &Function) -> Result<(String, Signature, Vec<String>), Lower
     let plan = fuse::Plan::new(&e);
     let mut outlined = String::new();
     for &op_id in f.ops() {
-        if plan.is_inlined(op_id) {
-            // Computed inside its consumer's generic.
+        if plan.is_inlined(op_id) || plan.is_absorbed(op_id) {
+            // Computed inside its consumer's generic, or by its bias add's GEMM.
             continue;
         }
         let op = f.op(op_id);
         let view = elementwise::op_view(&e, op_id)?;
+        let bias_mm = plan.bias_matmul(op_id);
         let lower_here = |e: &mut Emitter| {
-            if op.kind.is_elementwise() {
+            if let Some(mm) = bias_mm {
+                contraction::matmul_plus_bias(e, &view, mm, &|v| plan.inlined_producer(f, v))
+            } else if op.kind.is_elementwise() {
                 elementwise::lower_root(e, &view, &|v| plan.inlined_producer(f, v))
             } else {
                 lower_op(e, &view)
             }
         };
         let names = if outline(op.kind) && !op.results().is_empty() {
-            let leaves = leaf_operands(f, op_id, &plan);
+            let mut leaves = leaf_operands(f, op_id, &plan);
+            if let Some(mm) = bias_mm {
+                // The GEMM reads the product's operands (and transposes' sources) and the
+                // bias, not the product.
+                let product = f.op(mm).results()[0];
+                leaves.retain(|&v| v != product);
+                for v in leaf_operands(f, mm, &plan) {
+                    if !leaves.contains(&v) {
+                        leaves.push(v);
+                    }
+                }
+            }
             outline_op(&mut e, op_id, &leaves, &mut outlined, lower_here)?
         } else {
             lower_here(&mut e)?

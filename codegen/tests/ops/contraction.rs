@@ -676,3 +676,63 @@ fn conv_inputs_keep_their_values() {
     let w = input(&[2, 2, 3, 3], 9);
     check_with(&m, "f", vec![x, w], 1e-5);
 }
+
+/// `add(matmul(x, w), bias)` with a bias along the last dimension is one GEMM call with the
+/// bias as its `C` (the matmul is not computed separately); other adds after a matmul, and
+/// shapes that are not one matrix product, keep the add. All against the interpreter.
+#[test]
+fn matmul_bias_add_is_one_gemm() {
+    // (x, w, bias, bias first, fused)
+    let cases: &[(&str, &str, &str, bool, bool)] = &[
+        ("4x6", "6x5", "5", false, true),
+        ("2x3x6", "6x5", "1x5", true, true),
+        ("2x3x6", "6x5", "1x1x5", false, true),
+        ("3x6", "6x5", "1", false, true),
+        ("3x6", "6x5", "3x1", false, false),
+        ("3x6", "6x5", "3x5", false, false),
+        ("2x3x6", "2x6x5", "5", false, false),
+    ];
+    for &(x, w, b, bias_first, fused) in cases {
+        let out = {
+            let mut s: Vec<&str> = x.split('x').collect();
+            *s.last_mut().unwrap() = w.rsplit('x').next().unwrap();
+            if w.split('x').count() == 3 {
+                s[0] = "2";
+            }
+            s.join("x")
+        };
+        let (l, r) = if bias_first {
+            ("%b", "%p")
+        } else {
+            ("%p", "%b")
+        };
+        let (lt, rt) = if bias_first {
+            (format!("tensor<{b}xf32>"), format!("tensor<{out}xf32>"))
+        } else {
+            (format!("tensor<{out}xf32>"), format!("tensor<{b}xf32>"))
+        };
+        let src = format!(
+            r#"
+module {{
+  func @f(%x: tensor<{x}xf32>, %w: tensor<{w}xf32>, %b: tensor<{b}xf32>) -> (tensor<{out}xf32>) {{
+    %p = "pp.matmul"(%x, %w) : (tensor<{x}xf32>, tensor<{w}xf32>) -> tensor<{out}xf32>
+    %y = "pp.add"({l}, {r}) : ({lt}, {rt}) -> tensor<{out}xf32>
+    return %y : tensor<{out}xf32>
+  }}
+}}
+"#
+        );
+        let m = parse(&src);
+        let (mlir, _) = lower_function(&m.functions[0]).expect("lower");
+        let calls = mlir.matches("llvm.call @ppcc_sgemm").count();
+        let generics = mlir.matches("linalg.generic").count();
+        assert_eq!(calls, 1, "{x}·{w} + {b}:\n{mlir}");
+        assert_eq!(
+            generics == 0,
+            fused,
+            "{x}·{w} + {b}: fused = {fused}\n{mlir}"
+        );
+        let inputs = random_inputs(&m.functions[0], 9);
+        check_with(&m, "f", inputs, 1e-5);
+    }
+}
