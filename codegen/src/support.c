@@ -479,6 +479,37 @@ typedef T F(uvec) __attribute__((vector_size(PPCC_VBYTES), aligned(sizeof(T))));
 /* How a microkernel combines its tile with C: overwrite, add, or add beta * C. */
 enum { F(SET) = 0, F(ADD) = 1, F(BETA) = 2 };
 
+/* The store of a kernel's MRK x NV*VL tile `acc` into c (i < mr, j < nr): c = alpha * acc,
+ * or + c, or + beta * c, by `mode`. */
+#define PPCC_KERNEL_STORE(MRK, NV)                                                             \
+  if (mr == MRK && nr == NV * VL) {                                                            \
+    for (int i = 0; i < MRK; i++)                                                              \
+      for (int v = 0; v < NV; v++) {                                                           \
+        F(uvec) *cv = (F(uvec) *)(c + i * ldc + v * VL);                                       \
+        F(vec) r = acc[i][v];                                                                  \
+        if (alpha != 1) r *= alpha;                                                            \
+        if (mode == F(ADD))                                                                    \
+          r += *cv;                                                                            \
+        else if (mode == F(BETA))                                                              \
+          r += beta * *cv;                                                                     \
+        *cv = r;                                                                               \
+      }                                                                                        \
+  } else {                                                                                     \
+    T tile[MRK][NV * VL] __attribute__((aligned(PPCC_VBYTES)));                                \
+    for (int i = 0; i < MRK; i++)                                                              \
+      for (int v = 0; v < NV; v++) *(F(vec) *)&tile[i][v * VL] = acc[i][v];                    \
+    for (int64_t i = 0; i < mr; i++)                                                           \
+      for (int64_t j = 0; j < nr; j++) {                                                       \
+        T r = tile[i][j];                                                                      \
+        if (alpha != 1) r *= alpha;                                                            \
+        if (mode == F(ADD))                                                                    \
+          r += c[i * ldc + j];                                                                 \
+        else if (mode == F(BETA))                                                              \
+          r += beta * c[i * ldc + j];                                                          \
+        c[i * ldc + j] = r;                                                                    \
+      }                                                                                        \
+  }
+
 /* c[i*ldc + j] <- alpha * sum_p a[p*MRK + i] * b[p*NR + j] (+ c or + beta*c by `mode`) for
  * i < mr, j < nr <= NV*VL: MRK x NV vectors of accumulators (NV = 1 for a last strip of
  * at most VL columns, which reads the first half of the packed NR-column panel). */
@@ -496,39 +527,38 @@ enum { F(SET) = 0, F(ADD) = 1, F(BETA) = 2 };
         for (int v = 0; v < NV; v++) acc[i][v] += av * bv[v];                                  \
       }                                                                                        \
     }                                                                                          \
-    if (mr == MRK && nr == NV * VL) {                                                          \
-      for (int i = 0; i < MRK; i++)                                                            \
-        for (int v = 0; v < NV; v++) {                                                         \
-          F(uvec) *cv = (F(uvec) *)(c + i * ldc + v * VL);                                     \
-          F(vec) r = acc[i][v];                                                                \
-          if (alpha != 1) r *= alpha;                                                          \
-          if (mode == F(ADD))                                                                  \
-            r += *cv;                                                                          \
-          else if (mode == F(BETA))                                                            \
-            r += beta * *cv;                                                                   \
-          *cv = r;                                                                             \
-        }                                                                                      \
-    } else {                                                                                   \
-      T tile[MRK][NV * VL] __attribute__((aligned(PPCC_VBYTES)));                              \
-      for (int i = 0; i < MRK; i++)                                                            \
-        for (int v = 0; v < NV; v++) *(F(vec) *)&tile[i][v * VL] = acc[i][v];                  \
-      for (int64_t i = 0; i < mr; i++)                                                         \
-        for (int64_t j = 0; j < nr; j++) {                                                     \
-          T r = tile[i][j];                                                                    \
-          if (alpha != 1) r *= alpha;                                                          \
-          if (mode == F(ADD))                                                                  \
-            r += c[i * ldc + j];                                                               \
-          else if (mode == F(BETA))                                                            \
-            r += beta * c[i * ldc + j];                                                        \
-          c[i * ldc + j] = r;                                                                  \
-        }                                                                                      \
+    PPCC_KERNEL_STORE(MRK, NV)                                                                 \
+  }
+
+/* The same tile read from unpacked operands: row i of A at a + i*lda (rows past mr read
+ * row mr-1 again, their results are not stored), row p of B's NV*VL columns at b + p*ldb
+ * (all of them inside B: the caller passes a packed copy for a last, narrower strip). */
+#define PPCC_KERNEL_DIRECT(NAME, MRK, NV)                                                      \
+  static void NAME(int64_t kc, const T *restrict a, int64_t lda, const T *restrict b,         \
+                   int64_t ldb, T *restrict c, int64_t ldc, int64_t mr, int64_t nr, T alpha,   \
+                   T beta, int mode) {                                                         \
+    const T *ar[MRK];                                                                          \
+    for (int i = 0; i < MRK; i++) ar[i] = a + (i < mr ? i : mr - 1) * lda;                     \
+    F(vec) acc[MRK][NV];                                                                       \
+    for (int i = 0; i < MRK; i++)                                                              \
+      for (int v = 0; v < NV; v++) acc[i][v] = (F(vec)){0};                                    \
+    for (int64_t p = 0; p < kc; p++) {                                                         \
+      F(vec) bv[NV];                                                                           \
+      for (int v = 0; v < NV; v++) bv[v] = *(const F(uvec) *)(b + p * ldb + v * VL);          \
+      _Pragma("GCC unroll 16") for (int i = 0; i < MRK; i++) {                                 \
+        T av = ar[i][p];                                                                       \
+        for (int v = 0; v < NV; v++) acc[i][v] += av * bv[v];                                  \
+      }                                                                                        \
     }                                                                                          \
+    PPCC_KERNEL_STORE(MRK, NV)                                                                 \
   }
 
 PPCC_KERNEL(F(kernel_big), PPCC_MR_BIG, 2)
 PPCC_KERNEL(F(kernel_small), PPCC_MR_SMALL, 2)
 PPCC_KERNEL(F(kernel_big_half), PPCC_MR_BIG, 1)
 PPCC_KERNEL(F(kernel_small_half), PPCC_MR_SMALL, 1)
+PPCC_KERNEL_DIRECT(F(kernel_direct), PPCC_MR_SMALL, 2)
+PPCC_KERNEL_DIRECT(F(kernel_direct_half), PPCC_MR_SMALL, 1)
 
 typedef void (*F(kernel_fn))(int64_t, const T *restrict, const T *restrict, T *restrict, int64_t,
                              int64_t, int64_t, T, T, int);
@@ -606,6 +636,41 @@ static void F(pack_b)(int64_t kc, int64_t nc, const T *b, int64_t rsb, int64_t c
   }
 }
 
+/* gemm_serial for row-major A (row stride lda) and B (row stride ldb), k <= KC: the
+ * direct kernels on MR_SMALL-row strips of A and NR-column strips of B; a last strip of B
+ * narrower than its kernel is copied, zero-padded, into the workspace first. */
+static int F(gemm_direct)(int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda,
+                          const T *b, int64_t ldb, T beta, int has_c, T *c, int64_t ldc,
+                          ppcc_ws *ws) {
+  int mode = has_c ? F(BETA) : F(SET);
+  const int mr_k = PPCC_MR_SMALL;
+  for (int64_t jr = 0; jr < n; jr += NR) {
+    int64_t nr = n - jr < NR ? n - jr : NR;
+    int half = nr <= VL;
+    int64_t width = half ? VL : NR;
+    const T *bp = b + jr;
+    int64_t ldbp = ldb;
+    if (nr < width) {
+      T *t = (T *)ppcc_reserve(&ws->b, &ws->bcap, sizeof(T) * (size_t)(k * width));
+      if (!t) return -1;
+      for (int64_t p = 0; p < k; p++) {
+        int64_t j = 0;
+        for (; j < nr; j++) t[p * width + j] = b[p * ldb + jr + j];
+        for (; j < width; j++) t[p * width + j] = 0;
+      }
+      bp = t;
+      ldbp = width;
+    }
+    for (int64_t ir = 0; ir < m; ir += mr_k) {
+      int64_t mr = m - ir < mr_k ? m - ir : mr_k;
+      (half ? F(kernel_direct_half) : F(kernel_direct))(k, a + ir * lda, lda, bp, ldbp,
+                                                       c + ir * ldc + jr, ldc, mr, nr, alpha,
+                                                       beta, mode);
+    }
+  }
+  return 0;
+}
+
 /* One thread's GEMM on a dense row-major C: c = alpha * op(a) op(b) (+ beta * c when
  * `has_c`). Returns 0, or -1 when the packing buffers could not be allocated. */
 static int F(gemm_serial)(int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t rsa,
@@ -619,6 +684,11 @@ static int F(gemm_serial)(int64_t m, int64_t n, int64_t k, T alpha, const T *a, 
       for (int64_t j = 0; j < n; j++) c[i * ldc + j] = has_c ? z + beta * c[i * ldc + j] : z;
     return 0;
   }
+  /* Small products of row-major operands: no packing at all. Packing pays for itself by
+   * streaming large blocks through the caches; for a B of at most 64K elements (and one
+   * block of k) it is most of the work (GPT-sized layers: k = 32, n = 96). */
+  if (csa == 1 && csb == 1 && k <= KC && k * n <= 65536)
+    return F(gemm_direct)(m, n, k, alpha, a, rsa, b, rsb, beta, has_c, c, ldc, ws);
   /* The smaller padding of m wins (both kernels run at about the same speed). */
   int mrk = PPCC_MR_BIG;
   F(kernel_fn) kern = F(kernel_big), kern_half = F(kernel_big_half);
