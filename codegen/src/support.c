@@ -636,30 +636,26 @@ static void F(pack_b)(int64_t kc, int64_t nc, const T *b, int64_t rsb, int64_t c
   }
 }
 
-/* gemm_serial for row-major A (row stride lda) and B (row stride ldb), k <= KC: the
- * direct kernels on MR_SMALL-row strips of A and NR-column strips of B; a last strip of B
- * narrower than its kernel is copied, zero-padded, into the workspace first. */
+/* gemm_serial for a row-major A (row stride lda) and k <= KC: the direct kernels on
+ * MR_SMALL-row strips of A, unpacked, and NR-column strips of B, read in place when B is
+ * row-major and the strip is as wide as its kernel, else packed into the workspace
+ * (transposed B, or a narrower last strip, zero-padded). */
 static int F(gemm_direct)(int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda,
-                          const T *b, int64_t ldb, T beta, int has_c, T *c, int64_t ldc,
-                          ppcc_ws *ws) {
+                          const T *b, int64_t rsb, int64_t csb, T beta, int has_c, T *c,
+                          int64_t ldc, ppcc_ws *ws) {
   int mode = has_c ? F(BETA) : F(SET);
   const int mr_k = PPCC_MR_SMALL;
   for (int64_t jr = 0; jr < n; jr += NR) {
     int64_t nr = n - jr < NR ? n - jr : NR;
     int half = nr <= VL;
-    int64_t width = half ? VL : NR;
-    const T *bp = b + jr;
-    int64_t ldbp = ldb;
-    if (nr < width) {
-      T *t = (T *)ppcc_reserve(&ws->b, &ws->bcap, sizeof(T) * (size_t)(k * width));
+    const T *bp = b + jr * csb;
+    int64_t ldbp = rsb;
+    if (csb != 1 || nr != (half ? VL : NR)) {
+      T *t = (T *)ppcc_reserve(&ws->b, &ws->bcap, sizeof(T) * (size_t)(k * NR));
       if (!t) return -1;
-      for (int64_t p = 0; p < k; p++) {
-        int64_t j = 0;
-        for (; j < nr; j++) t[p * width + j] = b[p * ldb + jr + j];
-        for (; j < width; j++) t[p * width + j] = 0;
-      }
+      F(pack_b)(k, nr, b + jr * csb, rsb, csb, t);
       bp = t;
-      ldbp = width;
+      ldbp = NR;
     }
     for (int64_t ir = 0; ir < m; ir += mr_k) {
       int64_t mr = m - ir < mr_k ? m - ir : mr_k;
@@ -687,8 +683,8 @@ static int F(gemm_serial)(int64_t m, int64_t n, int64_t k, T alpha, const T *a, 
   /* Small products of row-major operands: no packing at all. Packing pays for itself by
    * streaming large blocks through the caches; for a B of at most 64K elements (and one
    * block of k) it is most of the work (GPT-sized layers: k = 32, n = 96). */
-  if (csa == 1 && csb == 1 && k <= KC && k * n <= 65536)
-    return F(gemm_direct)(m, n, k, alpha, a, rsa, b, rsb, beta, has_c, c, ldc, ws);
+  if (csa == 1 && k <= KC && k * n <= 65536)
+    return F(gemm_direct)(m, n, k, alpha, a, rsa, b, rsb, csb, beta, has_c, c, ldc, ws);
   /* The smaller padding of m wins (both kernels run at about the same speed). */
   int mrk = PPCC_MR_BIG;
   F(kernel_fn) kern = F(kernel_big), kern_half = F(kernel_big_half);
