@@ -30,7 +30,7 @@ use ppcc_passes::partition::{apply, human_bytes, parse_bytes, PartitionKind};
 use ppcc_passes::planner::{plan, Plan, PlannerOptions, ScheduleSpec};
 use ppcc_passes::schedule::csv::{from_csv, to_csv};
 use ppcc_passes::schedule::{Layout, BUILTIN_NAMES};
-use ppcc_passes::simulate::{to_svg_seconds, to_trace_json_seconds};
+use ppcc_passes::simulate::{simulate, to_svg_seconds, to_trace_json_seconds};
 use ppcc_passes::split::{split_stages, SplitInfo, SplitOptions};
 use ppir::{ArgKind, Module, Phase};
 use serde_json::{json, Value};
@@ -285,7 +285,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
     };
     bar.set_message(format!("planning ({} partition)", kind.name()));
     let plan_started = Instant::now();
-    let best = plan(&module, &options)?;
+    let mut best = plan(&module, &options)?;
     let plan_seconds = plan_started.elapsed().as_secs_f64();
     bar.set_message("planning the sequential baseline");
     let baseline = if kind == PartitionKind::Sequential {
@@ -303,6 +303,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
 
     std::fs::create_dir_all(&output)
         .with_context(|| format!("cannot create {}", output.display()))?;
+    let mut native_times: Option<Vec<[f64; 4]>> = None;
     let program = if a.plan_only {
         None
     } else {
@@ -327,10 +328,11 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
             stage_modules.push(write_stage(&module, st, &output)?);
         }
         if a.target == Target::Cpu {
+            let mut built_so = Vec::new();
             for (st, sm) in split.stages.iter().zip(&stage_modules) {
                 bar.set_message(format!("generating code for stage {}", st.stage));
                 let dir = output.join(format!("stage{}", st.stage));
-                build_module(
+                let built = build_module(
                     sm,
                     &[],
                     &dir,
@@ -339,10 +341,55 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
                         keep_mlir: a.keep_mlir,
                     },
                 )?;
+                built_so.push(built.so);
+            }
+            if profile.name == "host" {
+                // All stages at once, one thread each, as `ppcc run` runs them: what a
+                // function takes while the other cores work too (shared caches, memory
+                // bandwidth, clock) is what the pipeline sees.
+                bar.set_message("timing the stages' code");
+                let weights = &module.weights;
+                let times: Vec<Result<[f64; 4]>> = std::thread::scope(|scope| {
+                    let handles: Vec<_> = split
+                        .stages
+                        .iter()
+                        .zip(&stage_modules)
+                        .zip(&built_so)
+                        .map(|((st, sm), so)| scope.spawn(move || time_stage(so, sm, st, weights)))
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join()
+                                .unwrap_or_else(|_| Err(anyhow::anyhow!("timing thread panicked")))
+                        })
+                        .collect()
+                });
+                native_times = Some(times.into_iter().collect::<Result<Vec<_>>>()?);
             }
         }
         Some((training, split, data))
     };
+    // Predicting this machine with its native code: the plan's stage times become the
+    // generated functions' measured times (the cost model's op sums chose the partition;
+    // its own prediction stays in plan.json as `prediction_cost_model`).
+    let model_prediction = native_times.as_ref().map(|_| prediction(&best));
+    if let Some(times) = &native_times {
+        let mut costs = best.costs.clone();
+        for (s, t) in times.iter().enumerate() {
+            if let Some(c) = costs.stages.get_mut(s) {
+                c.forward = t[0];
+                c.backward_input = t[1];
+                c.backward_weight = t[2];
+            }
+        }
+        costs.optimizer_step = times.iter().map(|t| t[3]).fold(0.0, f64::max);
+        best.report = simulate(&best.schedule, &costs)
+            .map_err(|e| anyhow::anyhow!("simulating the schedule with measured times: {e}"))?;
+        let work: f64 = times.iter().map(|t| t[0] + t[1] + t[2]).sum();
+        best.lower_bound = microbatches as f64 * work / a.stages as f64;
+        best.costs = costs;
+    }
     let write = |name: &str, text: String| -> Result<()> {
         let p = output.join(name);
         std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
@@ -377,6 +424,8 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         onnx_name: &prepared.onnx_name,
         weight_sources: &prepared.weight_sources,
         plan_seconds,
+        native_times: native_times.as_deref(),
+        model_prediction,
     });
     write(
         "plan.json",
@@ -519,6 +568,9 @@ struct PlanDoc<'a> {
     onnx_name: &'a std::collections::HashMap<String, String>,
     weight_sources: &'a std::collections::BTreeMap<String, String>,
     plan_seconds: f64,
+    /// Per stage: measured seconds of the native fwd, bwd_input, bwd_weight, optim.
+    native_times: Option<&'a [[f64; 4]]>,
+    model_prediction: Option<Value>,
 }
 
 fn prediction(p: &Plan) -> Value {
@@ -557,6 +609,11 @@ fn plan_json(d: &PlanDoc) -> Value {
                 "activation_bytes_per_microbatch": st.cost.act_bytes,
                 "param_bytes": st.cost.param_bytes,
             });
+            if let Some(t) = d.native_times.and_then(|t| t.get(s)) {
+                v["native_seconds"] = json!({
+                    "fwd": t[0], "bwd_input": t[1], "bwd_weight": t[2], "optim": t[3],
+                });
+            }
             if let Some((_, split, _)) = d.program {
                 let sf = &split.stages[s];
                 v["functions"] = json!({
@@ -568,6 +625,12 @@ fn plan_json(d: &PlanDoc) -> Value {
             v
         })
         .collect();
+    let mut predicted = prediction(p);
+    predicted["stage_times"] = json!(if d.native_times.is_some() {
+        "measured-native"
+    } else {
+        "cost-model"
+    });
     let mut doc = json!({
         "format": "ppcc-plan",
         "version": 1,
@@ -596,7 +659,8 @@ fn plan_json(d: &PlanDoc) -> Value {
         "candidates": p.candidates.iter().map(|(chain, t)| json!({"stage_graph_is_chain": chain, "iteration_seconds": t})).collect::<Vec<_>>(),
         "stages": stages,
         "edges": p.partition.edges.iter().map(|e| [e.from, e.to]).collect::<Vec<_>>(),
-        "prediction": prediction(p),
+        "prediction": predicted,
+        "prediction_cost_model": d.model_prediction,
         "baseline": match d.baseline {
             Ok(b) => { let mut v = prediction(b); v["partition"] = json!("sequential"); v }
             Err(e) => json!({"partition": "sequential", "error": e.to_string()}),
@@ -757,4 +821,40 @@ fn print_table(
         Ok(_) => {}
         Err(e) => println!("sequential baseline: {e}"),
     }
+}
+
+/// Measured seconds of a stage's native F, I, W and optim actions (0 without an optimizer)
+/// run as `ppcc run` runs them (`ppcc_runtime::pipeline::time_actions`), the module at `so`
+/// generated for `sm`, on the initial weights and synthetic data.
+fn time_stage(
+    so: &Path,
+    sm: &Module,
+    st: &ppcc_passes::split::StageFunctions,
+    weights: &std::collections::BTreeMap<String, ppir::Tensor>,
+) -> Result<[f64; 4]> {
+    let native = ppcc_runtime::native::NativeModule::load(so, sm, None)
+        .with_context(|| format!("loading stage {}'s module", st.stage))?;
+    let mut stage = ppcc_runtime::native::NativeStage::new(sm.clone(), native);
+    let mut own = std::collections::HashMap::new();
+    for f in &sm.functions {
+        for &(v, kind) in f.args() {
+            let name = &f.value(v).name;
+            if kind != ArgKind::Input {
+                if let Some(t) = weights.get(name) {
+                    own.insert(name.clone(), t.clone());
+                }
+            }
+        }
+    }
+    let mut comm = crate::target::NullComm;
+    ppcc_runtime::pipeline::time_actions(
+        &mut stage,
+        [&st.fwd, &st.bwd_input, &st.bwd_weight],
+        st.optim.as_deref(),
+        &own,
+        &crate::target::synthetic,
+        &mut comm,
+        6,
+    )
+    .map_err(|e| anyhow::anyhow!("timing stage {}: {e}", st.stage))
 }

@@ -57,7 +57,31 @@ enum Command {
     Simulate(simulate_cmd::SimulateArgs),
 }
 
+/// Keep freed memory in the process instead of returning it to the kernel. Training frees
+/// and allocates the same large buffers (activations, gradients, a native module's
+/// temporaries) every micro-batch; glibc's defaults serve buffers above its mmap threshold
+/// with fresh mappings, so every call page-faults them in again, which measured 2–3× slower
+/// stage functions inside a multi-threaded process.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+    const M_TRIM_THRESHOLD: i32 = -1;
+    const M_MMAP_THRESHOLD: i32 = -3;
+    // SAFETY: glibc's mallopt, called before any other thread exists; it only changes
+    // allocator parameters (returns 0 on a value it refuses, which leaves the default).
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 32 << 20);
+        mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_memory() {}
+
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = Cli::parse();
     let result = match (cli.command, cli.compile) {
         (Some(c), _) => run(c),

@@ -395,7 +395,7 @@ fn build_workers(
                 }
                 let native =
                     NativeModule::load(&so, &module, None).with_context(|| format!("stage {s}"))?;
-                Box::new(NativeStage { module, native })
+                Box::new(NativeStage::new(module, native))
             }
         };
         let worker = StageWorker::new(spec, exec, weights).map_err(|e| anyhow::anyhow!(e))?;

@@ -66,3 +66,44 @@ impl Drop for ScratchDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Answers every receive with zeros of the asked type and drops every send: a stage
+/// function run on its own, for timing.
+pub struct NullComm;
+
+impl ppir::interp::Comm for NullComm {
+    fn send(&mut self, _peer: u32, _channel: i64, _t: ppir::Tensor) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn recv(
+        &mut self,
+        _peer: u32,
+        _channel: i64,
+        ty: &ppir::TensorType,
+    ) -> Result<ppir::Tensor, String> {
+        synthetic(ty).ok_or_else(|| format!("cannot make a {ty} to receive"))
+    }
+}
+
+/// A tensor of a static type for timing: floats spread over [-1, 1) (a constant would
+/// make normalisations degenerate and gradients subnormal, which is slower than real
+/// data), integers 0 (valid indices and labels).
+pub fn synthetic(ty: &ppir::TensorType) -> Option<ppir::Tensor> {
+    let shape: Vec<usize> = ty.static_shape()?.iter().map(|&d| d as usize).collect();
+    let n = shape.iter().product();
+    Some(if ty.dtype.is_float() {
+        let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+        let v = (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+            })
+            .collect();
+        ppir::Tensor::from_f64(ty.dtype, shape, v)
+    } else {
+        ppir::Tensor::from_i64(ty.dtype, shape, vec![0; n])
+    })
+}

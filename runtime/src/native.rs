@@ -497,8 +497,10 @@ impl Buffer {
         let out = b.bytes_mut();
         match (&t.data, t.dtype) {
             (TensorData::Float(v), DType::F32) => {
-                for (c, x) in out.chunks_exact_mut(4).zip(v) {
-                    c.copy_from_slice(&(*x as f32).to_ne_bytes());
+                // SAFETY: the buffer is 64-byte aligned and any bytes are a valid f32.
+                let (_, floats, _) = unsafe { out.align_to_mut::<f32>() };
+                for (o, &x) in floats.iter_mut().zip(v) {
+                    *o = x as f32;
                 }
             }
             (TensorData::Float(v), DType::F64) => {
@@ -552,12 +554,22 @@ impl Buffer {
     fn decode(bytes: &[u8], ty: &Static) -> Tensor {
         let shape = ty.shape.clone();
         let data = match ty.dtype {
-            DType::F32 => TensorData::Float(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_ne_bytes(c.try_into().unwrap()) as f64)
-                    .collect(),
-            ),
+            DType::F32 => {
+                // SAFETY: every bit pattern is a valid f32; `align_to` splits off any
+                // unaligned ends, which the byte-wise path below handles.
+                let (head, floats, tail) = unsafe { bytes.align_to::<f32>() };
+                if head.is_empty() && tail.is_empty() {
+                    // A plain widening loop (vectorised), the bulk of every call's results.
+                    TensorData::Float(floats.iter().map(|&x| x as f64).collect())
+                } else {
+                    TensorData::Float(
+                        bytes
+                            .chunks_exact(4)
+                            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()) as f64)
+                            .collect(),
+                    )
+                }
+            }
             DType::F64 => TensorData::Float(
                 bytes
                     .chunks_exact(8)
@@ -599,11 +611,24 @@ impl Buffer {
     }
 }
 
-/// A stage's functions as native code, behind the pipeline's [`StageExecutable`].
+/// A stage's functions as native code, behind the pipeline's [`StageExecutable`]. Weight
+/// arguments (`param`/`state`) are converted to native buffers once and reused until the
+/// pipeline reports new weights (`weights_changed`).
 pub struct NativeStage {
     /// The stage's IR (signatures by name; the code is `native`'s).
     pub module: Module,
     pub native: NativeModule,
+    prepared: HashMap<(String, usize), NativeArg>,
+}
+
+impl NativeStage {
+    pub fn new(module: Module, native: NativeModule) -> Self {
+        NativeStage {
+            module,
+            native,
+            prepared: HashMap::new(),
+        }
+    }
 }
 
 impl crate::pipeline::StageExecutable for NativeStage {
@@ -618,10 +643,37 @@ impl crate::pipeline::StageExecutable for NativeStage {
         args: Vec<std::borrow::Cow<'_, Tensor>>,
         comm: &mut dyn Comm,
     ) -> Result<Vec<Tensor>, String> {
-        let refs: Vec<&Tensor> = args.iter().map(|a| a.as_ref()).collect();
+        let f = self
+            .module
+            .function(function)
+            .ok_or_else(|| format!("the stage has no function @{function}"))?;
+        for (i, (&(_, kind), a)) in f.args().iter().zip(&args).enumerate() {
+            let key = (function.to_string(), i);
+            if kind != ppir::ArgKind::Input && !self.prepared.contains_key(&key) {
+                let p = self
+                    .native
+                    .prepare(function, i, a.as_ref())
+                    .map_err(|e| e.to_string())?;
+                self.prepared.insert(key, p);
+            }
+        }
+        let call_args: Vec<Arg> = args
+            .iter()
+            .enumerate()
+            .map(
+                |(i, a)| match self.prepared.get(&(function.to_string(), i)) {
+                    Some(p) => Arg::Native(p),
+                    None => Arg::Tensor(a.as_ref()),
+                },
+            )
+            .collect();
         self.native
-            .call(function, &refs, Some(comm))
+            .call_with(function, &call_args, Some(comm))
             .map_err(|e| e.to_string())
+    }
+
+    fn weights_changed(&mut self) {
+        self.prepared.clear();
     }
 }
 

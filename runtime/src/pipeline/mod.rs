@@ -88,6 +88,9 @@ pub trait StageExecutable: Send {
         args: Vec<Cow<'_, Tensor>>,
         comm: &mut dyn Comm,
     ) -> Result<Vec<Tensor>, String>;
+    /// The caller replaced some of the weights (`param`/`state` arguments) it passes: an
+    /// executable that keeps converted copies of them must drop those.
+    fn weights_changed(&mut self) {}
 }
 
 /// A stage's functions on the reference interpreter.
@@ -490,39 +493,64 @@ impl RankWorker {
         };
         let outs = st.exec.call(function, args, &mut comm)?;
         let waiting = comm.waiting.as_secs_f64();
+        let mut weights_changed = false;
         for (name, t) in results.into_iter().zip(outs) {
             if name == "loss" && !is_optim {
                 losses.push(t.to_f64_vec().first().copied().unwrap_or(f64::NAN));
             } else if let Some(w) = name.strip_prefix("new.") {
                 if st.weights.contains_key(w) {
                     st.weights.insert(w.to_string(), t);
+                    weights_changed = true;
                 } else if !is_optim {
                     st.stash.entry(mb).or_default().insert(name, t);
                 }
             } else if let (false, Some(p)) = (is_optim, name.strip_prefix("grad.")) {
                 let summed = match st.grads.remove(p) {
                     None => t,
-                    Some(acc) => eval_op(
-                        OpKind::Add,
-                        &Attrs::new(),
-                        &[&acc, &t],
-                        &[TensorType::of(
-                            acc.dtype,
-                            &acc.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
-                        )],
-                        &InterpOptions::default(),
-                    )
-                    .map_err(|e| format!("accumulating grad.{p}: {e}"))?
-                    .pop()
-                    .ok_or_else(|| format!("accumulating grad.{p}: no result"))?,
+                    Some(acc) => {
+                        accumulate(acc, &t).map_err(|e| format!("accumulating grad.{p}: {e}"))?
+                    }
                 };
                 st.grads.insert(p.to_string(), summed);
             } else if !is_optim {
                 st.stash.entry(mb).or_default().insert(name, t);
             }
         }
+        if weights_changed {
+            st.exec.weights_changed();
+        }
         Ok(waiting)
     }
+}
+
+/// `acc + g` in `acc`'s dtype, as the interpreter's `add` computes it (f64 sum rounded once
+/// to the dtype), in place for floats of the same shape; any other pair goes through the
+/// interpreter's `add`.
+fn accumulate(mut acc: Tensor, g: &Tensor) -> Result<Tensor, String> {
+    use ppir::TensorData;
+    if acc.shape == g.shape && acc.dtype == g.dtype {
+        let d = acc.dtype;
+        if let (TensorData::Float(a), TensorData::Float(b)) = (&mut acc.data, &g.data) {
+            for (x, &y) in a.iter_mut().zip(b) {
+                *x = ppir::tensor::round_to(d, *x + y);
+            }
+            return Ok(acc);
+        }
+    }
+    let ty = TensorType::of(
+        acc.dtype,
+        &acc.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+    );
+    eval_op(
+        OpKind::Add,
+        &Attrs::new(),
+        &[&acc, g],
+        &[ty],
+        &InterpOptions::default(),
+    )
+    .map_err(|e| e.to_string())?
+    .pop()
+    .ok_or_else(|| "no result".to_string())
 }
 
 /// One step on every device, each a thread, over `net`. Returns the reports by rank, or
@@ -622,4 +650,95 @@ pub fn step_loss(reports: &[RankReport]) -> Option<f64> {
     } else {
         Some(losses.iter().sum::<f64>() / losses.len() as f64)
     }
+}
+
+/// Median seconds of a stage's actions run on their own, the way a [`RankWorker`] runs
+/// them — `[F, I, W, optim]`: `fwd` with the stage's `weights` and `data(type)` for its
+/// inputs (data arrays, `rng`, received values) and its results stashed; `bwd_input` and
+/// `bwd_weight` reading that stash, with the `grad.*` results summed as the worker sums
+/// them (W includes the summing); `optim` with the sums. Communication goes to `comm`
+/// (for timing: a sink that answers receives with `data`). `rounds` micro-batches are
+/// timed after one untimed round; `optim` is timed without replacing any weight.
+pub fn time_actions(
+    exec: &mut dyn StageExecutable,
+    [fwd, bwd_input, bwd_weight]: [&str; 3],
+    optim: Option<&str>,
+    weights: &HashMap<String, Tensor>,
+    data: &dyn Fn(&TensorType) -> Option<Tensor>,
+    comm: &mut dyn Comm,
+    rounds: usize,
+) -> Result<[f64; 4], String> {
+    type Stash = HashMap<String, Tensor>;
+    let call = |exec: &mut dyn StageExecutable,
+                function: &str,
+                stash: &Stash,
+                grads: &Stash,
+                comm: &mut dyn Comm|
+     -> Result<(f64, Vec<(String, Tensor)>), String> {
+        let (args_sig, results) = exec
+            .signature(function)
+            .ok_or_else(|| format!("no function @{function}"))?;
+        let mut args = Vec::with_capacity(args_sig.len());
+        for (name, kind, ty) in &args_sig {
+            let t = if *kind != ArgKind::Input {
+                weights.get(name).map(Cow::Borrowed)
+            } else if let Some(t) = stash.get(name) {
+                Some(Cow::Borrowed(t))
+            } else if let Some(t) = name.strip_prefix("grad.").and_then(|p| grads.get(p)) {
+                Some(Cow::Borrowed(t))
+            } else {
+                data(ty).map(Cow::Owned)
+            };
+            args.push(t.ok_or_else(|| format!("@{function}: no value for %{name}"))?);
+        }
+        let t0 = Instant::now();
+        let outs = exec.call(function, args, comm)?;
+        Ok((
+            t0.elapsed().as_secs_f64(),
+            results.into_iter().zip(outs).collect(),
+        ))
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let (mut f, mut i, mut w) = (vec![], vec![], vec![]);
+    let mut grads = Stash::new();
+    for round in 0..=rounds {
+        let mut stash = Stash::new();
+        let (tf, outs) = call(exec, fwd, &stash, &grads, comm)?;
+        for (name, t) in outs {
+            if name != "loss" && !name.starts_with("new.") {
+                stash.insert(name, t);
+            }
+        }
+        let (ti, outs) = call(exec, bwd_input, &stash, &grads, comm)?;
+        for (name, t) in outs {
+            stash.insert(name, t);
+        }
+        let (tw, outs) = call(exec, bwd_weight, &stash, &grads, comm)?;
+        let t0 = Instant::now();
+        for (name, t) in outs {
+            if let Some(p) = name.strip_prefix("grad.") {
+                let summed = match grads.remove(p) {
+                    None => t,
+                    Some(acc) => accumulate(acc, &t)?,
+                };
+                grads.insert(p.to_string(), summed);
+            }
+        }
+        let tw = tw + t0.elapsed().as_secs_f64();
+        if round > 0 {
+            f.push(tf);
+            i.push(ti);
+            w.push(tw);
+        }
+    }
+    let mut o = vec![];
+    if let Some(optim) = optim {
+        for _ in 0..3 {
+            o.push(call(exec, optim, &Stash::new(), &grads, comm)?.0);
+        }
+    }
+    Ok([median(f), median(i), median(w), median(o)])
 }
