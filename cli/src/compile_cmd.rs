@@ -282,6 +282,31 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         pinned: pinned.clone(),
         autodiff: a.program.autodiff(),
         optimizer_state,
+        op_timer: (a.target == Target::Cpu && profile.measure_ops).then(|| {
+            // Partition by what the generated code takes, not the interpreter.
+            // The plan and its sequential baseline cost the same training step: remember
+            // the last answer (by the function's text).
+            let weights = module.weights.clone();
+            let memo: std::sync::Mutex<Option<(String, Option<OpTimes>)>> = Default::default();
+            ppcc_passes::partition::OpTimer(std::sync::Arc::new(move |g: &ppir::Function| {
+                let key = ppir::text::print_function(g);
+                let mut memo = memo.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some((k, v)) = memo.as_ref() {
+                    if *k == key {
+                        return v.clone();
+                    }
+                }
+                let v = crate::target::native_op_times(g, &weights)
+                    .map_err(|e| {
+                        eprintln!(
+                            "note: timing ops with the interpreter instead of native code: {e:#}"
+                        )
+                    })
+                    .ok();
+                *memo = Some((key, v.clone()));
+                v
+            }))
+        }),
     };
     bar.set_message(format!("planning ({} partition)", kind.name()));
     let plan_started = Instant::now();
@@ -339,6 +364,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
                     &format!("stage {}", st.stage),
                     &BuildOptions {
                         keep_mlir: a.keep_mlir,
+                        profile_ops: false,
                     },
                 )?;
                 built_so.push(built.so);
@@ -425,7 +451,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         weight_sources: &prepared.weight_sources,
         plan_seconds,
         native_times: native_times.as_deref(),
-        model_prediction,
+        model_prediction: model_prediction.clone(),
     });
     write(
         "plan.json",
@@ -442,6 +468,9 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         &best,
         &baseline,
         program.as_ref().map(|p| &p.1),
+        model_prediction
+            .as_ref()
+            .and_then(|v| v["iteration_seconds"].as_f64()),
     );
     let stages = match &program {
         Some((_, split, _)) => format!(
@@ -551,6 +580,8 @@ fn write_stage(m: &Module, st: &ppcc_passes::split::StageFunctions, dir: &Path) 
     let _ = std::fs::remove_file(sdir.join("module.so"));
     Ok(sm)
 }
+
+type OpTimes = std::collections::HashMap<ppir::OpId, f64>;
 
 struct PlanDoc<'a> {
     a: &'a CompileArgs,
@@ -742,6 +773,7 @@ fn print_table(
     p: &Plan,
     baseline: &Result<Plan, ppcc_passes::PassError>,
     split: Option<&SplitInfo>,
+    model_makespan: Option<f64>,
 ) {
     println!(
         "{} -> {}: {} devices, {} stages, {m} micro-batches, schedule {}, {} partition",
@@ -802,20 +834,31 @@ fn print_table(
         ms(p.lower_bound),
         human_bytes(peak)
     );
+    // The baseline is only planned (cost model): compare it with this plan's cost-model
+    // prediction, not with the stage times measured on generated code.
+    let mine = model_makespan.unwrap_or(p.report.makespan);
     match baseline {
         Ok(b) if kind != PartitionKind::Sequential => println!(
-            "sequential baseline: iteration {}, bubble {:.1}% ({:.2}x {})",
+            "sequential baseline: iteration {}, bubble {:.1}% ({:.2}x {}{})",
             ms(b.report.makespan),
             100.0 * b.report.bubble_fraction,
-            if p.report.makespan > 0.0 {
-                b.report.makespan / p.report.makespan
+            if mine > 0.0 {
+                b.report.makespan / mine
             } else {
                 1.0
             },
-            if b.report.makespan >= p.report.makespan {
+            if b.report.makespan >= mine {
                 "speed-up of this plan"
             } else {
                 "i.e. this plan is slower"
+            },
+            if model_makespan.is_some() {
+                format!(
+                    ", both by the cost model, which predicts this plan at {}",
+                    ms(mine)
+                )
+            } else {
+                String::new()
             }
         ),
         Ok(_) => {}

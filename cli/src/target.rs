@@ -34,7 +34,16 @@ pub fn build_native(
     what: &str,
     keep_mlir: bool,
 ) -> Result<NativeModule> {
-    let built = build_module(m, functions, dir, what, &BuildOptions { keep_mlir })?;
+    let built = build_module(
+        m,
+        functions,
+        dir,
+        what,
+        &BuildOptions {
+            keep_mlir,
+            profile_ops: false,
+        },
+    )?;
     let only = (!functions.is_empty()).then_some(functions);
     NativeModule::load(&built.so, m, only).context("loading the generated module")
 }
@@ -106,4 +115,66 @@ pub fn synthetic(ty: &ppir::TensorType) -> Option<ppir::Tensor> {
     } else {
         ppir::Tensor::from_i64(ty.dtype, shape, vec![0; n])
     })
+}
+
+/// Seconds of every op of `g` (a whole training step) in native code: `g` is compiled with
+/// per-op timers (`profile_ops`), run on the initial `weights` (by argument name) and
+/// synthetic data a few times, and each op's time averaged; ops fused into another op
+/// count 0 (their time is their consumer's).
+pub fn native_op_times(
+    g: &ppir::Function,
+    weights: &std::collections::BTreeMap<String, ppir::Tensor>,
+) -> Result<std::collections::HashMap<ppir::OpId, f64>> {
+    let scratch = ScratchDir::new("optimes")?;
+    let mut m = Module::new();
+    m.functions.push(g.clone());
+    let built = build_module(
+        &m,
+        &[],
+        &scratch.0,
+        "the training step (timing its ops)",
+        &BuildOptions {
+            keep_mlir: false,
+            profile_ops: true,
+        },
+    )?;
+    let native = NativeModule::load(&built.so, &m, None)?;
+    let args: Vec<ppir::Tensor> = g
+        .args()
+        .iter()
+        .map(|&(v, kind)| {
+            let want: Option<Vec<usize>> = g
+                .ty(v)
+                .static_shape()
+                .map(|s| s.iter().map(|&d| d as usize).collect());
+            let real = (kind != ppir::ArgKind::Input)
+                .then(|| weights.get(&g.value(v).name))
+                .flatten()
+                .filter(|t| want.as_ref() == Some(&t.shape))
+                .cloned();
+            match real {
+                Some(t) => Ok(t),
+                None => synthetic(g.ty(v)).with_context(|| {
+                    format!("@{}: argument type {} is not static", g.name, g.ty(v))
+                }),
+            }
+        })
+        .collect::<Result<_>>()?;
+    let refs: Vec<&ppir::Tensor> = args.iter().collect();
+    let n = g.num_op_slots();
+    native.call(&g.name, &refs, None)?;
+    native
+        .take_op_profile(n)
+        .context("the module has no op counters")?;
+    const RUNS: usize = 3;
+    for _ in 0..RUNS {
+        native.call(&g.name, &refs, None)?;
+    }
+    let ns = native
+        .take_op_profile(n)
+        .context("the module has no op counters")?;
+    Ok(g.ops()
+        .iter()
+        .map(|&op| (op, ns[op.index()] / RUNS as f64))
+        .collect())
 }

@@ -13,5 +13,7 @@ pub mod package;
 pub use compile::{
     compile_to_object, compile_to_shared_object, link_shared, CompileError, CompileOptions,
 };
-pub use lower::{lower_function, lower_functions, LowerError, Signature};
+pub use lower::{
+    lower_function, lower_functions, lower_functions_with, LowerError, LowerOptions, Signature,
+};
 pub use package::{build_module, BuildOptions, Built, CodegenError};

@@ -7,7 +7,7 @@ use std::time::Instant;
 use ppir::{Function, Module};
 
 use crate::compile::{compile_to_shared_object, CompileError, CompileOptions};
-use crate::lower::{lower_functions, LowerError};
+use crate::lower::{lower_functions_with, LowerError, LowerOptions};
 
 /// A failure to build native code, with what was being built.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +34,9 @@ pub struct BuildOptions {
     /// Also write the module after every pass of the pipeline to `<dir>/mlir/` and the
     /// LLVM dialect / LLVM IR next to the object.
     pub keep_mlir: bool,
+    /// Time every op call (see [`LowerOptions::profile_ops`]); for measuring, not for
+    /// training runs.
+    pub profile_ops: bool,
 }
 
 /// What [`build_module`] wrote.
@@ -62,7 +65,10 @@ pub fn build_module(
             .filter(|f| functions.contains(&f.name.as_str()))
             .collect()
     };
-    let (mlir, sigs) = lower_functions(&fs).map_err(|source| CodegenError::Lower {
+    let lopts = LowerOptions {
+        profile_ops: opts.profile_ops,
+    };
+    let (mlir, sigs) = lower_functions_with(&fs, &lopts).map_err(|source| CodegenError::Lower {
         what: what.to_string(),
         source: Box::new(source),
     })?;

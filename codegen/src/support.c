@@ -11,6 +11,7 @@
  *   ppcc_get_num_threads()
  *   ppcc_softmax_f32          softmax / log_softmax over a contiguous last axis (f32);
  *   ppcc_layernorm_f32        layer normalisation over contiguous trailing axes (f32);
+ *   ppcc_prof_begin/_end/_take  per-op timing of modules lowered with profile_ops;
  *   memrefCopy                the ABI MLIR's memref.copy lowering calls for copies between
  *                             non-contiguous memrefs (same signature as MLIR's CRunnerUtils).
  *
@@ -30,6 +31,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -64,6 +66,40 @@ void ppcc_set_num_threads(int n) {
 }
 
 int ppcc_get_num_threads(void) { return __atomic_load_n(&ppcc_threads, __ATOMIC_RELAXED); }
+
+/* ---- op profiling (modules lowered with profile_ops) ---- */
+
+/* Nanoseconds per op id, summed over calls since the last ppcc_prof_take; one table per
+ * process (profiling runs one function at a time). */
+static int64_t *ppcc_prof_ns;
+static int64_t ppcc_prof_cap;
+
+int64_t ppcc_prof_begin(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void ppcc_prof_end(int64_t t0, int64_t op) {
+  int64_t dt = ppcc_prof_begin() - t0;
+  if (op < 0) return;
+  if (op >= ppcc_prof_cap) {
+    int64_t cap = ppcc_prof_cap ? ppcc_prof_cap : 256;
+    while (cap <= op) cap *= 2;
+    int64_t *p = (int64_t *)realloc(ppcc_prof_ns, (size_t)cap * sizeof(int64_t));
+    if (!p) return;
+    memset(p + ppcc_prof_cap, 0, (size_t)(cap - ppcc_prof_cap) * sizeof(int64_t));
+    ppcc_prof_ns = p;
+    ppcc_prof_cap = cap;
+  }
+  ppcc_prof_ns[op] += dt;
+}
+
+/* Copy the first n counters to out (zeros past the table), then clear the table. */
+void ppcc_prof_take(int64_t *out, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = i < ppcc_prof_cap ? ppcc_prof_ns[i] : 0;
+  if (ppcc_prof_cap) memset(ppcc_prof_ns, 0, (size_t)ppcc_prof_cap * sizeof(int64_t));
+}
 
 /* ---- packing workspace ---- */
 

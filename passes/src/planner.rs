@@ -61,6 +61,8 @@ pub struct PlannerOptions {
     pub autodiff: AutodiffOptions,
     /// Optimizer state per parameter byte (1: SGD momentum, 2: Adam).
     pub optimizer_state: f64,
+    /// Times ops on the target's code (see [`crate::partition::OpTimer`]).
+    pub op_timer: Option<crate::partition::OpTimer>,
 }
 
 /// A planned pipeline.
@@ -143,6 +145,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     popts.pinned = o.pinned.clone();
     popts.autodiff = o.autodiff.clone();
     popts.candidates = 4;
+    popts.op_timer = o.op_timer.clone();
     let candidates = partition(m, &popts).map_err(|e| {
         if k == o.ranks {
             return e;

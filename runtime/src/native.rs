@@ -128,6 +128,19 @@ impl NativeModule {
         &self.path
     }
 
+    /// Seconds spent in each op (by op id, `0..n`) since the last take, for a module built
+    /// with `profile_ops` (all zeros without it); the counters restart at zero. `None` when
+    /// the library has no profiling support. Not meant for concurrent calls.
+    pub fn take_op_profile(&self, n: usize) -> Option<Vec<f64>> {
+        type Take = unsafe extern "C" fn(*mut i64, i64);
+        // SAFETY: `ppcc_prof_take(int64_t *out, int64_t n)` from support.c writes n values.
+        let take = unsafe { self._lib.get::<Take>(b"ppcc_prof_take\0") }.ok()?;
+        let mut ns = vec![0i64; n];
+        // SAFETY: `ns` has room for n values.
+        unsafe { take(ns.as_mut_ptr(), n as i64) };
+        Some(ns.into_iter().map(|x| x as f64 * 1e-9).collect())
+    }
+
     pub fn has_function(&self, name: &str) -> bool {
         self.funcs.contains_key(name)
     }

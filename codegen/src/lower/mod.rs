@@ -107,13 +107,31 @@ pub fn lower_function(f: &Function) -> Result<(String, Signature), LowerError> {
     lower_functions(&[f]).map(|(t, mut s)| (t, s.remove(0)))
 }
 
+/// How to lower.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LowerOptions {
+    /// Time every outlined op call: `ppcc_prof_begin`/`ppcc_prof_end` (`support.c`) around
+    /// it add its nanoseconds to a per-op-id counter that `ppcc_prof_take` reads (the
+    /// runtime's `NativeModule::take_op_profile`). Ops fused into another op count as
+    /// part of it; reshapes, constants and send/recv are not timed.
+    pub profile_ops: bool,
+}
+
 /// Lower several functions into one MLIR module (one stage's `fwd`, `bwd_input`, ...).
 pub fn lower_functions(fs: &[&Function]) -> Result<(String, Vec<Signature>), LowerError> {
+    lower_functions_with(fs, &LowerOptions::default())
+}
+
+/// [`lower_functions`] with options.
+pub fn lower_functions_with(
+    fs: &[&Function],
+    opts: &LowerOptions,
+) -> Result<(String, Vec<Signature>), LowerError> {
     let mut bodies = String::new();
     let mut decls: Vec<String> = Vec::new();
     let mut sigs = Vec::new();
     for f in fs {
-        let (body, sig, ds) = lower_func_op(f)?;
+        let (body, sig, ds) = lower_func_op(f, opts)?;
         bodies.push_str(&body);
         for d in ds {
             if !decls.contains(&d) {
@@ -289,6 +307,8 @@ pub struct Emitter<'f> {
     outlined: std::collections::HashMap<String, String>,
     /// Module-level declarations the body refers to (`llvm.func @ppcc_sgemm(..)`), each once.
     decls: Vec<String>,
+    /// Time outlined op calls ([`LowerOptions::profile_ops`]).
+    profile_ops: bool,
 }
 
 impl<'f> Emitter<'f> {
@@ -300,6 +320,7 @@ impl<'f> Emitter<'f> {
             tmp: 0,
             outlined: Default::default(),
             decls: Vec::new(),
+            profile_ops: false,
         }
     }
 
@@ -633,8 +654,12 @@ impl<'a> OpView<'a> {
 }
 
 /// The `func.func` text, its signature and the module-level declarations it needs.
-fn lower_func_op(f: &Function) -> Result<(String, Signature, Vec<String>), LowerError> {
+fn lower_func_op(
+    f: &Function,
+    opts: &LowerOptions,
+) -> Result<(String, Signature, Vec<String>), LowerError> {
     let mut e = Emitter::new(f);
+    e.profile_ops = opts.profile_ops;
     let mut params = vec!["%ctx: !llvm.ptr".to_string()];
     let mut inputs = Vec::new();
     for (i, v) in f.arg_values().enumerate() {
@@ -827,6 +852,11 @@ fn outline_op(
             c
         }
     };
+    let t0 = e.profile_ops.then(|| {
+        e.declare("llvm.func @ppcc_prof_begin() -> i64");
+        e.declare("llvm.func @ppcc_prof_end(i64, i64)");
+        e.op("llvm.call @ppcc_prof_begin() : () -> i64")
+    });
     let r = e.fresh();
     let n = res_tys.len();
     let lhs = if n == 1 {
@@ -840,6 +870,12 @@ fn outline_op(
         arg_tys.join(", "),
         res_tys.join(", ")
     ));
+    if let Some(t0) = t0 {
+        let id = e.op(format!("arith.constant {} : i64", op_id.index()));
+        e.line(format!(
+            "llvm.call @ppcc_prof_end({t0}, {id}) : (i64, i64) -> ()"
+        ));
+    }
     Ok(if n == 1 {
         vec![r]
     } else {

@@ -162,8 +162,17 @@ fn keep_mlir_writes_every_pass_and_errors_name_the_module() {
     use ppcc_codegen::{build_module, BuildOptions, CodegenError};
     let m = parse(MLP);
     let dir = std::env::temp_dir().join(format!("ppcc-ops-keep-{}", std::process::id()));
-    let built = build_module(&m, &[], &dir, "stage 0", &BuildOptions { keep_mlir: true })
-        .unwrap_or_else(|e| panic!("{e}"));
+    let built = build_module(
+        &m,
+        &[],
+        &dir,
+        "stage 0",
+        &BuildOptions {
+            keep_mlir: true,
+            profile_ops: false,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(built.so.exists() && built.mlir.exists());
     let mut passes: Vec<String> = std::fs::read_dir(dir.join("mlir"))
         .unwrap()

@@ -65,6 +65,7 @@ pub fn attribute_costs(
     main: &str,
     ad: &AutodiffOptions,
     profile: &DeviceProfile,
+    timer: Option<&super::OpTimer>,
 ) -> Result<Vec<Cost>, PassError> {
     let mut copy = m.clone();
     let f = copy
@@ -83,11 +84,23 @@ pub fn attribute_costs(
         .function(&info.function)
         .ok_or_else(|| fail("autodiff made no gradient function"))?;
     let origin = origins(g);
-    // On a measuring profile, time the whole training step op by op.
-    let measured = if profile.measure_ops {
-        measure_function_ops(g, 3)
+    // On a measuring profile, time the whole training step op by op: on the target's own
+    // code when there is a timer for it (its times are the ops' whole cost), else with the
+    // interpreter (plus its per-op dispatch overhead).
+    let native = if profile.measure_ops {
+        timer.and_then(|t| (t.0)(g))
     } else {
-        Default::default()
+        None
+    };
+    let overhead = if native.is_some() {
+        0.0
+    } else {
+        profile.op_overhead
+    };
+    let measured = match native {
+        Some(m) => m,
+        None if profile.measure_ops => measure_function_ops(g, 3),
+        None => Default::default(),
     };
     let mut costs = vec![Cost::default(); n];
     for &op in g.ops() {
@@ -96,7 +109,7 @@ pub fn attribute_costs(
         };
         let o = (o as usize).min(n.saturating_sub(1));
         let t = match measured.get(&op) {
-            Some(&t) => t + profile.op_overhead,
+            Some(&t) => t + overhead,
             None => op_time_in(g, op, profile).map_err(|e| fail(e.to_string()))?,
         };
         let data = g.op(op);

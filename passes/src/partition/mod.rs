@@ -97,6 +97,27 @@ pub struct PartitionOptions {
     pub autodiff: AutodiffOptions,
     /// How many plans to return at most (best estimate first).
     pub candidates: usize,
+    /// Times the training step's ops on the code that will run them (a profile with
+    /// `measure_ops` otherwise times them with the interpreter).
+    pub op_timer: Option<OpTimer>,
+}
+
+/// Measures the ops of a function (a whole training step) as the target runs them:
+/// seconds per op for the ops it timed (0 for ops computed inside others), `None` when it
+/// cannot run the function (then the profile's own measurement is used).
+/// A function's op times (seconds), as an [`OpTimer`] returns them.
+pub type OpTimes = std::collections::HashMap<ppir::OpId, f64>;
+
+/// The function an [`OpTimer`] wraps.
+pub type OpTimerFn = dyn Fn(&ppir::Function) -> Option<OpTimes> + Send + Sync;
+
+#[derive(Clone)]
+pub struct OpTimer(pub std::sync::Arc<OpTimerFn>);
+
+impl std::fmt::Debug for OpTimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpTimer")
+    }
 }
 
 impl PartitionOptions {
@@ -115,6 +136,7 @@ impl PartitionOptions {
             pinned: vec![],
             autodiff: AutodiffOptions::default(),
             candidates: 1,
+            op_timer: None,
         }
     }
 }
@@ -175,7 +197,13 @@ pub fn partition(m: &Module, opts: &PartitionOptions) -> Result<Vec<Partition>, 
     if f.ops().is_empty() {
         return Err(fail(format!("@{} has no ops to partition", f.name)));
     }
-    let costs = graph::attribute_costs(m, &opts.function, &opts.autodiff, &opts.profile)?;
+    let costs = graph::attribute_costs(
+        m,
+        &opts.function,
+        &opts.autodiff,
+        &opts.profile,
+        opts.op_timer.as_ref(),
+    )?;
     let pinned_ops = pinned_positions(f, &opts.pinned)?;
     if opts.kind == PartitionKind::Uniform && !pinned_ops.is_empty() {
         return Err(fail(
