@@ -3,10 +3,12 @@
 against predicted time per step with the `host` profile.
 
 Compiles the same model with the same global batch and micro-batches into a 1-stage and a
-2-stage plan (`--device-profile host`), trains each for a few steps with `ppcc run`
-(threads, the reference interpreter), and prints one table: measured seconds per step,
-throughput ratio, predicted seconds per step and the prediction error. Run it on an
-otherwise idle machine: the two stages need a core each.
+2-stage plan (`--device-profile host`, native code: `--target cpu`, the default), trains
+each for a few steps with `ppcc run` (one thread per stage), and prints one table:
+measured seconds per step, throughput ratio, predicted seconds per step and the prediction
+error. With native code the host profile partitions by op times measured in generated code
+and predicts from each stage's actions timed at compile time. Run it on an otherwise idle
+machine: the two stages need a core each. `--target interp` measures the interpreter.
 
     .venv/bin/python bench/gen_models.py --out target/bench/rt --only gpt --layers 4 \\
         --d-model 128 --heads 4 --seq 32 --vocab 512 --no-check          # once
@@ -41,6 +43,7 @@ def main():
     ap.add_argument("--microbatches", type=int, default=16)
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--loss", default="auto", help="the loss to compile (ppcc --loss)")
+    ap.add_argument("--target", default="cpu", choices=["cpu", "interp"])
     ap.add_argument("--repeats", type=int, default=3,
                     help="compile+run pairs of each plan, alternating (medians are reported)")
     args = ap.parse_args()
@@ -59,7 +62,7 @@ def main():
                 out = os.path.join(tmp, f"p{stages}-{rep}")
                 sh([args.ppcc, args.model, "-o", out, "--stages", str(stages), "--batch", str(args.batch),
                     "--microbatches", str(args.microbatches), "--schedule", args.schedule,
-                    "--loss", args.loss, "--device-profile", "host"])
+                    "--loss", args.loss, "--device-profile", "host", "--target", args.target])
                 with open(os.path.join(out, "plan.json")) as f:
                     pred = json.load(f)["prediction"]
                 p = sh([args.ppcc, "run", out, "--steps", str(args.steps)])
@@ -77,7 +80,7 @@ def main():
         rows.append((stages, med(ms), min(ms), max(ms), med([x[1] for x in pairs[stages]]),
                      med(errs), min(errs, key=abs), max(errs, key=abs), pairs[stages][0][2], last[stages]))
     base = rows[0][1]
-    print(f"model {os.path.relpath(args.model, ROOT)} (loss {args.loss}), global batch {args.batch} = "
+    print(f"model {os.path.relpath(args.model, ROOT)} (loss {args.loss}, target {args.target}), global batch {args.batch} = "
           f"{args.microbatches} micro-batches, schedule {args.schedule}, {args.steps} steps per run "
           f"(first step not timed), {args.repeats} compile+run pairs per plan, {os.cpu_count()} cores\n")
     print("| stages | measured s/step (median) | range | throughput vs 1 stage | predicted s/step (host, median) | prediction error (median) | errors (closest … furthest) | last loss |")

@@ -23,6 +23,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use ppir::interp::Comm;
+
+use crate::pipeline::{ArgValue, Value};
 use ppir::{DType, Function, Module, OpKind, Tensor, TensorData, TensorType};
 
 /// What went wrong loading or calling a native module.
@@ -193,6 +195,21 @@ impl NativeModule {
         args: &[Arg],
         comm: Option<&'c mut (dyn Comm + 'c)>,
     ) -> Result<Vec<Tensor>, NativeError> {
+        Ok(self
+            .call_native(function, args, comm)?
+            .into_iter()
+            .map(|r| r.to_tensor_value())
+            .collect())
+    }
+
+    /// [`NativeModule::call_with`] returning the results in their native buffers (pass
+    /// them back as [`Arg::Native`] without converting them).
+    pub fn call_native<'c>(
+        &self,
+        function: &str,
+        args: &[Arg],
+        comm: Option<&'c mut (dyn Comm + 'c)>,
+    ) -> Result<Vec<NativeArg>, NativeError> {
         let call_err = |message: String| NativeError::Call {
             function: function.to_string(),
             message,
@@ -279,7 +296,7 @@ impl NativeModule {
         Ok(bufs
             .into_iter()
             .zip(&f.outputs)
-            .map(|(b, o)| b.into_tensor(o))
+            .map(|(buf, o)| NativeArg { buf, ty: o.clone() })
             .collect())
     }
 }
@@ -292,10 +309,65 @@ pub enum Arg<'a> {
     Native(&'a NativeArg),
 }
 
-/// A tensor already in a function argument's native layout ([`NativeModule::prepare`]).
+/// A tensor in a function argument's native layout ([`NativeModule::prepare`]), or a result
+/// left in its native buffer ([`NativeModule::call_native`]).
 pub struct NativeArg {
     buf: Buffer,
     ty: Static,
+}
+
+impl NativeArg {
+    /// The value as a ppir tensor.
+    pub fn to_tensor_value(&self) -> Tensor {
+        Buffer::decode(self.buf.bytes(), &self.ty)
+    }
+}
+
+impl crate::pipeline::DeviceValue for NativeArg {
+    fn bytes(&self) -> u64 {
+        self.buf.len_bytes() as u64
+    }
+
+    fn to_tensor(&self) -> Tensor {
+        self.to_tensor_value()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn add_assign(&mut self, other: &dyn crate::pipeline::DeviceValue) -> bool {
+        let Some(o) = other.as_any().downcast_ref::<NativeArg>() else {
+            return false;
+        };
+        if o.ty != self.ty {
+            return false;
+        }
+        let n = self.ty.len();
+        // f32 and f64 additions are correctly rounded: the same bits as the host's f64 sum
+        // rounded to the dtype. (Half types would round twice through f32: not here.)
+        match self.ty.dtype {
+            DType::F32 => {
+                // SAFETY: both buffers are 64-byte aligned and hold n f32 values.
+                let (_, a, _) = unsafe { self.buf.bytes_mut().align_to_mut::<f32>() };
+                let (_, b, _) = unsafe { o.buf.bytes().align_to::<f32>() };
+                for (x, &y) in a[..n].iter_mut().zip(&b[..n]) {
+                    *x += y;
+                }
+                true
+            }
+            DType::F64 => {
+                // SAFETY: as above, with f64 values.
+                let (_, a, _) = unsafe { self.buf.bytes_mut().align_to_mut::<f64>() };
+                let (_, b, _) = unsafe { o.buf.bytes().align_to::<f64>() };
+                for (x, &y) in a[..n].iter_mut().zip(&b[..n]) {
+                    *x += y;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 fn check_arg(i: usize, t: &Tensor, want: &Static) -> Result<(), String> {
@@ -552,10 +624,6 @@ impl Buffer {
         b
     }
 
-    fn into_tensor(self, ty: &Static) -> Tensor {
-        Self::decode(self.bytes(), ty)
-    }
-
     /// # Safety
     /// `data` must point at a dense buffer of `ty`.
     unsafe fn read_raw(data: *const u8, ty: &Static) -> Tensor {
@@ -653,36 +721,71 @@ impl crate::pipeline::StageExecutable for NativeStage {
     fn call(
         &mut self,
         function: &str,
-        args: Vec<std::borrow::Cow<'_, Tensor>>,
+        args: Vec<ArgValue<'_>>,
+        keep: &[bool],
         comm: &mut dyn Comm,
-    ) -> Result<Vec<Tensor>, String> {
+    ) -> Result<Vec<Value>, String> {
         let f = self
             .module
             .function(function)
             .ok_or_else(|| format!("the stage has no function @{function}"))?;
+        // Weights: converted once and kept (until `weights_changed`).
         for (i, (&(_, kind), a)) in f.args().iter().zip(&args).enumerate() {
             let key = (function.to_string(), i);
-            if kind != ppir::ArgKind::Input && !self.prepared.contains_key(&key) {
-                let p = self
-                    .native
-                    .prepare(function, i, a.as_ref())
-                    .map_err(|e| e.to_string())?;
-                self.prepared.insert(key, p);
+            if let (ppir::ArgKind::Param | ppir::ArgKind::State, ArgValue::Host(t)) = (kind, a) {
+                if !self.prepared.contains_key(&key) {
+                    let p = self
+                        .native
+                        .prepare(function, i, t.as_ref())
+                        .map_err(|e| e.to_string())?;
+                    self.prepared.insert(key, p);
+                }
             }
         }
+        // A device value from another executable (not expected) is converted.
+        let foreign: Vec<Option<Tensor>> = args
+            .iter()
+            .map(|a| match a {
+                ArgValue::Device(d) if d.as_any().downcast_ref::<NativeArg>().is_none() => {
+                    Some(d.to_tensor())
+                }
+                _ => None,
+            })
+            .collect();
         let call_args: Vec<Arg> = args
             .iter()
+            .zip(&foreign)
             .enumerate()
-            .map(
-                |(i, a)| match self.prepared.get(&(function.to_string(), i)) {
-                    Some(p) => Arg::Native(p),
-                    None => Arg::Tensor(a.as_ref()),
-                },
-            )
+            .map(|(i, (a, own))| {
+                if let Some(p) = self.prepared.get(&(function.to_string(), i)) {
+                    return Arg::Native(p);
+                }
+                match (a, own) {
+                    (_, Some(t)) => Arg::Tensor(t),
+                    (ArgValue::Host(t), None) => Arg::Tensor(t.as_ref()),
+                    (ArgValue::Device(d), None) => Arg::Native(
+                        d.as_any()
+                            .downcast_ref::<NativeArg>()
+                            .expect("checked above"),
+                    ),
+                }
+            })
             .collect();
-        self.native
-            .call_with(function, &call_args, Some(comm))
-            .map_err(|e| e.to_string())
+        let outs = self
+            .native
+            .call_native(function, &call_args, Some(comm))
+            .map_err(|e| e.to_string())?;
+        Ok(outs
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if keep.get(i).copied().unwrap_or(false) {
+                    Value::Device(Box::new(r))
+                } else {
+                    Value::Host(r.to_tensor_value())
+                }
+            })
+            .collect())
     }
 
     fn weights_changed(&mut self) {
@@ -723,7 +826,11 @@ mod tests {
                 dtype: d,
                 shape: vec![2, 3],
             };
-            assert_eq!(Buffer::from_tensor(&t).into_tensor(&ty), t, "{d}");
+            assert_eq!(
+                Buffer::decode(Buffer::from_tensor(&t).bytes(), &ty),
+                t,
+                "{d}"
+            );
         }
     }
 

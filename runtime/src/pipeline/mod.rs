@@ -76,18 +76,72 @@ fn context(stage: Option<u32>, step: u64, mb: Option<u32>, function: Option<&str
 /// A function's arguments (name, kind, type) and result names.
 pub type Signature = (Vec<(String, ArgKind, TensorType)>, Vec<String>);
 
+/// A value in an executable's own representation (a native module's f32 buffer), kept by
+/// the worker between two functions of the same stage so it is not converted to a host
+/// [`Tensor`] and back.
+pub trait DeviceValue: Send {
+    /// Bytes it occupies.
+    fn bytes(&self) -> u64;
+    /// The value as a host tensor.
+    fn to_tensor(&self) -> Tensor;
+    fn as_any(&self) -> &dyn std::any::Any;
+    /// `self = self + other` in the value's dtype, exactly as the host's `add` rounds it;
+    /// `false` (and `self` unchanged) when this representation cannot (the caller then
+    /// adds on the host).
+    fn add_assign(&mut self, other: &dyn DeviceValue) -> bool;
+}
+
+/// A result of a stage function.
+pub enum Value {
+    Host(Tensor),
+    Device(Box<dyn DeviceValue>),
+}
+
+impl Value {
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Value::Host(t) => tensor_bytes(t),
+            Value::Device(d) => d.bytes(),
+        }
+    }
+
+    /// The value as a host tensor (converted if it is a device value).
+    pub fn into_tensor(self) -> Tensor {
+        match self {
+            Value::Host(t) => t,
+            Value::Device(d) => d.to_tensor(),
+        }
+    }
+
+    fn as_arg(&self) -> ArgValue<'_> {
+        match self {
+            Value::Host(t) => ArgValue::Host(Cow::Borrowed(t)),
+            Value::Device(d) => ArgValue::Device(d.as_ref()),
+        }
+    }
+}
+
+/// An argument of a stage function: a host tensor (borrowed when the caller keeps it:
+/// weights, stashed values) or a device value the same executable produced.
+pub enum ArgValue<'a> {
+    Host(Cow<'a, Tensor>),
+    Device(&'a dyn DeviceValue),
+}
+
 /// Runs the functions of one stage.
 pub trait StageExecutable: Send {
     /// The function's signature: (argument name, kind, type) and result names.
     fn signature(&self, function: &str) -> Option<Signature>;
-    /// Call `function`; its send/recv ops use `comm`. Arguments the caller keeps (weights,
-    /// stashed activations) are borrowed.
+    /// Call `function`; its send/recv ops use `comm`. Result `i` may be returned as a
+    /// [`Value::Device`] when `keep[i]` (the caller only passes it back to this stage's
+    /// functions); every other result is a [`Value::Host`].
     fn call(
         &mut self,
         function: &str,
-        args: Vec<Cow<'_, Tensor>>,
+        args: Vec<ArgValue<'_>>,
+        keep: &[bool],
         comm: &mut dyn Comm,
-    ) -> Result<Vec<Tensor>, String>;
+    ) -> Result<Vec<Value>, String>;
     /// The caller replaced some of the weights (`param`/`state` arguments) it passes: an
     /// executable that keeps converted copies of them must drop those.
     fn weights_changed(&mut self) {}
@@ -108,14 +162,26 @@ impl StageExecutable for InterpretedStage {
     fn call(
         &mut self,
         function: &str,
-        args: Vec<Cow<'_, Tensor>>,
+        args: Vec<ArgValue<'_>>,
+        _keep: &[bool],
         comm: &mut dyn Comm,
-    ) -> Result<Vec<Tensor>, String> {
+    ) -> Result<Vec<Value>, String> {
         let f = self
             .module
             .function(function)
             .ok_or_else(|| format!("the stage has no function @{function}"))?;
-        run_function_cow(f, args, &self.options, Some(comm)).map_err(|e| e.to_string())
+        let args = args
+            .into_iter()
+            .map(|a| match a {
+                ArgValue::Host(t) => t,
+                ArgValue::Device(d) => Cow::Owned(d.to_tensor()),
+            })
+            .collect();
+        Ok(run_function_cow(f, args, &self.options, Some(comm))
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(Value::Host)
+            .collect())
     }
 }
 
@@ -163,8 +229,8 @@ pub struct StageWorker {
     pub exec: Box<dyn StageExecutable>,
     /// Params and states by name.
     pub weights: BTreeMap<String, Tensor>,
-    stash: HashMap<u32, HashMap<String, Tensor>>,
-    grads: BTreeMap<String, Tensor>,
+    stash: HashMap<u32, HashMap<String, Value>>,
+    grads: BTreeMap<String, Value>,
 }
 
 impl StageWorker {
@@ -199,7 +265,7 @@ impl StageWorker {
         self.stash
             .values()
             .flat_map(|m| m.values())
-            .map(tensor_bytes)
+            .map(Value::bytes)
             .sum()
     }
 }
@@ -447,15 +513,17 @@ impl RankWorker {
         let mut args = Vec::with_capacity(args_sig.len());
         for (name, kind, _ty) in &args_sig {
             let t = if *kind != ArgKind::Input {
-                st.weights.get(name).map(Cow::Borrowed)
-            } else if let Some(t) = st.stash.get(&mb).and_then(|m| m.get(name)) {
-                Some(Cow::Borrowed(t))
+                st.weights
+                    .get(name)
+                    .map(|t| ArgValue::Host(Cow::Borrowed(t)))
+            } else if let Some(v) = st.stash.get(&mb).and_then(|m| m.get(name)) {
+                Some(v.as_arg())
             } else if name == "rng" {
-                Some(Cow::Owned(Tensor::from_i64(
+                Some(ArgValue::Host(Cow::Owned(Tensor::from_i64(
                     DType::I64,
                     vec![2],
                     vec![step as i64, mb as i64],
-                )))
+                ))))
             } else if let Some(t) = batch.get(name) {
                 if t.shape.first().copied() != Some(micro_rows * self.config.microbatches) {
                     return Err(format!(
@@ -465,15 +533,15 @@ impl RankWorker {
                         self.config.microbatches
                     ));
                 }
-                Some(Cow::Owned(slice_rows(
+                Some(ArgValue::Host(Cow::Owned(slice_rows(
                     t,
                     mb as usize * micro_rows,
                     micro_rows,
-                )))
+                ))))
             } else if is_optim {
                 name.strip_prefix("grad.")
                     .and_then(|p| st.grads.get(p))
-                    .map(Cow::Borrowed)
+                    .map(Value::as_arg)
             } else {
                 None
             };
@@ -491,35 +559,62 @@ impl RankWorker {
             step,
             waiting: Duration::ZERO,
         };
-        let outs = st.exec.call(function, args, &mut comm)?;
+        // Results that only go back into this stage's functions (its stash) may stay in
+        // the executable's representation.
+        let keep: Vec<bool> = results
+            .iter()
+            .map(|name| {
+                !is_optim
+                    && name != "loss"
+                    && !name
+                        .strip_prefix("new.")
+                        .is_some_and(|w| st.weights.contains_key(w))
+            })
+            .collect();
+        let outs = st.exec.call(function, args, &keep, &mut comm)?;
         let waiting = comm.waiting.as_secs_f64();
         let mut weights_changed = false;
-        for (name, t) in results.into_iter().zip(outs) {
+        for (name, v) in results.into_iter().zip(outs) {
             if name == "loss" && !is_optim {
+                let t = v.into_tensor();
                 losses.push(t.to_f64_vec().first().copied().unwrap_or(f64::NAN));
             } else if let Some(w) = name.strip_prefix("new.") {
                 if st.weights.contains_key(w) {
-                    st.weights.insert(w.to_string(), t);
+                    st.weights.insert(w.to_string(), v.into_tensor());
                     weights_changed = true;
                 } else if !is_optim {
-                    st.stash.entry(mb).or_default().insert(name, t);
+                    st.stash.entry(mb).or_default().insert(name, v);
                 }
             } else if let (false, Some(p)) = (is_optim, name.strip_prefix("grad.")) {
                 let summed = match st.grads.remove(p) {
-                    None => t,
-                    Some(acc) => {
-                        accumulate(acc, &t).map_err(|e| format!("accumulating grad.{p}: {e}"))?
-                    }
+                    None => v,
+                    Some(acc) => accumulate_value(acc, v)
+                        .map_err(|e| format!("accumulating grad.{p}: {e}"))?,
                 };
                 st.grads.insert(p.to_string(), summed);
             } else if !is_optim {
-                st.stash.entry(mb).or_default().insert(name, t);
+                st.stash.entry(mb).or_default().insert(name, v);
             }
         }
         if weights_changed {
             st.exec.weights_changed();
         }
         Ok(waiting)
+    }
+}
+
+/// [`accumulate`] for values: in the executable's representation when both are device
+/// values it can add, else on the host.
+fn accumulate_value(acc: Value, g: Value) -> Result<Value, String> {
+    match (acc, g) {
+        (Value::Device(mut a), Value::Device(b)) => {
+            if a.add_assign(b.as_ref()) {
+                Ok(Value::Device(a))
+            } else {
+                accumulate(a.to_tensor(), &b.to_tensor()).map(Value::Host)
+            }
+        }
+        (a, b) => accumulate(a.into_tensor(), &b.into_tensor()).map(Value::Host),
     }
 }
 
@@ -668,31 +763,35 @@ pub fn time_actions(
     comm: &mut dyn Comm,
     rounds: usize,
 ) -> Result<[f64; 4], String> {
-    type Stash = HashMap<String, Tensor>;
+    type Stash = HashMap<String, Value>;
     let call = |exec: &mut dyn StageExecutable,
                 function: &str,
                 stash: &Stash,
-                grads: &Stash,
+                grads: &HashMap<String, Value>,
                 comm: &mut dyn Comm|
-     -> Result<(f64, Vec<(String, Tensor)>), String> {
+     -> Result<(f64, Vec<(String, Value)>), String> {
         let (args_sig, results) = exec
             .signature(function)
             .ok_or_else(|| format!("no function @{function}"))?;
         let mut args = Vec::with_capacity(args_sig.len());
         for (name, kind, ty) in &args_sig {
             let t = if *kind != ArgKind::Input {
-                weights.get(name).map(Cow::Borrowed)
-            } else if let Some(t) = stash.get(name) {
-                Some(Cow::Borrowed(t))
-            } else if let Some(t) = name.strip_prefix("grad.").and_then(|p| grads.get(p)) {
-                Some(Cow::Borrowed(t))
+                weights.get(name).map(|t| ArgValue::Host(Cow::Borrowed(t)))
+            } else if let Some(v) = stash.get(name) {
+                Some(v.as_arg())
+            } else if let Some(v) = name.strip_prefix("grad.").and_then(|p| grads.get(p)) {
+                Some(v.as_arg())
             } else {
-                data(ty).map(Cow::Owned)
+                data(ty).map(|t| ArgValue::Host(Cow::Owned(t)))
             };
             args.push(t.ok_or_else(|| format!("@{function}: no value for %{name}"))?);
         }
+        let keep: Vec<bool> = results
+            .iter()
+            .map(|n| n != "loss" && !n.starts_with("new."))
+            .collect();
         let t0 = Instant::now();
-        let outs = exec.call(function, args, comm)?;
+        let outs = exec.call(function, args, &keep, comm)?;
         Ok((
             t0.elapsed().as_secs_f64(),
             results.into_iter().zip(outs).collect(),
@@ -703,7 +802,7 @@ pub fn time_actions(
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
     let (mut f, mut i, mut w) = (vec![], vec![], vec![]);
-    let mut grads = Stash::new();
+    let mut grads: HashMap<String, Value> = HashMap::new();
     for round in 0..=rounds {
         let mut stash = Stash::new();
         let (tf, outs) = call(exec, fwd, &stash, &grads, comm)?;
@@ -718,11 +817,11 @@ pub fn time_actions(
         }
         let (tw, outs) = call(exec, bwd_weight, &stash, &grads, comm)?;
         let t0 = Instant::now();
-        for (name, t) in outs {
+        for (name, v) in outs {
             if let Some(p) = name.strip_prefix("grad.") {
                 let summed = match grads.remove(p) {
-                    None => t,
-                    Some(acc) => accumulate(acc, &t)?,
+                    None => v,
+                    Some(acc) => accumulate_value(acc, v)?,
                 };
                 grads.insert(p.to_string(), summed);
             }
