@@ -18,8 +18,8 @@ Prints two tables, all numbers measured in this run on this machine:
    after warm-up; ppcc's time is measured inside `ppcc eval --repeat` and includes moving
    inputs and weights into the module's buffers.
 2. A training step (forward, backward, SGD) at global batch 32 for the same models:
-   `ppcc train --target cpu` against `--target interp`, per step, from the difference
-   between a run of 1 + K steps and a run of 1 step (import and code generation cancel).
+   `ppcc train --target cpu` against `--target interp`, the median step time `ppcc train`
+   reports over K steps (the first, warm-up step not counted).
 
 Ratios above 1 mean ppcc is faster.
 """
@@ -100,18 +100,16 @@ def ppcc_latency(ppcc, path, name, target, runs):
 
 
 def train_step(ppcc, path, name, target, steps):
-    def run(k):
-        args = [ppcc, "train", path, "--steps", str(k), "--target", target, "--batch",
-                str(BATCH), "--data", "synthetic"]
-        if name == "mlp":
-            args += ["--loss", "cross-entropy"]
-        t = time.perf_counter()
-        subprocess.run(args, check=True, capture_output=True, text=True)
-        return time.perf_counter() - t
-
-    base = min(run(1) for _ in range(2))
-    full = min(run(1 + steps) for _ in range(2))
-    return max(full - base, 1e-9) / steps
+    """Median seconds per step as `ppcc train` measures it (first step not counted)."""
+    args = [ppcc, "train", path, "--steps", str(1 + steps), "--target", target, "--batch",
+            str(BATCH), "--data", "synthetic"]
+    if name == "mlp":
+        args += ["--loss", "cross-entropy"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True)
+    m = re.search(r"time per step: mean [0-9.]+ ms, median ([0-9.]+) ms", out.stderr)
+    if not m:
+        sys.exit(f"no step time in: {out.stderr}")
+    return float(m.group(1)) / 1e3
 
 
 def main():

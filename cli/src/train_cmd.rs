@@ -172,14 +172,34 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
     );
 
     let bar = step_bar(a.steps, true);
+    let mut times = Vec::new();
     for k in 0..a.steps {
+        let t0 = std::time::Instant::now();
         let batch = source.batch(k)?;
         let report = trainer.step(&batch)?;
+        times.push(t0.elapsed().as_secs_f64());
         bar.suspend(|| println!("{}", step_line(k, report.loss)));
         bar.set_message(format!("loss {:.4}", report.loss));
         bar.inc(1);
     }
     bar.finish_and_clear();
+    // The first step warms caches up; leave it out when there are more.
+    let timed = if times.len() > 2 {
+        &times[1..]
+    } else {
+        &times[..]
+    };
+    if !timed.is_empty() {
+        let mut sorted = timed.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        eprintln!(
+            "time per step: mean {:.3} ms, median {:.3} ms ({} steps, --target {})",
+            1e3 * timed.iter().sum::<f64>() / timed.len() as f64,
+            1e3 * sorted[sorted.len() / 2],
+            timed.len(),
+            a.target.name()
+        );
+    }
 
     if let Some(out) = &a.save_onnx {
         let bytes = std::fs::read(&a.model)

@@ -577,3 +577,70 @@ fn native_modules_per_stage_and_the_interp_target() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&idir);
 }
+
+#[test]
+fn host_profile_times_the_generated_code() {
+    // A private cache, so the host profile is measured here and nothing outside is touched.
+    let cache = out_dir("host-cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let dir = out_dir("host-native");
+    let out = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .arg(example("mlp.onnx"))
+        .arg("-o")
+        .arg(&dir)
+        .args(["--stages", "2", "--device-profile", "host"])
+        .env("XDG_CACHE_HOME", &cache)
+        .output()
+        .expect("ppcc runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        !stderr.contains("timing ops with the interpreter"),
+        "the op timer fell back:\n{stderr}"
+    );
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    // The prediction simulates the schedule with each stage's actions timed on its
+    // generated code; the cost model's own prediction is kept beside it.
+    assert_eq!(plan["prediction"]["stage_times"], "measured-native");
+    assert!(f64_of(&plan["prediction"]["iteration_seconds"]) > 0.0);
+    assert!(f64_of(&plan["prediction_cost_model"]["iteration_seconds"]) > 0.0);
+    for s in plan["stages"].as_array().unwrap() {
+        let t = &s["native_seconds"];
+        for k in ["fwd", "bwd_input", "bwd_weight"] {
+            assert!(f64_of(&t[k]) > 0.0, "stage {}: {k} = {}", s["stage"], t[k]);
+        }
+        assert!(f64_of(&t["optim"]) >= 0.0);
+    }
+    assert!(stdout.contains("both by the cost model"), "{stdout}");
+    // Interpreter plans keep the cost model's prediction.
+    let idir = out_dir("host-interp");
+    let out = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .arg(example("mlp.onnx"))
+        .arg("-o")
+        .arg(&idir)
+        .args([
+            "--stages",
+            "2",
+            "--device-profile",
+            "host",
+            "--target",
+            "interp",
+        ])
+        .env("XDG_CACHE_HOME", &cache)
+        .output()
+        .expect("ppcc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(idir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["prediction"]["stage_times"], "cost-model");
+    assert!(plan["prediction_cost_model"].is_null());
+    for d in [&dir, &idir, &cache] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

@@ -202,3 +202,63 @@ fn keep_mlir_writes_every_pass_and_errors_name_the_module() {
     assert!(text.contains("stage 3") && text.contains("%x"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn profile_ops_times_each_outlined_op() {
+    use ppcc_codegen::{build_module, BuildOptions};
+    let m = parse(MLP);
+    let f = &m.functions[0];
+    let dir = std::env::temp_dir().join(format!("ppcc-ops-prof-{}", std::process::id()));
+    let built = build_module(
+        &m,
+        &[],
+        &dir,
+        "stage 0",
+        &BuildOptions {
+            keep_mlir: false,
+            profile_ops: true,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let nm = ppcc_runtime::native::NativeModule::load(&built.so, &m, None).unwrap();
+    let inputs = random_inputs(f, 3);
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    // Timers do not change results.
+    let got = nm.call("mlp", &refs, None).unwrap();
+    let want = ppir::interp::run_function(
+        f,
+        inputs.clone(),
+        &ppir::interp::InterpOptions::default(),
+        None,
+    )
+    .unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        assert_close(g, w, 1e-5, "profiled");
+    }
+    nm.take_op_profile(f.num_op_slots()).unwrap();
+    assert!(
+        nm.take_op_profile(f.num_op_slots())
+            .unwrap()
+            .iter()
+            .all(|&t| t == 0.0),
+        "a take clears the counters"
+    );
+    for _ in 0..3 {
+        nm.call("mlp", &refs, None).unwrap();
+    }
+    let t = nm.take_op_profile(f.num_op_slots()).unwrap();
+    // Op 0 (matmul) is computed by op 1 (its bias add, one GEMM); tanh, neg and mul are
+    // fused into op 6 (sub); relu (op 2) has two uses and stands alone.
+    for (op, timed) in [
+        (0, false),
+        (1, true),
+        (2, true),
+        (3, false),
+        (4, false),
+        (5, false),
+        (6, true),
+    ] {
+        assert_eq!(t[op] > 0.0, timed, "op {op}: {t:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
