@@ -312,6 +312,23 @@ static inline float ppcc_hmax(ppcc_vf v) {
 }
 
 #if defined(__AVX512F__)
+/* The two f64 halves of 16 floats; `lo`'s then `hi`'s lanes back as 16 floats. */
+static inline __m512d ppcc_lo_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+static inline __m512d ppcc_hi_pd(__m512 v) {
+  return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+static inline __m512 ppcc_join_ps(__m512d lo, __m512d hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
+                                             _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
+}
+
+/* x - c (mul = 0) or x * c (mul = 1) computed in f64, each lane rounded once to f32. */
+static inline __m512 ppcc_f64_op(__m512 x, __m512d c, int mul) {
+  __m512d lo = ppcc_lo_pd(x), hi = ppcc_hi_pd(x);
+  return mul ? ppcc_join_ps(_mm512_mul_pd(lo, c), _mm512_mul_pd(hi, c))
+             : ppcc_join_ps(_mm512_sub_pd(lo, c), _mm512_sub_pd(hi, c));
+}
+
 /* One row of ppcc_softmax_f32 in AVX-512 registers (masked loads for the last vector). */
 static inline void ppcc_softmax_row16(int64_t n, const float *xr, float *yr, int64_t log_) {
   const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
@@ -330,9 +347,8 @@ static inline void ppcc_softmax_row16(int64_t n, const float *xr, float *yr, int
     __mmask16 k = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
     __m512 v = _mm512_mask_loadu_ps(ninf, k, xr + j);
     __m512 e = (__m512)ppcc_vexp((ppcc_vf)_mm512_sub_ps(v, sv)); /* 0 in masked lanes */
-    s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-    s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(
-                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    s0 = _mm512_add_pd(s0, ppcc_lo_pd(e));
+    s1 = _mm512_add_pd(s1, ppcc_hi_pd(e));
     if (!log_) _mm512_mask_storeu_ps(yr + j, k, e);
   }
   double s = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
@@ -340,25 +356,13 @@ static inline void ppcc_softmax_row16(int64_t n, const float *xr, float *yr, int
     __m512d ls = _mm512_set1_pd((double)_mm512_cvtss_f32(sv) + log(s));
     for (int64_t j = 0; j < n; j += 16) {
       __mmask16 k = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-      __m512 v = _mm512_maskz_loadu_ps(k, xr + j);
-      __m256 lo = _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), ls));
-      __m256 hi = _mm512_cvtpd_ps(_mm512_sub_pd(
-          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))), ls));
-      __m512 y = _mm512_castpd_ps(_mm512_insertf64x4(
-          _mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-      _mm512_mask_storeu_ps(yr + j, k, y);
+      _mm512_mask_storeu_ps(yr + j, k, ppcc_f64_op(_mm512_maskz_loadu_ps(k, xr + j), ls, 0));
     }
   } else {
     __m512d inv = _mm512_set1_pd(1.0 / s);
     for (int64_t j = 0; j < n; j += 16) {
       __mmask16 k = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-      __m512 e = _mm512_maskz_loadu_ps(k, yr + j);
-      __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)), inv));
-      __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(
-          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))), inv));
-      __m512 y = _mm512_castpd_ps(_mm512_insertf64x4(
-          _mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-      _mm512_mask_storeu_ps(yr + j, k, y);
+      _mm512_mask_storeu_ps(yr + j, k, ppcc_f64_op(_mm512_maskz_loadu_ps(k, yr + j), inv, 1));
     }
   }
 }
@@ -384,23 +388,12 @@ void ppcc_softmax_f32(int64_t rows, int64_t n, const float *x, float *y, int64_t
         __m512 sv = _mm512_set1_ps(__builtin_isfinite(m) ? m : 0.0f);
         e[i] = (__m512)ppcc_vexp((ppcc_vf)_mm512_sub_ps(v[i], sv));
       }
-      for (int i = 0; i < 4; i++) {
-        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(e[i]));
-        __m512d hi = _mm512_cvtps_pd(
-            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e[i]), 1)));
-        inv[i] = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
-      }
+      for (int i = 0; i < 4; i++)
+        inv[i] = _mm512_reduce_add_pd(_mm512_add_pd(ppcc_lo_pd(e[i]), ppcc_hi_pd(e[i])));
       __m256d iv = _mm256_div_pd(_mm256_set1_pd(1.0), _mm256_loadu_pd(inv));
       _mm256_storeu_pd(inv, iv);
-      for (int i = 0; i < 4; i++) {
-        __m512d s = _mm512_set1_pd(inv[i]);
-        __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e[i])), s));
-        __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(
-            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e[i]), 1))), s));
-        __m512 yv = _mm512_castpd_ps(_mm512_insertf64x4(
-            _mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-        _mm512_mask_storeu_ps(y + (r + i) * n, k, yv);
-      }
+      for (int i = 0; i < 4; i++)
+        _mm512_mask_storeu_ps(y + (r + i) * n, k, ppcc_f64_op(e[i], _mm512_set1_pd(inv[i]), 1));
     }
   }
   for (; r < rows; r++) ppcc_softmax_row16(n, x + r * n, y + r * n, log_);

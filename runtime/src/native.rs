@@ -159,6 +159,12 @@ impl NativeModule {
         self.call_with(function, &args, comm)
     }
 
+    fn function(&self, function: &str) -> Result<&NativeFn, NativeError> {
+        self.funcs
+            .get(function)
+            .ok_or_else(|| call_error(function, "the module has no such function".into()))
+    }
+
     /// Convert `t` once into the native layout of argument `index` of `function`, for
     /// [`NativeModule::call_with`] calls that pass the same value many times (weights).
     pub fn prepare(
@@ -167,14 +173,8 @@ impl NativeModule {
         index: usize,
         t: &Tensor,
     ) -> Result<NativeArg, NativeError> {
-        let call_err = |message: String| NativeError::Call {
-            function: function.to_string(),
-            message,
-        };
-        let f = self
-            .funcs
-            .get(function)
-            .ok_or_else(|| call_err("the module has no such function".into()))?;
+        let call_err = |message: String| call_error(function, message);
+        let f = self.function(function)?;
         let want = f.inputs.get(index).ok_or_else(|| {
             call_err(format!(
                 "no argument {index}: the function takes {}",
@@ -210,14 +210,8 @@ impl NativeModule {
         args: &[Arg],
         comm: Option<&'c mut (dyn Comm + 'c)>,
     ) -> Result<Vec<NativeArg>, NativeError> {
-        let call_err = |message: String| NativeError::Call {
-            function: function.to_string(),
-            message,
-        };
-        let f = self
-            .funcs
-            .get(function)
-            .ok_or_else(|| call_err("the module has no such function".into()))?;
+        let call_err = |message: String| call_error(function, message);
+        let f = self.function(function)?;
         if args.len() != f.inputs.len() {
             return Err(call_err(format!(
                 "{} arguments given, the function takes {}",
@@ -298,6 +292,13 @@ impl NativeModule {
             .zip(&f.outputs)
             .map(|(buf, o)| NativeArg { buf, ty: o.clone() })
             .collect())
+    }
+}
+
+fn call_error(function: &str, message: String) -> NativeError {
+    NativeError::Call {
+        function: function.to_string(),
+        message,
     }
 }
 
