@@ -1102,6 +1102,11 @@ fn conv(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     let w = e.name(op.op.operands()[1]);
     let begins: Vec<u64> = (0..nsp).map(|i| win.begin(i)).collect();
     let (xp, xps) = pad_spatial(e, &x, xs, &begins, &extent, 0.0, d);
+    let k: u64 = c * ks.iter().product::<u64>();
+    let ohw: u64 = out_sp.iter().product();
+    if g == 1 && n * k * ohw * d.size_bytes() as u64 <= IM2COL_MAX_BYTES {
+        return conv_im2col(e, op, (&xp, &xps), &w, (&ks, &out_sp), &win, &want, d);
+    }
     let x5s = with_nc(n, g, cg, &xps[2..]);
     let x5 = e.reshape(&xp, &xps, &x5s, d);
     let w5s = with_nc(g, mg, cg, &ks);
@@ -1140,6 +1145,92 @@ fn conv(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
         )
         .remove(0);
     Ok(e.reshape(&r, &out5, &want, d))
+}
+
+/// Largest patch matrix (bytes) a convolution is lowered through; beyond it the direct
+/// loop nest, which needs no extra memory.
+const IM2COL_MAX_BYTES: u64 = 256 << 20;
+
+/// An ungrouped convolution as patches and a GEMM per image: `cols[n, c, j.., z..] =
+/// xp[n, c, z·stride + j·dilation]` (xp: the zero-padded input), viewed as `[n, K, OHW]`
+/// with K = C·∏kernel, then `y[n] = w[M, K] · cols[n] (+ bias per output channel)` with the
+/// support GEMM, which writes `[n, M, OHW]`, the output's own layout.
+#[allow(clippy::too_many_arguments)]
+fn conv_im2col(
+    e: &mut Emitter,
+    op: &OpView,
+    (xp, xps): (&str, &[u64]),
+    w: &str,
+    (ks, out_sp): (&[u64], &[u64]),
+    win: &Window,
+    want: &[u64],
+    d: DType,
+) -> Result<String, LowerError> {
+    let nsp = ks.len();
+    let (n, c, m) = (xps[0], xps[1], want[1]);
+    let k: u64 = c * ks.iter().product::<u64>();
+    let ohw: u64 = out_sp.iter().product();
+    let mut cs = vec![n, c];
+    cs.extend(ks);
+    cs.extend(out_sp);
+    let rank = cs.len();
+    let mut xmap = vec!["d0".to_string(), "d1".to_string()];
+    for i in 0..nsp {
+        xmap.push(affine(
+            &[
+                (2 + nsp + i, win.strides[i] as i64),
+                (2 + i, win.dilations[i] as i64),
+            ],
+            0,
+        ));
+    }
+    let init = e.empty(&cs, d);
+    let cols = e
+        .generic(
+            rank,
+            &vec![Iter::Parallel; rank],
+            &[Operand::new(xp, xps, d, xmap)],
+            &[Operand::identity(init, &cs, d)],
+            &Body::default(),
+            &["%in0".to_string()],
+        )
+        .remove(0);
+    let cols3 = e.reshape(&cols, &cs, &[n, k, ohw], d);
+    let ws = &op.in_shapes[1];
+    let w2 = e.reshape(w, ws, &[m, k], d);
+    let bias = match op.op.operands().get(2) {
+        None => None,
+        Some(&bv) => {
+            if op.in_shapes[2] != [m] {
+                return Err(op.invalid(format!(
+                    "bias must have shape [{m}], got {:?}",
+                    op.in_shapes[2]
+                )));
+            }
+            let b = e.name(bv);
+            Some(e.reshape(&b, &[m], &[m, 1], d))
+        }
+    };
+    let (a_shape, b_shape, bias_shape) = ([m, k], [n, k, ohw], [m, 1]);
+    let r = emit_gemm_call(
+        e,
+        Mat {
+            name: &w2,
+            shape: &a_shape,
+            trans: false,
+        },
+        Mat {
+            name: &cols3,
+            shape: &b_shape,
+            trans: false,
+        },
+        &[n],
+        (m, k, ohw),
+        1.0,
+        bias.as_deref().map(|b| (b, &bias_shape[..], 1.0)),
+        d,
+    );
+    Ok(e.reshape(&r, &[n, m, ohw], want, d))
 }
 
 fn conv_transpose(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {

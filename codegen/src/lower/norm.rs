@@ -347,17 +347,31 @@ fn batch_norm(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let c = channels_first(op, &x)?;
     let eps = op.float_or("epsilon", 1e-5)?;
     let mut ins = vec![Operand::identity(src, &x, d)];
-    for (i, what) in [(1, "scale"), (2, "bias"), (3, "mean"), (4, "var")] {
+    for (i, what) in [(1, "scale"), (2, "bias"), (3, "mean")] {
         ins.push(per_channel(e, op, i, what, c)?);
     }
+    // sqrt(var + ε) once per channel (the same f64 operations as per element).
+    let var = per_channel(e, op, 4, "var", c)?;
+    let dv = var.dtype;
+    let den = pointwise(
+        e,
+        &[c],
+        &[Operand::identity(var.name.as_str(), &[c], dv)],
+        DType::F64,
+        |b| {
+            let v = to_f64(b, "%in0", dv);
+            let ec = f64c(b, eps);
+            let ve = b.op(format!("arith.addf {v}, {ec} : f64"));
+            b.op(format!("math.sqrt {ve} : f64"))
+        },
+    );
+    ins.push(Operand::new(den, &[c], DType::F64, vec!["d1".into()]));
     let dts: Vec<DType> = ins.iter().map(|o| o.dtype).collect();
     let r = pointwise(e, &x, &ins, d, |b| {
         let v: Vec<String> = (0..5)
             .map(|i| to_f64(b, &format!("%in{i}"), dts[i]))
             .collect();
-        let ec = f64c(b, eps);
-        let ve = b.op(format!("arith.addf {}, {ec} : f64", v[4]));
-        let den = b.op(format!("math.sqrt {ve} : f64"));
+        let den = &v[4];
         let t = b.op(format!("arith.subf {}, {} : f64", v[0], v[3]));
         let q = b.op(format!("arith.divf {t}, {den} : f64"));
         let p = b.op(format!("arith.mulf {q}, {} : f64", v[1]));

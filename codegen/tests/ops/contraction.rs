@@ -512,6 +512,30 @@ fn conv_f64() {
         &["2x4x6x5xf64", "4x2x3x3xf64", "4xf64"],
         4,
     );
+    // Ungrouped: patches and the f64 GEMM.
+    check_op(
+        "conv",
+        "pads = [1, 1, 1, 1], strides = [1, 2]",
+        &["2x3x6x5xf64", "4x3x3x3xf64", "4xf64"],
+        4,
+    );
+}
+
+/// Ungrouped 3-D convolution (patches + GEMM), and a batch of one image.
+#[test]
+fn conv_3d_ungrouped_and_single_image() {
+    check_op(
+        "conv",
+        "pads = [1, 0, 1, 1, 0, 1], strides = [2, 1, 1], dilations = [1, 2, 1]",
+        &["2x3x5x6x4xf32", "4x3x2x2x2xf32", "4xf32"],
+        5,
+    );
+    check_op(
+        "conv",
+        "pads = [1, 1, 1, 1]",
+        &["1x16x9x9xf32", "8x16x3x3xf32", "8xf32"],
+        4,
+    );
 }
 
 #[test]
