@@ -51,6 +51,20 @@ fn mm(what: &'static str, m: u64, k: u64, n: u64, naive: bool) -> Case {
     }
 }
 
+/// `gemm {trans_b = 1}` of an m×k A by a stored n×k B, plus a bias of n (an ONNX Gemm).
+fn gemm_tb(what: &'static str, m: u64, k: u64, n: u64) -> Case {
+    Case {
+        what,
+        op: "gemm {trans_b = 1}",
+        a: vec![m, k],
+        b: vec![n, k],
+        c: Some(vec![n]),
+        out: vec![m, n],
+        macs: m * k * n,
+        naive: false,
+    }
+}
+
 fn cases(quick: bool) -> Vec<Case> {
     let mut v = vec![
         mm("square", 256, 256, 256, true),
@@ -63,26 +77,8 @@ fn cases(quick: bool) -> Vec<Case> {
     v.extend([
         mm("issue example", 2048, 256, 256, true),
         mm("MLP layer, batch 32", 32, 4096, 4096, false),
-        Case {
-            what: "two-tower Gemm transB, batch 32",
-            op: "gemm {trans_b = 1}",
-            a: vec![32, 1024],
-            b: vec![1024, 1024],
-            c: Some(vec![1024]),
-            out: vec![32, 1024],
-            macs: 32 * 1024 * 1024,
-            naive: false,
-        },
-        Case {
-            what: "two-tower Gemm transB, batch 32",
-            op: "gemm {trans_b = 1}",
-            a: vec![32, 1536],
-            b: vec![1536, 1536],
-            c: Some(vec![1536]),
-            out: vec![32, 1536],
-            macs: 32 * 1536 * 1536,
-            naive: false,
-        },
+        gemm_tb("two-tower Gemm transB, batch 32", 32, 1024, 1024),
+        gemm_tb("two-tower Gemm transB, batch 32", 32, 1536, 1536),
         mm("GPT-24 MLP up, batch 32", 4096, 320, 1280, false),
         mm("GPT-24 MLP down, batch 32", 4096, 1280, 320, false),
         Case {
@@ -95,16 +91,7 @@ fn cases(quick: bool) -> Vec<Case> {
             macs: 160 * 128 * 64 * 128,
             naive: false,
         },
-        Case {
-            what: "mlp.onnx fc1 Gemm transB, batch 32",
-            op: "gemm {trans_b = 1}",
-            a: vec![32, 64],
-            b: vec![128, 64],
-            c: Some(vec![128]),
-            out: vec![32, 128],
-            macs: 32 * 64 * 128,
-            naive: false,
-        },
+        gemm_tb("mlp.onnx fc1 Gemm transB, batch 32", 32, 64, 128),
     ]);
     v
 }

@@ -226,8 +226,10 @@ impl NativeModule {
             match a {
                 Arg::Tensor(t) => {
                     check_arg(i, t, want).map_err(call_err)?;
-                    owned.push(Buffer::from_tensor(t));
-                    in_ptrs.push(owned.last_mut().unwrap().as_mut_ptr());
+                    // The buffer's heap block does not move when the Vec holding it does.
+                    let mut b = Buffer::from_tensor(t);
+                    in_ptrs.push(b.as_mut_ptr());
+                    owned.push(b);
                 }
                 Arg::Native(n) => {
                     if &n.ty != want {
@@ -647,7 +649,7 @@ impl Buffer {
                     TensorData::Float(
                         bytes
                             .chunks_exact(4)
-                            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()) as f64)
+                            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as f64)
                             .collect(),
                     )
                 }
@@ -743,33 +745,36 @@ impl crate::pipeline::StageExecutable for NativeStage {
                 }
             }
         }
-        // A device value from another executable (not expected) is converted.
-        let foreign: Vec<Option<Tensor>> = args
+        // Each argument as the module takes it: a kept native buffer (weights, values this
+        // module produced) or a tensor to convert (a device value of another executable,
+        // not expected, is converted through the host).
+        enum In<'x> {
+            Native(&'x NativeArg),
+            Borrowed(&'x Tensor),
+            Owned(Tensor),
+        }
+        let ins: Vec<In> = args
             .iter()
-            .map(|a| match a {
-                ArgValue::Device(d) if d.as_any().downcast_ref::<NativeArg>().is_none() => {
-                    Some(d.to_tensor())
+            .enumerate()
+            .map(|(i, a)| {
+                if let Some(p) = self.prepared.get(&(function.to_string(), i)) {
+                    return In::Native(p);
                 }
-                _ => None,
+                match a {
+                    ArgValue::Host(t) => In::Borrowed(t.as_ref()),
+                    ArgValue::Device(d) => match d.as_any().downcast_ref::<NativeArg>() {
+                        Some(n) => In::Native(n),
+                        None => In::Owned(d.to_tensor()),
+                    },
+                }
             })
             .collect();
-        let call_args: Vec<Arg> = args
+        let call_args: Vec<Arg> = ins
             .iter()
-            .zip(&foreign)
-            .enumerate()
-            .map(|(i, (a, own))| {
-                if let Some(p) = self.prepared.get(&(function.to_string(), i)) {
-                    return Arg::Native(p);
-                }
-                match (a, own) {
-                    (_, Some(t)) => Arg::Tensor(t),
-                    (ArgValue::Host(t), None) => Arg::Tensor(t.as_ref()),
-                    (ArgValue::Device(d), None) => Arg::Native(
-                        d.as_any()
-                            .downcast_ref::<NativeArg>()
-                            .expect("checked above"),
-                    ),
-                }
+            .map(|x| match x {
+                In::Native(n) => Arg::Native(n),
+                In::Borrowed(t) => Arg::Tensor(t),
+                In::Owned(t) => Arg::Tensor(t),
             })
             .collect();
         let outs = self

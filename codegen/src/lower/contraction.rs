@@ -432,7 +432,16 @@ struct Mat<'a> {
     trans: bool,
 }
 
-impl Mat<'_> {
+impl<'a> Mat<'a> {
+    fn new(name: &'a str, shape: &'a [u64], trans: bool) -> Self {
+        Mat { name, shape, trans }
+    }
+
+    /// The row stride of the stored matrices (their last dimension; matrices have rank >= 2).
+    fn ld(&self) -> u64 {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
     /// Row-major element strides of the batch dimensions `batch` (numpy broadcasting:
     /// missing and size-1 dimensions against larger ones have stride 0).
     fn batch_strides(&self, batch: &[u64]) -> Vec<u64> {
@@ -517,8 +526,8 @@ fn emit_gemm_call(
         i64_const(e, n as i64),
         i64_const(e, k as i64),
     );
-    let lda = i64_const(e, *a.shape.last().unwrap() as i64);
-    let ldb = i64_const(e, *b.shape.last().unwrap() as i64);
+    let lda = i64_const(e, a.ld() as i64);
+    let ldb = i64_const(e, b.ld() as i64);
     let ldc = i64_const(e, n as i64);
     let al = e.op(format!("arith.constant {} : {t}", literal(d, alpha)));
     let be = e.op(format!("arith.constant {} : {t}", literal(d, beta)));
@@ -596,16 +605,8 @@ pub fn emit_matmul2d(
 ) -> String {
     if d.is_float() {
         let (sa, sb) = ([m, k], [k, n]);
-        let a = Mat {
-            name: a,
-            shape: &sa,
-            trans: false,
-        };
-        let b = Mat {
-            name: b,
-            shape: &sb,
-            trans: false,
-        };
+        let a = Mat::new(a, &sa, false);
+        let b = Mat::new(b, &sb, false);
         return emit_gemm_call(e, a, b, &[], (m, k, n), 1.0, None, d);
     }
     let out = [m, n];
@@ -631,16 +632,8 @@ pub fn emit_batch_matmul(
 ) -> String {
     if d.is_float() {
         let (sa, sb) = ([batch, m, k], [batch, k, n]);
-        let a = Mat {
-            name: a,
-            shape: &sa,
-            trans: false,
-        };
-        let b = Mat {
-            name: b,
-            shape: &sb,
-            trans: false,
-        };
+        let a = Mat::new(a, &sa, false);
+        let b = Mat::new(b, &sb, false);
         return emit_gemm_call(e, a, b, &[batch], (m, k, n), 1.0, None, d);
     }
     let out = [batch, m, n];
@@ -916,16 +909,8 @@ fn float_matmul(
         let b2 = e.reshape(&b, &b_shape, &b2_shape, d);
         let r2 = emit_gemm_call(
             e,
-            Mat {
-                name: &a2,
-                shape: &a2_shape,
-                trans: false,
-            },
-            Mat {
-                name: &b2,
-                shape: &b2_shape,
-                trans: tb,
-            },
+            Mat::new(&a2, &a2_shape, false),
+            Mat::new(&b2, &b2_shape, tb),
             &[],
             (nb * m, k, n),
             1.0,
@@ -940,16 +925,8 @@ fn float_matmul(
     let bias = bias.filter(|_| batch.is_empty());
     let r = emit_gemm_call(
         e,
-        Mat {
-            name: &a,
-            shape: &a_shape,
-            trans: ta,
-        },
-        Mat {
-            name: &b,
-            shape: &b_shape,
-            trans: tb,
-        },
+        Mat::new(&a, &a_shape, ta),
+        Mat::new(&b, &b_shape, tb),
         batch,
         (m, k, n),
         1.0,
@@ -1004,16 +981,8 @@ fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     // times alpha, plus beta · C).
     Ok(emit_gemm_call(
         e,
-        Mat {
-            name: &a,
-            shape: sa,
-            trans: trans_a,
-        },
-        Mat {
-            name: &b,
-            shape: sb,
-            trans: trans_b,
-        },
+        Mat::new(&a, sa, trans_a),
+        Mat::new(&b, sb, trans_b),
         &[],
         (m, k, n),
         alpha,
@@ -1214,16 +1183,8 @@ fn conv_im2col(
     let (a_shape, b_shape, bias_shape) = ([m, k], [n, k, ohw], [m, 1]);
     let r = emit_gemm_call(
         e,
-        Mat {
-            name: &w2,
-            shape: &a_shape,
-            trans: false,
-        },
-        Mat {
-            name: &cols3,
-            shape: &b_shape,
-            trans: false,
-        },
+        Mat::new(&w2, &a_shape, false),
+        Mat::new(&cols3, &b_shape, false),
         &[n],
         (m, k, ohw),
         1.0,

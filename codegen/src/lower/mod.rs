@@ -142,7 +142,9 @@ pub fn lower_functions_with(
     }
     let mut text = String::from("module {\n");
     for d in &decls {
-        writeln!(text, "  {d}").unwrap();
+        text.push_str("  ");
+        text.push_str(d);
+        text.push('\n');
     }
     text.push_str(&bodies);
     text.push_str("}\n");

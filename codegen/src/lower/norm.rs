@@ -207,8 +207,9 @@ fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
 /// `ppcc_softmax_f32(rows, n, x, y, log)` (`codegen/src/support.c`: a row of 16 floats is one
 /// vector register, where the loops linalg leaves run a 16-element row scalar or strided).
 fn softmax_rows_call(e: &mut Emitter, src: &str, x: &[u64], log: bool) -> String {
-    let n = *x.last().unwrap();
-    let rows: u64 = x[..x.len() - 1].iter().product();
+    // The caller has checked rank >= 1.
+    let (n, outer) = x.split_last().map_or((1, &[][..]), |(&n, o)| (n, o));
+    let rows: u64 = outer.iter().product();
     e.declare("llvm.func @ppcc_softmax_f32(i64, i64, !llvm.ptr, !llvm.ptr, i64)");
     let px = tensor_ptr(e, src, x, DType::F32);
     let mty = super::memref_type(x, DType::F32);
