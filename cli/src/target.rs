@@ -48,20 +48,29 @@ pub fn build_native(
     NativeModule::load(&built.so, m, only).context("loading the generated module")
 }
 
-/// A scratch directory removed when dropped (native code for `eval`, `train`, `conform`).
+/// A scratch directory removed when dropped (native code for `eval`, `train`, `conform`):
+/// `<temp>/ppcc-<tag>-XXXXXX` with an unpredictable suffix, created exclusively with mode
+/// 0700, so nobody else can plant or read what is built and loaded there.
 pub struct ScratchDir(pub PathBuf);
 
 impl ScratchDir {
     pub fn new(tag: &str) -> Result<ScratchDir> {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "ppcc-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).with_context(|| format!("cannot create {}", p.display()))?;
-        Ok(ScratchDir(p))
+        use std::os::unix::fs::PermissionsExt;
+        let prefix = format!("ppcc-{tag}-");
+        let dir = tempfile::Builder::new()
+            .prefix(&prefix)
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .with_context(|| {
+                format!(
+                    "cannot create a scratch directory {}",
+                    std::env::temp_dir()
+                        .join(format!("{prefix}XXXXXX"))
+                        .display()
+                )
+            })?;
+        // Removal is ours (Drop), so PPCC_KEEP_SCRATCH can keep it.
+        Ok(ScratchDir(dir.keep()))
     }
 }
 
@@ -177,4 +186,30 @@ pub fn native_op_times(
         .iter()
         .map(|&op| (op, ns[op.index()] / RUNS as f64))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn scratch_dirs_are_private_and_unpredictable() {
+        let a = ScratchDir::new("t").unwrap();
+        let b = ScratchDir::new("t").unwrap();
+        for d in [&a.0, &b.0] {
+            let md = std::fs::symlink_metadata(d).unwrap();
+            assert!(md.is_dir());
+            assert_eq!(md.mode() & 0o7777, 0o700, "{}", d.display());
+            let name = d.file_name().unwrap().to_string_lossy().into_owned();
+            let suffix = name.strip_prefix("ppcc-t-").expect("prefix");
+            // Not the process id and a counter (guessable), but random characters.
+            assert!(suffix.len() >= 6, "{name}");
+            assert!(!suffix.contains(&std::process::id().to_string()), "{name}");
+        }
+        assert_ne!(a.0, b.0);
+        let kept = a.0.clone();
+        drop(a);
+        assert!(!kept.exists());
+    }
 }

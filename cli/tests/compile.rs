@@ -644,3 +644,168 @@ fn host_profile_times_the_generated_code() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// `ppcc ARGS` with extra environment variables: (success, stderr).
+fn ppcc_env(args: &[&str], env: &[(&str, &Path)]) -> (bool, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ppcc"));
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("ppcc runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `ppcc eval --target cpu` of the MLP example: builds and loads a native module.
+fn eval_native(dir: &Path, cache: &Path) -> (bool, String) {
+    let out = dir.join("out.npz");
+    ppcc_env(
+        &[
+            "eval",
+            &example("mlp.onnx"),
+            "--target",
+            "cpu",
+            "--inputs",
+            &example("mlp_io.npz"),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &[("PPCC_CACHE_DIR", cache)],
+    )
+}
+
+fn euid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    // The owner of a file this process just created.
+    let d = out_dir("whoami");
+    std::fs::create_dir_all(&d).unwrap();
+    let uid = std::fs::metadata(&d).unwrap().uid();
+    let _ = std::fs::remove_dir_all(&d);
+    uid
+}
+
+/// Issue 12, item 1: the support object linked into every module is cached per user; a
+/// cache directory that others can write, or that belongs to someone else, is refused
+/// with its name and the reason instead of being linked from.
+#[test]
+fn a_shared_or_foreign_support_cache_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = out_dir("cache-refused");
+    let cache = dir.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (ok, err) = eval_native(&dir, &cache);
+    assert!(!ok, "a world-writable cache was used");
+    assert!(
+        err.contains(&format!("support-object cache {}", cache.display()))
+            && err.contains("writable by everyone (mode 0777)"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&cache).unwrap().count(),
+        0,
+        "nothing written"
+    );
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o770)).unwrap();
+    let (ok, err) = eval_native(&dir, &cache);
+    assert!(
+        !ok && err.contains("writable by its group (mode 0770)"),
+        "{err}"
+    );
+    if euid() == 0 {
+        // Owned by another user (as root, the test can make it so).
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&cache, Some(12345), None).unwrap();
+        let (ok, err) = eval_native(&dir, &cache);
+        assert!(!ok, "another user's cache was used");
+        assert!(
+            err.contains(&cache.display().to_string())
+                && err.contains("owned by uid 12345, not by you (uid 0)"),
+            "{err}"
+        );
+    }
+    // A private directory of ours works, and what it holds is private.
+    let own = dir.join("own");
+    let (ok, err) = eval_native(&dir, &own);
+    assert!(ok, "{err}");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&own), 0o700);
+    for e in std::fs::read_dir(&own).unwrap() {
+        assert_eq!(mode(&e.unwrap().path()), 0o600);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12, item 1: an object planted in the cache (here: the real support code plus a
+/// constructor that writes a marker file), whose bytes do not match the hash recorded
+/// beside it, is never linked: building and loading modules afterwards rebuilds it, and
+/// the marker is never written.
+#[test]
+fn a_planted_support_object_is_never_linked() {
+    let dir = out_dir("cache-planted");
+    let cache = dir.join("cache");
+    let (ok, err) = eval_native(&dir, &cache);
+    assert!(ok, "{err}");
+    let cached: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "o"))
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    let marker = dir.join("planted-code-ran");
+    let support = Path::new(env!("CARGO_MANIFEST_DIR")).join("../codegen/src/support.c");
+    let evil = dir.join("evil.c");
+    std::fs::write(
+        &evil,
+        format!(
+            "#include <stdio.h>\n\
+             __attribute__((constructor)) static void planted(void) {{\n\
+             FILE *f = fopen(\"{}\", \"w\"); if (f) {{ fputs(\"ran\", f); fclose(f); }} }}\n\
+             #include \"{}\"\n",
+            marker.display(),
+            support.canonicalize().unwrap().display()
+        ),
+    )
+    .unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
+        .args(["-O1", "-fPIC", "-std=gnu11", "-c"])
+        .arg(&evil)
+        .arg("-o")
+        .arg(&cached[0])
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling the planted object");
+    // Compile a plan (links two modules) and run it (loads them); eval links and loads.
+    let build = dir.join("build");
+    let (ok, err) = ppcc_env(
+        &[
+            &example("mlp.onnx"),
+            "-o",
+            build.to_str().unwrap(),
+            "--stages",
+            "2",
+        ],
+        &[("PPCC_CACHE_DIR", &cache)],
+    );
+    assert!(ok, "{err}");
+    let (ok, err) = ppcc_env(
+        &["run", build.to_str().unwrap(), "--steps", "1"],
+        &[("PPCC_CACHE_DIR", &cache)],
+    );
+    assert!(ok, "{err}");
+    let (ok, err) = eval_native(&dir, &cache);
+    assert!(ok, "{err}");
+    assert!(!marker.exists(), "the planted object was linked and ran");
+    // The cache holds a rebuilt object again, matching its recorded hash.
+    let bytes = std::fs::read(&cached[0]).unwrap();
+    let recorded = std::fs::read_to_string(cached[0].with_extension("o.sha256")).unwrap();
+    assert_eq!(
+        recorded.split_whitespace().next().unwrap(),
+        ppcc_codegen::support_cache::sha256_of(&bytes)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

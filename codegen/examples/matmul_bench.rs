@@ -359,7 +359,12 @@ fn main() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
-    let base = std::env::temp_dir().join(format!("ppcc-matmul-bench-{}", std::process::id()));
+    // Private (0700) with an unpredictable name: the modules built here are loaded.
+    let base = tempfile::Builder::new()
+        .prefix("ppcc-matmul-bench-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("cannot create a scratch directory: {e}"))
+        .keep();
 
     let peaks = peaks();
     println!("single-core f32 peak (FMA throughput loop, 12 chains):");

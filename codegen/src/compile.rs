@@ -23,6 +23,7 @@ use melior::utility::{
 use melior::Context;
 
 use crate::lower::Signature;
+use crate::support_cache::{load_or_build, private_temp_file, resolve_cache_dir, sha256_hex};
 
 /// The default bufferization + lowering pipeline (CPU, scalar loops; matrix products call
 /// the support GEMM, [`SUPPORT_C`]).
@@ -64,8 +65,17 @@ pub enum CompileError {
     Llvm(String),
     #[error("linking {path}: {message}")]
     Link { path: PathBuf, message: String },
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("support-object cache {path}: {message}")]
+    Cache { path: PathBuf, message: String },
+    /// A cache directory that others could write (or that is not ours): linking from it
+    /// would run their code.
+    #[error("refusing the support-object cache {path}: {why}. Whoever can write there can run code in every module ppcc builds: make it yours and private (chmod 700), or set PPCC_CACHE_DIR to a private directory")]
+    UnsafeCache { path: PathBuf, why: String },
 }
 
 #[derive(Clone, Debug)]
@@ -150,8 +160,8 @@ fn parse_and_lower<'c>(
     match &opts.keep_passes {
         None => run(&opts.pipeline, &mut module)?,
         Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            std::fs::write(dir.join("00-input.mlir"), mlir)?;
+            create_dir(dir)?;
+            write_file(&dir.join("00-input.mlir"), mlir)?;
             for (i, pass) in pipeline_passes(&opts.pipeline).iter().enumerate() {
                 run(&format!("builtin.module({pass})"), &mut module)?;
                 let stem: String = pass
@@ -165,8 +175,8 @@ fn parse_and_lower<'c>(
                         }
                     })
                     .collect();
-                std::fs::write(
-                    dir.join(format!("{:02}-{stem}.mlir", i + 1)),
+                write_file(
+                    &dir.join(format!("{:02}-{stem}.mlir", i + 1)),
                     module.as_operation().to_string(),
                 )?;
             }
@@ -242,8 +252,8 @@ pub fn compile_to_object(
     let (context, sink) = new_context();
     let module = parse_and_lower(&context, &sink, mlir, opts)?;
     if opts.keep_intermediates {
-        std::fs::write(
-            obj.with_extension("llvm.mlir"),
+        write_file(
+            &obj.with_extension("llvm.mlir"),
             module.as_operation().to_string(),
         )?;
     }
@@ -276,10 +286,15 @@ pub fn compile_to_object(
     if opts.keep_intermediates {
         llvm_module
             .print_to_file(obj.with_extension("ll"))
-            .map_err(|e| CompileError::Llvm(e.to_string()))?;
+            .map_err(|e| {
+                CompileError::Llvm(format!(
+                    "writing {}: {e}",
+                    obj.with_extension("ll").display()
+                ))
+            })?;
     }
     tm.write_to_file(&llvm_module, FileType::Object, obj)
-        .map_err(|e| CompileError::Llvm(e.to_string()))?;
+        .map_err(|e| CompileError::Llvm(format!("writing {}: {e}", obj.display())))?;
     Ok(())
 }
 
@@ -354,32 +369,22 @@ fn c_compiler() -> String {
     std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
 }
 
-/// FNV-1a, for a cache key that is stable across runs and toolchains.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in p.iter().chain([0xffu8].iter()) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
-}
-
 /// The object of [`SUPPORT_C`] for this host, compiled with `$CC` (else `cc`) on first use
-/// and cached in `$PPCC_CACHE_DIR` (default `<temp>/ppcc-support-cache`) under a key of
-/// the source, the compiler (`--version`), the flags and the host CPU (`-march=native`).
-pub fn support_object() -> Result<PathBuf, CompileError> {
-    static OBJ: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    OBJ.get_or_init(|| build_support_object().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(|message| CompileError::Link {
-            path: PathBuf::from("support.o"),
-            message,
-        })
+/// and cached per user (see [`crate::support_cache`]: `$PPCC_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/ppcc`, else `$HOME/.cache/ppcc`) under a key of the source, the compiler
+/// (`--version`), the flags and the host CPU (`-march=native`). The bytes returned have been
+/// checked against the SHA-256 recorded beside the cached object.
+pub fn support_object() -> Result<&'static [u8], CompileError> {
+    // Only success is kept: an error (say, a cache directory fixed meanwhile) is retried.
+    static OBJ: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    if let Some(bytes) = OBJ.get() {
+        return Ok(bytes);
+    }
+    let bytes = build_support_object()?;
+    Ok(OBJ.get_or_init(|| bytes))
 }
 
-fn build_support_object() -> Result<PathBuf, CompileError> {
+fn build_support_object() -> Result<Vec<u8>, CompileError> {
     let cc = c_compiler();
     let version = Command::new(&cc)
         .arg("--version")
@@ -389,7 +394,7 @@ fn build_support_object() -> Result<PathBuf, CompileError> {
     let cpu = TargetMachine::get_host_cpu_name();
     let features = TargetMachine::get_host_cpu_features();
     let flags = format!("{SUPPORT_FLAGS:?}");
-    let key = fnv1a(&[
+    let key = sha256_hex(&[
         SUPPORT_C.as_bytes(),
         cc.as_bytes(),
         &version,
@@ -397,36 +402,39 @@ fn build_support_object() -> Result<PathBuf, CompileError> {
         cpu.to_bytes(),
         features.to_bytes(),
     ]);
-    let dir = std::env::var_os("PPCC_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("ppcc-support-cache"));
-    let obj = dir.join(format!("support-{key:016x}.o"));
-    if obj.is_file() {
-        return Ok(obj);
-    }
-    std::fs::create_dir_all(&dir)?;
+    let var = |name: &str| std::env::var_os(name).map(PathBuf::from);
+    let dir = resolve_cache_dir(
+        var("PPCC_CACHE_DIR").as_deref(),
+        var("XDG_CACHE_HOME").as_deref(),
+        var("HOME").as_deref(),
+    )?;
+    let name = format!("support-{}.o", &key[..32]);
+    load_or_build(&dir, &name, || compile_support(&cc, &name))
+}
+
+/// Compile [`SUPPORT_C`] in a private temporary directory and return the object's bytes.
+fn compile_support(cc: &str, name: &str) -> Result<Vec<u8>, CompileError> {
     // support.c includes itself (once per element type), so it is compiled from a file.
-    let unique = format!("{key:016x}-{}", std::process::id());
-    let src = dir.join(format!("support-{unique}.c"));
-    let tmp = dir.join(format!("support-{unique}.o.tmp"));
-    std::fs::write(&src, SUPPORT_C)?;
+    let (scratch, src) = private_temp_file("ppcc-support-", "support.c", SUPPORT_C.as_bytes())?;
+    let obj = scratch.path().join("support.o");
     let mut errors = String::new();
-    let mut built = false;
     for flags in SUPPORT_FLAGS {
-        let out = Command::new(&cc)
+        let out = Command::new(cc)
             .args(flags)
             .arg("-c")
             .arg(&src)
             .arg("-o")
-            .arg(&tmp)
+            .arg(&obj)
             .output()
             .map_err(|e| CompileError::Link {
-                path: obj.clone(),
+                path: PathBuf::from(name),
                 message: format!("running `{cc}`: {e}"),
             })?;
         if out.status.success() {
-            built = true;
-            break;
+            return std::fs::read(&obj).map_err(|e| CompileError::Link {
+                path: obj.clone(),
+                message: format!("reading the compiled support code: {e}"),
+            });
         }
         errors.push_str(&format!(
             "`{cc} {}`: {}\n",
@@ -434,23 +442,19 @@ fn build_support_object() -> Result<PathBuf, CompileError> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let _ = std::fs::remove_file(&src);
-    if !built {
-        return Err(CompileError::Link {
-            path: obj,
-            message: format!("compiling the runtime support code failed:\n{errors}"),
-        });
-    }
-    // Atomic: concurrent builders each rename a complete object into place.
-    std::fs::rename(&tmp, &obj)?;
-    Ok(obj)
+    Err(CompileError::Link {
+        path: PathBuf::from(name),
+        message: format!("compiling the runtime support code failed:\n{errors}"),
+    })
 }
 
 /// Link objects and the runtime support object ([`support_object`]) into a shared object
-/// with the system C compiler (`$CC`, else `cc`).
+/// with the system C compiler (`$CC`, else `cc`). The support object's verified bytes are
+/// written to a private temporary file for the linker, so what is linked is what was
+/// checked.
 pub fn link_shared(objects: &[PathBuf], so: &Path) -> Result<(), CompileError> {
     let cc = c_compiler();
-    let support = support_object()?;
+    let (_scratch, support) = private_temp_file("ppcc-link-", "support.o", support_object()?)?;
     let out = Command::new(&cc)
         .arg("-shared")
         .arg("-o")
@@ -473,6 +477,21 @@ pub fn link_shared(objects: &[PathBuf], so: &Path) -> Result<(), CompileError> {
     Ok(())
 }
 
+/// `std::fs::write` whose error names the file.
+fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<(), CompileError> {
+    std::fs::write(path, contents).map_err(|source| CompileError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn create_dir(path: &Path) -> Result<(), CompileError> {
+    std::fs::create_dir_all(path).map_err(|source| CompileError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// MLIR text → `dir/module.so` (with `dir/module.o` beside it). Returns the `.so` path.
 pub fn compile_to_shared_object(
     mlir: &str,
@@ -480,8 +499,8 @@ pub fn compile_to_shared_object(
     dir: &Path,
     opts: &CompileOptions,
 ) -> Result<PathBuf, CompileError> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("stage.mlir"), mlir)?;
+    create_dir(dir)?;
+    write_file(&dir.join("stage.mlir"), mlir)?;
     let obj = dir.join("module.o");
     compile_to_object(mlir, sigs, &obj, opts)?;
     let so = dir.join("module.so");

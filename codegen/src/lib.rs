@@ -9,6 +9,7 @@
 pub mod compile;
 pub mod lower;
 pub mod package;
+pub mod support_cache;
 
 pub use compile::{
     compile_to_object, compile_to_shared_object, link_shared, CompileError, CompileOptions,
