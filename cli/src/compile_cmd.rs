@@ -32,6 +32,8 @@ use ppcc_passes::schedule::csv::{from_csv, to_csv};
 use ppcc_passes::schedule::{Layout, BUILTIN_NAMES};
 use ppcc_passes::simulate::{simulate, to_svg_seconds, to_trace_json_seconds};
 use ppcc_passes::split::{split_stages, SplitInfo, SplitOptions};
+use ppcc_runtime::integrity::FileRecord;
+use ppcc_runtime::pipeline::PlanSpec;
 use ppir::{ArgKind, Module, Phase};
 use serde_json::{json, Value};
 
@@ -81,9 +83,13 @@ pub struct CompileArgs {
     /// The ONNX model (float initializers are the trained parameters).
     #[arg(required = true, value_name = "MODEL.onnx")]
     pub model: Option<PathBuf>,
-    /// Output directory (created; existing plan files in it are replaced).
+    /// Output directory (created; existing plan files in it are replaced). An existing
+    /// directory must be empty or an earlier build directory (it has ppcc's plan.json).
     #[arg(short, long, value_name = "DIR", required = true)]
     pub output: Option<PathBuf>,
+    /// Write into an existing directory that is neither empty nor a ppcc build directory.
+    #[arg(long)]
+    pub force: bool,
     /// Devices (pipeline ranks), P.
     #[arg(long, value_name = "P", default_value_t = 2)]
     pub stages: usize,
@@ -158,6 +164,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
     if a.stages == 0 {
         bail!("--stages must be at least 1");
     }
+    check_output_dir(&output, a.force)?;
     let profile = load_profile(&a.device_profile)?;
     let memory_limit = a
         .memory_limit
@@ -434,7 +441,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
     );
     write("timeline.svg", to_svg_seconds(&best.report, &title))?;
     write("trace.json", to_trace_json_seconds(&best.report))?;
-    let plan_json = plan_json(&PlanDoc {
+    let mut plan_json = plan_json(&PlanDoc {
         a: &a,
         model: &model,
         microbatches,
@@ -453,6 +460,9 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         native_times: native_times.as_deref(),
         model_prediction: model_prediction.clone(),
     });
+    if let Some((_, split, _)) = &program {
+        plan_json["files"] = file_records(&output, split.stages.len(), a.target == Target::Cpu)?;
+    }
     write(
         "plan.json",
         serde_json::to_string_pretty(&plan_json).context("serializing plan.json")?,
@@ -486,6 +496,73 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuse to write into an existing directory that is neither empty nor an earlier ppcc
+/// build directory (`-o /`, `-o ~`): the plan and stage directories would be mixed with
+/// other files, and replaced ones lost. `--force` writes anyway.
+fn check_output_dir(dir: &Path, force: bool) -> Result<()> {
+    let md = match std::fs::metadata(dir) {
+        Ok(md) => md,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => bail!("cannot use {} as the output directory: {e}", dir.display()),
+    };
+    if !md.is_dir() {
+        bail!(
+            "{} exists and is not a directory; give a new or empty directory with -o",
+            dir.display()
+        );
+    }
+    let mut entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    if entries.next().is_none() || force {
+        return Ok(());
+    }
+    let plan = dir.join("plan.json");
+    let has_plan = std::fs::read(&plan)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .is_some_and(|v| v.get("format").and_then(Value::as_str) == Some("ppcc-plan"));
+    // A compile that failed before writing plan.json leaves only ppcc's own names.
+    let only_ours = || -> Result<bool> {
+        for e in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let name = e?.file_name();
+            let name = name.to_string_lossy();
+            let ours = ["schedule.csv", "timeline.svg", "trace.json"].contains(&name.as_ref())
+                || name
+                    .strip_prefix("stage")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+            if !ours {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    if !has_plan && !only_ours()? {
+        bail!(
+            "{} is not empty and is not a ppcc build directory (no plan.json written by ppcc): ppcc would write plan.json, schedule.csv, timeline.svg, trace.json and stage*/ among its files, replacing any of those names. Give a new or empty directory with -o, or pass --force to write there anyway",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The size and SHA-256 of every file of the build directory `ppcc run` loads, by path
+/// relative to `dir` (plan.json's `files`).
+fn file_records(dir: &Path, stages: usize, native: bool) -> Result<Value> {
+    let mut files = serde_json::Map::new();
+    for s in 0..stages {
+        let mut names = vec!["stage.ppir", "params.npz"];
+        if native {
+            names.push("module.so");
+        }
+        for name in names {
+            let rel = format!("stage{s}/{name}");
+            let rec = FileRecord::of_file(&dir.join(&rel))?;
+            files.insert(rel, json!({"bytes": rec.bytes, "sha256": rec.sha256}));
+        }
+    }
+    Ok(Value::Object(files))
 }
 
 /// The data inputs of `@grad` (model inputs and labels; not `rng`) with their synthetic
@@ -575,7 +652,8 @@ fn write_stage(m: &Module, st: &ppcc_passes::split::StageFunctions, dir: &Path) 
     std::fs::write(&p, ppir::text::print_module(&sm, &Default::default()))
         .with_context(|| format!("cannot write {}", p.display()))?;
     let arrays: Vec<(String, ppir::Tensor)> = weights.into_iter().collect();
-    write_npz(&sdir.join("params.npz"), &arrays)?;
+    let p = sdir.join("params.npz");
+    write_npz(&p, &arrays).with_context(|| format!("cannot write {}", p.display()))?;
     // A stale module.so from an earlier compile must not be picked up.
     let _ = std::fs::remove_file(sdir.join("module.so"));
     Ok(sm)
@@ -664,7 +742,7 @@ fn plan_json(d: &PlanDoc) -> Value {
     });
     let mut doc = json!({
         "format": "ppcc-plan",
-        "version": 1,
+        "version": PlanSpec::VERSION,
         "ppcc_version": env!("CARGO_PKG_VERSION"),
         "model": d.model.display().to_string(),
         "devices": d.a.stages,

@@ -105,12 +105,15 @@ type Weights = BTreeMap<String, Tensor>;
 
 fn load_stage(plan: &PlanSpec, s: usize) -> Result<(Module, Weights)> {
     let dir = &plan.stages[s].dir;
+    // Every file is checked against the size and hash plan.json records before use.
     let path = dir.join("stage.ppir");
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+    let text = String::from_utf8(plan.read_file(&path)?)
+        .with_context(|| format!("{} is not UTF-8 text", path.display()))?;
     let module =
         ppir::text::parse_module(&text).map_err(|e| anyhow::anyhow!("{}:{e}", path.display()))?;
-    let weights: Weights = read_npz(&dir.join("params.npz"))?.into_iter().collect();
+    let params = dir.join("params.npz");
+    plan.read_file(&params)?;
+    let weights: Weights = read_npz(&params)?.into_iter().collect();
     Ok((module, weights))
 }
 
@@ -393,8 +396,9 @@ fn build_workers(
                         plan.target
                     );
                 }
-                let native =
-                    NativeModule::load(&so, &module, None).with_context(|| format!("stage {s}"))?;
+                let bytes = plan.read_file(&so).with_context(|| format!("stage {s}"))?;
+                let native = NativeModule::load_verified(&so, &bytes, &module, None)
+                    .with_context(|| format!("stage {s}"))?;
                 Box::new(NativeStage::new(module, native))
             }
         };

@@ -809,3 +809,83 @@ fn a_planted_support_object_is_never_linked() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 12, item 8: `-o` into an existing directory that is neither empty nor a ppcc
+/// build directory (`-o /`) is refused before anything is written, unless `--force`.
+#[test]
+fn output_into_a_foreign_directory_needs_force() {
+    // `-o /` is refused before the model is even read (a missing model here, so that
+    // nothing could be written to / even if the check regressed).
+    let (ok, _, err) = compile("no-such-model.onnx", Path::new("/"), &["--plan-only"]);
+    assert!(
+        !ok && err.contains("/ is not empty and is not a ppcc build directory"),
+        "{err}"
+    );
+    let dir = out_dir("foreign");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+    let (ok, _, err) = compile("mlp.onnx", &dir, &["--stages", "2"]);
+    assert!(!ok, "wrote into a foreign directory");
+    assert!(
+        err.contains(&format!(
+            "{} is not empty and is not a ppcc build directory",
+            dir.display()
+        )) && err.contains("--force"),
+        "{err}"
+    );
+    let names = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&dir), ["notes.txt"]);
+    let (ok, _, err) = compile("mlp.onnx", &dir, &["--stages", "2", "--force"]);
+    assert!(ok, "{err}");
+    assert!(dir.join("plan.json").exists() && dir.join("notes.txt").exists());
+    // Now a build directory: compiling again into it needs no --force.
+    let (ok, _, err) = compile("mlp.onnx", &dir, &["--stages", "2", "--plan-only"]);
+    assert!(ok, "{err}");
+    // A file where the directory should be is named.
+    let file = dir.join("notes.txt");
+    let (ok, _, err) = compile("mlp.onnx", &file, &[]);
+    assert!(
+        !ok && err.contains("exists and is not a directory"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12, item 8: a failed write (a full disk, here /dev/full behind a file name) is an
+/// error naming the file.
+#[test]
+fn a_failed_write_names_the_file() {
+    if !Path::new("/dev/full").exists() {
+        return;
+    }
+    let dir = out_dir("full");
+    std::fs::create_dir_all(dir.join("stage0")).unwrap();
+    let params = dir.join("stage0").join("params.npz");
+    std::os::unix::fs::symlink("/dev/full", &params).unwrap();
+    let (ok, _, err) = compile("mlp.onnx", &dir, &["--stages", "2"]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("cannot write {}", params.display()))
+            && err.contains("No space left on device"),
+        "{err}"
+    );
+    std::fs::remove_file(&params).unwrap();
+    std::os::unix::fs::symlink("/dev/full", dir.join("timeline.svg")).unwrap();
+    let (ok, _, err) = compile("mlp.onnx", &dir, &["--stages", "2", "--target", "interp"]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "cannot write {}",
+            dir.join("timeline.svg").display()
+        )),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

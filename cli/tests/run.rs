@@ -262,3 +262,126 @@ fn plan_only_directories_are_refused() {
     assert!(out.stderr.contains("plan.json"), "{}", out.stderr);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 12, item 8: plan.json records the size and SHA-256 of every file `ppcc run`
+/// loads; a truncated `module.so` (which used to crash the run with SIGBUS) or a modified
+/// `params.npz` is an error naming the file, before anything runs.
+#[test]
+fn damaged_build_directories_are_refused_with_the_file_named() {
+    let dir = tmp("damaged");
+    compile(
+        "examples/mlp.onnx",
+        &dir,
+        &["--stages", "2", "--microbatches", "2"],
+    );
+    let d = dir.to_str().unwrap();
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["version"], 2);
+    for s in 0..2 {
+        for f in ["module.so", "params.npz", "stage.ppir"] {
+            let rec = &plan["files"][format!("stage{s}/{f}")];
+            let len = std::fs::metadata(dir.join(format!("stage{s}")).join(f))
+                .unwrap()
+                .len();
+            assert_eq!(rec["bytes"], len, "stage{s}/{f}");
+            assert_eq!(rec["sha256"].as_str().unwrap().len(), 64);
+        }
+    }
+    let ok = ppcc(&["run", d, "--steps", "1"]);
+    assert!(ok.ok, "{}", ok.stderr);
+
+    let so = dir.join("stage1").join("module.so");
+    let original = std::fs::read(&so).unwrap();
+    std::fs::write(&so, &original[..original.len() / 2]).unwrap();
+    let out = ppcc(&["run", d, "--steps", "1"]);
+    assert!(!out.ok && out.stdout.is_empty());
+    assert!(
+        out.stderr.contains(&format!(
+            "{} has {} bytes but plan.json records {}",
+            so.display(),
+            original.len() / 2,
+            original.len()
+        )),
+        "{}",
+        out.stderr
+    );
+    std::fs::write(&so, &original).unwrap();
+
+    let params = dir.join("stage0").join("params.npz");
+    let mut bytes = std::fs::read(&params).unwrap();
+    let last = bytes.len() - 100;
+    bytes[last] ^= 1;
+    std::fs::write(&params, &bytes).unwrap();
+    for target in ["cpu", "interp"] {
+        let out = ppcc(&["run", d, "--steps", "1", "--target", target]);
+        assert!(!out.ok && out.stdout.is_empty());
+        assert!(
+            out.stderr
+                .contains(&format!("{} is not the file ppcc wrote", params.display())),
+            "{target}: {}",
+            out.stderr
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12, item 8: plan.json's `target` must be one ppcc knows (it used to fall back to
+/// the interpreter silently), and a plan without sizes and hashes (format version 1) is
+/// refused with "compile again" rather than run unchecked.
+#[test]
+fn unknown_targets_and_unchecked_plans_are_refused() {
+    let dir = tmp("bad-target");
+    compile(
+        "examples/mlp.onnx",
+        &dir,
+        &["--stages", "2", "--microbatches", "2", "--target", "interp"],
+    );
+    let d = dir.to_str().unwrap();
+    let path = dir.join("plan.json");
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let write = |v: &serde_json::Value| {
+        std::fs::write(&path, serde_json::to_string_pretty(v).unwrap()).unwrap()
+    };
+    let mut v = good.clone();
+    v["target"] = "gpu".into();
+    write(&v);
+    let out = ppcc(&["run", d, "--steps", "1"]);
+    assert!(!out.ok);
+    assert!(
+        out.stderr
+            .contains("plan.json: `target` is \"gpu\"; expected one of \"cpu\", \"interp\""),
+        "{}",
+        out.stderr
+    );
+    let mut v = good.clone();
+    v["version"] = 1.into();
+    v.as_object_mut().unwrap().remove("files");
+    write(&v);
+    let out = ppcc(&["run", d, "--steps", "1"]);
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("format version 1") && out.stderr.contains("compile the model again"),
+        "{}",
+        out.stderr
+    );
+    // A file the runtime loads that plan.json does not vouch for.
+    let mut v = good.clone();
+    v["files"]
+        .as_object_mut()
+        .unwrap()
+        .remove("stage1/stage.ppir");
+    write(&v);
+    let out = ppcc(&["run", d, "--steps", "1"]);
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("records no size and hash for") && out.stderr.contains("stage.ppir"),
+        "{}",
+        out.stderr
+    );
+    write(&good);
+    let out = ppcc(&["run", d, "--steps", "1"]);
+    assert!(out.ok, "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,6 +8,8 @@
 //! - [`trainer`]: [`Trainer`], the single-device training loop on the reference
 //!   interpreter (the path `ppcc train` uses, and the oracle the pipelined runtime is
 //!   compared with).
+//! - [`integrity`]: the sizes and SHA-256 that plan.json records for the files `ppcc run`
+//!   loads, checked before they are read.
 //! - [`data`]: where global batches come from: arrays (an `.npz` read by the caller) or
 //!   seeded synthetic data.
 //!
@@ -18,6 +20,7 @@
 //! `grad.<p>` and returns `new.<weight>`. Every `new.<w>` result replaces weight `w`.
 
 pub mod data;
+pub mod integrity;
 pub mod native;
 pub mod pipeline;
 pub mod trainer;

@@ -111,6 +111,63 @@ impl NativeModule {
         // SAFETY: loading runs the library's initialisers; a module.so built by ppcc has
         // none beyond the C runtime's.
         let lib = unsafe { libloading::Library::new(so) }.map_err(|e| load_err(e.to_string()))?;
+        Self::bind_all(lib, so, module, only)
+    }
+
+    /// Load a module from `bytes`, the contents of `so` already checked against what the
+    /// build directory records ([`crate::integrity`]). They are copied to a private
+    /// temporary file (mode 0600 in a fresh 0700 directory with an unpredictable name,
+    /// removed once loaded) and loaded from there: what runs is exactly what was checked,
+    /// and nothing that later truncates or rewrites `so` (a recompile into the same
+    /// directory) can pull pages from under the mapping (SIGBUS). Errors name `so`.
+    pub fn load_verified(
+        so: &Path,
+        bytes: &[u8],
+        module: &Module,
+        only: Option<&[&str]>,
+    ) -> Result<Self, NativeError> {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let load_err = |message: String| NativeError::Load {
+            path: so.to_path_buf(),
+            message,
+        };
+        let tmp = tempfile::Builder::new()
+            .prefix("ppcc-load-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .map_err(|e| {
+                load_err(format!(
+                    "cannot create a private directory in {} to load it from: {e}",
+                    std::env::temp_dir().display()
+                ))
+            })?;
+        let copy = tmp.path().join("module.so");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&copy)
+            .and_then(|mut f| f.write_all(bytes))
+            .map_err(|e| load_err(format!("cannot copy it to {}: {e}", copy.display())))?;
+        // SAFETY: as in `load`; the bytes are those ppcc recorded when it built the module.
+        let lib = unsafe { libloading::Library::new(&copy) }.map_err(|e| {
+            load_err(format!(
+                "{e} (loaded from a private copy in {}; set TMPDIR to a directory that allows executable mappings if it does not)",
+                std::env::temp_dir().display()
+            ))
+        })?;
+        // The mapping outlives the file; its unique name is never reused by the loader.
+        drop(tmp);
+        Self::bind_all(lib, so, module, only)
+    }
+
+    fn bind_all(
+        lib: libloading::Library,
+        so: &Path,
+        module: &Module,
+        only: Option<&[&str]>,
+    ) -> Result<Self, NativeError> {
         let mut funcs = HashMap::new();
         for f in &module.functions {
             if only.is_some_and(|o| !o.contains(&f.name.as_str())) {

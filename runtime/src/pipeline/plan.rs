@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use crate::integrity::{is_plain_relative, FileRecord, IntegrityError};
 use ppir::schedule::{parse_action, Action};
 use ppir::TensorType;
 use serde_json::Value;
@@ -71,6 +72,9 @@ pub struct PlanSpec {
     pub channel_values: HashMap<i64, String>,
     /// Where the stage functions run: `cpu` (each stage's `module.so`) or `interp`.
     pub target: String,
+    /// Size and SHA-256 of every generated file the runtime loads, by path relative to
+    /// [`PlanSpec::dir`] (`stage0/module.so`); see [`crate::integrity`].
+    pub files: BTreeMap<String, FileRecord>,
 }
 
 fn field<'a>(v: &'a Value, path: &str) -> Result<&'a Value, String> {
@@ -96,7 +100,29 @@ fn u64_of(v: &Value, path: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("plan.json: `{path}` is not a non-negative integer"))
 }
 
+/// The values of plan.json's `target`.
+pub const PLAN_TARGETS: [&str; 2] = ["cpu", "interp"];
+
 impl PlanSpec {
+    /// The plan.json format this ppcc writes and reads: 2 added `files` (sizes and hashes
+    /// of what the runtime loads); a plan without them cannot be checked and is refused.
+    pub const VERSION: u64 = 2;
+
+    /// The contents of `path` (a file in the build directory) after checking them against
+    /// the size and SHA-256 that plan.json records for it.
+    pub fn read_file(&self, path: &Path) -> Result<Vec<u8>, IntegrityError> {
+        let not_recorded = || IntegrityError::NotRecorded {
+            path: path.to_path_buf(),
+        };
+        let rel = path.strip_prefix(&self.dir).map_err(|_| not_recorded())?;
+        let key: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let record = self.files.get(&key.join("/")).ok_or_else(not_recorded)?;
+        record.read_verified(path)
+    }
+
     /// Read `dir/plan.json`.
     pub fn load(dir: &Path) -> Result<PlanSpec, String> {
         let path = dir.join("plan.json");
@@ -116,6 +142,22 @@ impl PlanSpec {
         if v.get("format").and_then(Value::as_str) != Some("ppcc-plan") {
             return Err("plan.json is not a ppcc plan (no \"format\": \"ppcc-plan\")".into());
         }
+        match v.get("version").and_then(Value::as_u64) {
+            Some(Self::VERSION) => {}
+            Some(n) if n > Self::VERSION => {
+                return Err(format!(
+                    "plan.json has format version {n}; this ppcc reads version {}: run it with the ppcc that compiled it, or compile again",
+                    Self::VERSION
+                ))
+            }
+            old => {
+                return Err(format!(
+                    "plan.json has format version {}, which records no sizes and hashes of the generated files, so they cannot be checked before they are loaded: compile the model again with this ppcc (it writes format version {})",
+                    old.map_or("(none)".to_string(), |n| n.to_string()),
+                    Self::VERSION
+                ))
+            }
+        }
         if v.get("program").and_then(Value::as_bool) == Some(false) {
             return Err(
                 "the plan was compiled with --plan-only: it has no stage programs to run; compile again without it"
@@ -134,6 +176,12 @@ impl PlanSpec {
                 return Err(format!("plan.json: stage {i} is numbered {stage}"));
             }
             let device = u64_of(s, "device")? as usize;
+            let sdir = str_of(s, "dir")?;
+            if !is_plain_relative(&sdir) {
+                return Err(format!(
+                    "plan.json: stage {i}'s `dir` {sdir:?} is not a directory inside the build directory"
+                ));
+            }
             if device >= devices {
                 return Err(format!(
                     "plan.json: stage {i} is on device {device}, but the plan has {devices}"
@@ -149,7 +197,7 @@ impl PlanSpec {
                     .ok()
                     .and_then(Value::as_str)
                     .map(String::from),
-                dir: dir.join(str_of(s, "dir")?),
+                dir: dir.join(&sdir),
                 predicted_seconds: [
                     "forward_seconds",
                     "backward_input_seconds",
@@ -232,6 +280,38 @@ impl PlanSpec {
                     .collect()
             })
             .unwrap_or_default();
+        let target = str_of(v, "target")?;
+        if !PLAN_TARGETS.contains(&target.as_str()) {
+            return Err(format!(
+                "plan.json: `target` is {target:?}; expected one of {}",
+                PLAN_TARGETS.map(|t| format!("{t:?}")).join(", ")
+            ));
+        }
+        let mut files = BTreeMap::new();
+        for (rel, rec) in field(v, "files")?
+            .as_object()
+            .ok_or("plan.json: `files` is not an object")?
+        {
+            if !is_plain_relative(rel) {
+                return Err(format!(
+                    "plan.json: `files` names {rel:?}, which is not a path inside the build directory"
+                ));
+            }
+            let bytes = u64_of(rec, "bytes").map_err(|e| format!("{e} (in `files.{rel}`)"))?;
+            let sha256 = str_of(rec, "sha256").map_err(|e| format!("{e} (in `files.{rel}`)"))?;
+            if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "plan.json: `files.{rel}.sha256` is not a SHA-256 in hex: {sha256:?}"
+                ));
+            }
+            files.insert(
+                rel.clone(),
+                FileRecord {
+                    bytes,
+                    sha256: sha256.to_ascii_lowercase(),
+                },
+            );
+        }
         Ok(PlanSpec {
             dir: dir.to_path_buf(),
             model: str_of(v, "model")?,
@@ -256,11 +336,8 @@ impl PlanSpec {
                 .unwrap_or_default(),
             weight_sources,
             channel_values,
-            target: v
-                .get("target")
-                .and_then(Value::as_str)
-                .unwrap_or("interp")
-                .to_string(),
+            target,
+            files,
         })
     }
 }
