@@ -193,6 +193,44 @@ static inline void ppcc_tr16(const float *src, int64_t ld, int rows, int cols, f
 }
 #endif
 
+/* ---- bf16 rounding ----
+   On CPUs without AVX512-BF16, LLVM lowers `fptrunc` to bfloat into calls of these, which
+   GCC 12's libgcc lacks (GCC 13 and compiler-rt have them); undefined, the module would not
+   load. The x86-64 psABI returns a bf16 in xmm0, as it returns a _Float16. */
+#if defined(__x86_64__)
+static inline _Float16 ppcc_half_of_bits(uint16_t b) {
+  _Float16 h;
+  memcpy(&h, &b, sizeof h);
+  return h;
+}
+
+/* f32 -> bf16, round to nearest even; a NaN stays a (quiet) NaN. */
+__attribute__((visibility("hidden"))) _Float16 __truncsfbf2(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  uint16_t r;
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    r = (uint16_t)((u >> 16) | 0x40u);
+  else
+    r = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return ppcc_half_of_bits(r);
+}
+
+/* f64 -> bf16 rounded once: round to odd into f32 (toward zero, then set the last bit when
+   inexact; f32 has 16 more bits than bf16, so the second rounding is exact), then to even. */
+__attribute__((visibility("hidden"))) _Float16 __truncdfbf2(double x) {
+  float f = (float)x;
+  if (f == f && (double)f != x) {
+    if (fabs((double)f) > fabs(x)) f = nextafterf(f, 0.0f);
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u |= 1u;
+    memcpy(&f, &u, sizeof f);
+  }
+  return __truncsfbf2(f);
+}
+#endif
+
 /* ---- memref.copy for non-contiguous memrefs ---- */
 
 typedef struct {
