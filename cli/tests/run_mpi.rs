@@ -43,7 +43,8 @@ fn loss_of(line: &str) -> f64 {
 }
 
 fn check(model: &str, opts: &[&str], stages: &str, schedule: &str) {
-    let mut targs = vec!["train", model, "--steps", "10"];
+    // The interpreter is the reference (`ppcc train`'s default is native code).
+    let mut targs = vec!["train", model, "--steps", "10", "--target", "interp"];
     targs.extend_from_slice(opts);
     let want = ppcc(&targs);
     assert!(want.ok, "{}", want.stderr);
