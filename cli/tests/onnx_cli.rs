@@ -317,7 +317,7 @@ fn eval_refuses_token_ids_outside_the_vocabulary() {
         ]);
         assert!(!out.status.success(), "--target {target}");
         assert!(
-            text(&out).contains("`tokens` row 1, position 7: value 64 is outside [0, 64)"),
+            text(&out).contains("`tokens` row 1, position 7: value 64 is outside [-64, 64)"),
             "--target {target}: {}",
             text(&out)
         );

@@ -379,7 +379,7 @@ fn out_of_range_labels_and_token_ids_are_refused() {
         assert!(!out.ok, "--target {target}: {}", out.stdout);
         assert!(
             out.stderr
-                .contains("`tokens` row 2, position 5: value 64 is outside [0, 64)"),
+                .contains("`tokens` row 2, position 5: value 64 is outside [-64, 64)"),
             "--target {target}: {}",
             out.stderr
         );

@@ -206,7 +206,7 @@ impl SyntheticSource {
             else {
                 continue;
             };
-            let fits = low >= 0 && u64::try_from(high).is_ok_and(|h| h <= l.size);
+            let fits = l.allows(low) && u64::try_from(high).is_ok_and(|h| h <= l.size);
             if !fits {
                 return Err(RuntimeError::Data(format!(
                     "synthetic `{}` is drawn from [{low}, {high}), outside {} ({})",
@@ -366,8 +366,11 @@ pub fn index_bounds(f: &Function) -> HashMap<String, u64> {
 /// Which values an integer data input may hold: it indexes something of `size` entries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexLimit {
-    /// Valid values are `[0, size)`.
+    /// Valid values are `[0, size)`, or `[-size, size)` with `wraps`.
     pub size: u64,
+    /// Negative values count from the end (ONNX `Gather` indices, which both the
+    /// interpreter and native code accept); class labels do not.
+    pub wraps: bool,
     /// One more accepted value (cross-entropy's `ignore_index`).
     pub ignore: Option<i64>,
     /// What the input indexes, for messages (`the 64 rows of the gather "embed"`).
@@ -376,7 +379,12 @@ pub struct IndexLimit {
 
 impl IndexLimit {
     pub fn allows(&self, v: i64) -> bool {
-        (v >= 0 && (v as u64) < self.size) || Some(v) == self.ignore
+        let low = if self.wraps {
+            -(self.size.min(i64::MAX as u64) as i64)
+        } else {
+            0
+        };
+        (v >= low && (v < 0 || (v as u64) < self.size)) || Some(v) == self.ignore
     }
 
     /// The tighter of two limits on the same input (an ignored value must be accepted by
@@ -387,25 +395,33 @@ impl IndexLimit {
         } else {
             None
         };
+        let wraps = self.wraps && other.wraps;
         let mut tighter = if other.size < self.size { other } else { self };
         tighter.ignore = ignore;
+        tighter.wraps = wraps;
         tighter
     }
 
     fn describe(&self) -> String {
+        let range = if self.wraps {
+            format!("[-{0}, {0})", self.size)
+        } else {
+            format!("[0, {})", self.size)
+        };
         match self.ignore {
-            Some(i) => format!("[0, {}) or {i} (ignored)", self.size),
-            None => format!("[0, {})", self.size),
+            Some(i) => format!("{range} or {i} (ignored)"),
+            None => range,
         }
     }
 }
 
 /// For each integer `Input` argument of `f` that indexes something — the indices of a
-/// `gather` (token ids into an embedding table), the labels of a softmax cross-entropy
-/// (class ids), the indices of a `gather_grad` — reached through data movement as in
-/// [`index_bounds`]: the values it may hold. The interpreter refuses other values when it
-/// meets them; native code does not check, so callers check the data before running
-/// ([`check_indices`]).
+/// `gather` (token ids into an embedding table; negative ones count from the end, as in
+/// ONNX), the labels of a softmax cross-entropy (class ids, or its `ignore_index`), the
+/// indices of a `gather_grad` — reached through data movement as in [`index_bounds`]: the
+/// values it may hold, exactly those the interpreter accepts. The interpreter refuses
+/// others when it meets them; native code does not check, so callers check the data
+/// before running ([`check_indices`]).
 pub fn index_limits(f: &Function) -> HashMap<String, IndexLimit> {
     let mut out = HashMap::new();
     for &(arg, kind) in f.args() {
@@ -422,6 +438,7 @@ pub fn index_limits(f: &Function) -> HashMap<String, IndexLimit> {
             let found = match data.kind {
                 OpKind::Gather => gather_size(f, data, i).map(|n| IndexLimit {
                     size: n,
+                    wraps: true,
                     ignore: None,
                     what: format!("the {n} rows of the gather{at}"),
                 }),
@@ -432,6 +449,7 @@ pub fn index_limits(f: &Function) -> HashMap<String, IndexLimit> {
                     .and_then(|d| d.known())
                     .map(|c| IndexLimit {
                         size: c,
+                        wraps: false,
                         ignore: data.attrs.int("ignore_index").ok().flatten(),
                         what: format!("the {c} classes of the cross-entropy{at}"),
                     }),
@@ -447,6 +465,7 @@ pub fn index_limits(f: &Function) -> HashMap<String, IndexLimit> {
                         let n = u64::try_from(*s.get(usize::try_from(axis).ok()?)?).ok()?;
                         Some(IndexLimit {
                             size: n,
+                            wraps: true,
                             ignore: None,
                             what: format!("the {n} rows of the gather{at}"),
                         })

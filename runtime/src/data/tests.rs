@@ -163,12 +163,19 @@ module {
         .to_string();
     assert!(
         e.contains(
-            "`tok` row 11, position 1: value 5 is outside [0, 5) (the 5 rows of the gather)"
+            "`tok` row 11, position 1: value 5 is outside [-5, 5) (the 5 rows of the gather)"
         ),
         "{e}"
     );
-    let neg = Tensor::from_i64(DType::I64, vec![2, 3], vec![0, 1, 4, 2, -1, 0]);
-    assert!(check_indices("tok", &neg, &limits["tok"], 0).is_err());
+    // Gather indices count from the end, as in ONNX (and in both targets); class labels
+    // do not.
+    let wrapped = Tensor::from_i64(DType::I64, vec![2, 3], vec![0, 1, 4, 2, -5, 0]);
+    check_indices("tok", &wrapped, &limits["tok"], 0).unwrap();
+    let neg = Tensor::from_i64(DType::I64, vec![2, 3], vec![0, 1, 4, 2, -6, 0]);
+    let e = check_indices("tok", &neg, &limits["tok"], 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("value -6 is outside [-5, 5)"), "{e}");
     let labels = Tensor::from_i64(DType::I64, vec![2], vec![-100, 7]);
     let e = check_indices("labels", &labels, &limits["labels"], 0)
         .unwrap_err()
