@@ -256,6 +256,16 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
         }
     };
     let args = bind_inputs(&imported, &inputs)?;
+    // Native code does not check indices (token ids, class labels): check them here, for
+    // every target.
+    let limits = ppcc_runtime::data::index_limits(&imported.module.functions[0]);
+    for (&(v, _), t) in imported.module.functions[0].args().iter().zip(&args) {
+        let name = &imported.module.functions[0].value(v).name;
+        if let Some(l) = limits.get(name) {
+            ppcc_runtime::data::check_indices(name, t, l, 0)
+                .with_context(|| a.inputs.display().to_string())?;
+        }
+    }
     let precision = if a.f64 {
         Precision::F64
     } else {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use ppcc_runtime::data::with_batch;
+use ppcc_runtime::data::{index_limits_of, with_batch, IndexLimit};
 use ppcc_runtime::pipeline::{
     run_local, step_loss, Fault, InterpretedStage, PlanSpec, RankReport, RankWorker, RunConfig,
     StageWorker, Timed,
@@ -49,8 +49,20 @@ Data: as `ppcc train` (`--data FILE.npz` with the model's inputs by ONNX name an
 `labels`; `synthetic`: one seeded batch repeated; `synthetic-fresh`: a new one per step).
 
 Checkpoints: `--checkpoint-dir D --checkpoint-every K` writes D/step-<k>/ (every stage's
-weights and optimizer state) atomically and D/latest; `--resume D` continues from
-D/latest with the same data and losses as an uninterrupted run.
+weights and optimizer state) atomically and then points D/latest at it; a checkpoint
+directory reused by another run is safe (a checkpoint of the same step is replaced only
+after the new one is in place and `latest` points at it). `--keep-checkpoints N` then
+removes all but the N most recent (default: keep every one). `--resume D` continues from
+D/latest with the same data and losses as an uninterrupted run; it refuses a checkpoint
+that lacks a weight or optimizer state of the plan, has one the plan does not, or has one
+of another shape or type.
+
+Data: integer inputs that index something (token ids into an embedding table, class
+labels of a cross-entropy) are checked before the run: a value outside the table or the
+classes is refused with the input, row, position and value, on every target.
+
+A step whose loss is NaN or infinite stops the run with an error (exit status 1) before
+any checkpoint of that step is written; `--allow-nonfinite-loss` continues instead.
 
 Examples:
   ppcc examples/mlp.onnx -o build/ --stages 2 --microbatches 4 && ppcc run build/ --steps 10
@@ -81,13 +93,22 @@ pub struct RunArgs {
     /// Write a checkpoint every K steps (needs --checkpoint-dir).
     #[arg(long, value_name = "K")]
     pub checkpoint_every: Option<u64>,
+    /// After each checkpoint, remove all but the N most recent in --checkpoint-dir
+    /// (default: keep all).
+    #[arg(long, value_name = "N", requires = "checkpoint_dir")]
+    pub keep_checkpoints: Option<u64>,
     /// Continue from the latest checkpoint in D.
     #[arg(long, value_name = "D")]
     pub resume: Option<PathBuf>,
+    /// Keep training after a step whose loss is NaN or infinite (default: stop with an
+    /// error at the first one).
+    #[arg(long)]
+    pub allow_nonfinite_loss: bool,
     /// After training, write the model with the trained initializers.
     #[arg(long, value_name = "OUT.onnx")]
     pub save_onnx: Option<PathBuf>,
-    /// Longest a device waits for a tensor from another before it reports which one.
+    /// Longest a device waits for a tensor from another before it reports which one
+    /// (seconds, > 0).
     #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
     pub recv_timeout: f64,
     /// Run the stages as the native modules the compile generated (`cpu`, the default
@@ -103,24 +124,121 @@ pub struct RunArgs {
 /// Stage weights as loaded from / saved to npz.
 type Weights = BTreeMap<String, Tensor>;
 
-fn load_stage(plan: &PlanSpec, s: usize) -> Result<(Module, Weights)> {
-    let dir = &plan.stages[s].dir;
+fn load_module(plan: &PlanSpec, s: usize) -> Result<Module> {
     // Every file is checked against the size and hash plan.json records before use.
-    let path = dir.join("stage.ppir");
+    let path = plan.stages[s].dir.join("stage.ppir");
     let text = String::from_utf8(plan.read_file(&path)?)
         .with_context(|| format!("{} is not UTF-8 text", path.display()))?;
-    let module =
-        ppir::text::parse_module(&text).map_err(|e| anyhow::anyhow!("{}:{e}", path.display()))?;
-    let params = dir.join("params.npz");
+    ppir::text::parse_module(&text).map_err(|e| anyhow::anyhow!("{}:{e}", path.display()))
+}
+
+fn load_stage(plan: &PlanSpec, s: usize) -> Result<(Module, Weights)> {
+    let module = load_module(plan, s)?;
+    let params = plan.stages[s].dir.join("params.npz");
     plan.read_file(&params)?;
     let weights: Weights = read_npz(&params)?.into_iter().collect();
     Ok((module, weights))
+}
+
+/// What the integer data inputs of every stage index (token ids, class labels), so the
+/// data can be checked before anything runs ([`ppcc_runtime::data::index_limits`]).
+fn data_limits(plan: &PlanSpec) -> Result<HashMap<String, IndexLimit>> {
+    let modules = (0..plan.stages.len())
+        .map(|s| load_module(plan, s))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(index_limits_of(modules.iter().flat_map(|m| &m.functions)))
+}
+
+/// Check `plan.json`'s schedule with the compiler's validator before anything runs, so a
+/// dropped or misplaced action fails at once with the validator's message instead of a
+/// device waiting out its receive timeout.
+fn validate_schedule(plan: &PlanSpec, v: &serde_json::Value) -> Result<()> {
+    use ppcc_passes::schedule::{validate, Action, Layout, Schedule};
+    let l = &v["schedule"]["layout"];
+    let ranks = plan.devices;
+    let nums = |v: &serde_json::Value| -> Option<Vec<usize>> {
+        v.as_array()?
+            .iter()
+            .map(|x| x.as_u64().and_then(|x| usize::try_from(x).ok()))
+            .collect()
+    };
+    let bad = |what: &str| anyhow::anyhow!("plan.json: `schedule.layout` {what}");
+    let layout = match l["kind"].as_str() {
+        Some("dag") => {
+            let rank_of = nums(&l["rank_of"]).ok_or_else(|| bad("has no list `rank_of`"))?;
+            let edges = l["edges"]
+                .as_array()
+                .ok_or_else(|| bad("has no list `edges`"))?
+                .iter()
+                .map(|e| match nums(e).as_deref() {
+                    Some(&[a, b]) => Ok((a, b)),
+                    _ => Err(bad(&format!("has an edge {e} that is not [from, to]"))),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            for &(a, b) in &edges {
+                if a >= rank_of.len() || b >= rank_of.len() {
+                    return Err(bad(&format!(
+                        "has an edge {a} -> {b} between stages the plan does not have"
+                    )));
+                }
+            }
+            Layout::Dag {
+                ranks,
+                rank_of,
+                edges,
+            }
+        }
+        Some("interleaved") => Layout::Interleaved {
+            ranks,
+            chunks: l["chunks"]
+                .as_u64()
+                .and_then(|c| usize::try_from(c).ok())
+                .ok_or_else(|| bad("has no number `chunks`"))?,
+        },
+        Some("v") => Layout::VShape { ranks },
+        _ => {
+            return Err(bad(
+                "is missing or of an unknown kind (expected dag, interleaved or v); compile the plan again",
+            ))
+        }
+    };
+    if layout.num_virtual_stages() != plan.stages.len() {
+        return Err(bad(&format!(
+            "has {} stages, the plan {}",
+            layout.num_virtual_stages(),
+            plan.stages.len()
+        )));
+    }
+    for st in &plan.stages {
+        let r = layout.rank_of(st.stage as usize);
+        if r != st.device {
+            return Err(bad(&format!(
+                "puts stage {} on device {r}, `stages` on device {}",
+                st.stage, st.device
+            )));
+        }
+    }
+    let mut schedule = Schedule::empty(layout, plan.microbatches);
+    schedule.per_rank = plan
+        .actions
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|a| {
+                    let chunk = schedule.layout.chunk_of(a.stage);
+                    Action::new(a.kind, a.stage, a.micro_batch, chunk)
+                })
+                .collect()
+        })
+        .collect();
+    validate(&schedule).map_err(|e| anyhow::anyhow!("plan.json: the schedule is not valid: {e}"))
 }
 
 fn data_source(
     a: &RunArgs,
     plan: &PlanSpec,
     specs: &[(String, TensorType, Option<Distribution>)],
+    limits: &HashMap<String, IndexLimit>,
 ) -> Result<Box<dyn BatchSource>> {
     let global = plan.global_batch;
     Ok(match a.data.as_str() {
@@ -138,7 +256,11 @@ fn data_source(
                     dist,
                 });
             }
-            Box::new(SyntheticSource::new(list, a.seed, a.data == "synthetic")?)
+            let source = SyntheticSource::new(list, a.seed, a.data == "synthetic")?;
+            source
+                .check_indices(limits)
+                .context("plan.json's synthetic data")?;
+            Box::new(source)
         }
         path => {
             let arrays = read_npz(Path::new(path))?;
@@ -151,18 +273,18 @@ fn data_source(
                 .iter()
                 .filter_map(|i| Some((i.name.clone(), i.onnx_name.clone()?)))
                 .collect();
-            Box::new(npz_source(path, arrays, &wanted, &onnx, global as usize)?)
+            let source = npz_source(path, arrays, &wanted, &onnx, global as usize)?;
+            source.check_indices(limits).context(path.to_string())?;
+            Box::new(source)
         }
     })
 }
 
 /// Synthetic distributions from plan.json.
 fn input_specs(
-    dir: &Path,
+    v: &serde_json::Value,
     plan: &PlanSpec,
 ) -> Result<Vec<(String, TensorType, Option<Distribution>)>> {
-    let text = std::fs::read_to_string(dir.join("plan.json"))?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
     let dists: HashMap<String, Option<Distribution>> = v["training"]["inputs"]
         .as_array()
         .map(|a| {
@@ -198,6 +320,23 @@ fn input_specs(
         .collect())
 }
 
+/// The step of a checkpoint directory's name: `step-<k>`, or `step-<k>.<n>` (a checkpoint
+/// that replaced another of the same step).
+fn checkpoint_step(name: &str) -> Option<u64> {
+    let rest = name.strip_prefix("step-")?;
+    let (step, copy) = match rest.split_once('.') {
+        Some((s, n)) => (s, Some(n)),
+        None => (rest, None),
+    };
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    if !digits(step) || copy.is_some_and(|n| !digits(n)) {
+        return None;
+    }
+    step.parse().ok()
+}
+
+/// The checkpoint `d/latest` names: `<k>` (the directory `d/step-<k>`) or `<k> <name>`
+/// (the directory `d/<name>`, a checkpoint that replaced another of step k).
 fn checkpoint_latest(d: &Path) -> Result<(u64, PathBuf)> {
     let latest = d.join("latest");
     let text = std::fs::read_to_string(&latest).with_context(|| {
@@ -207,11 +346,29 @@ fn checkpoint_latest(d: &Path) -> Result<(u64, PathBuf)> {
             latest.display()
         )
     })?;
-    let step: u64 = text
-        .trim()
-        .parse()
+    let mut words = text.split_whitespace();
+    let step: u64 = words
+        .next()
+        .and_then(|w| w.parse().ok())
         .with_context(|| format!("{}: not a step number", latest.display()))?;
-    Ok((step, d.join(format!("step-{step}"))))
+    let name = match words.next() {
+        None => format!("step-{step}"),
+        Some(n) if checkpoint_step(n) == Some(step) && words.next().is_none() => n.to_string(),
+        Some(_) => bail!(
+            "{}: expected `<step>` or `<step> step-<step>.<n>`, got {:?}",
+            latest.display(),
+            text.trim()
+        ),
+    };
+    let dir = d.join(name);
+    if !dir.is_dir() {
+        bail!(
+            "{} names step {step}, but {} does not exist",
+            latest.display(),
+            dir.display()
+        );
+    }
+    Ok((step, dir))
 }
 
 /// Where the stage files of the checkpoint of step `step` are written before it is
@@ -230,17 +387,78 @@ fn write_stage_files(dir: &Path, stages: &[(u32, &Weights)]) -> Result<()> {
     Ok(())
 }
 
-/// Move the written checkpoint `tmp` to `d/step-<k>/` and point `d/latest` at it, both by
-/// rename, so a crash never leaves a half checkpoint behind `latest`.
-fn commit_checkpoint(d: &Path, step: u64, tmp: &Path) -> Result<()> {
-    std::fs::write(tmp.join("step"), format!("{step}\n"))?;
-    let fin = d.join(format!("step-{step}"));
-    let _ = std::fs::remove_dir_all(&fin);
+/// The checkpoint directories in `d`: (step, name), oldest step first.
+fn checkpoint_dirs(d: &Path) -> Result<Vec<(u64, String)>> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(d).with_context(|| format!("cannot list {}", d.display()))? {
+        let e = e.with_context(|| format!("cannot list {}", d.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(k) = checkpoint_step(&name) {
+            if e.path().is_dir() {
+                out.push((k, name));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Move the written checkpoint `tmp` into `d` and point `d/latest` at it, both by rename,
+/// so a crash never leaves a half checkpoint behind `latest`. A checkpoint of the same step
+/// already there (a reused directory) is not touched until `latest` names the new one:
+/// the new one goes to a free name (`step-<k>`, else `step-<k>.<n>`), then `latest`
+/// switches, then the old one is removed. With `keep`, all but the `keep` most recent
+/// checkpoints (`latest` and those of the steps before it) are removed last.
+fn commit_checkpoint(d: &Path, step: u64, tmp: &Path, keep: Option<u64>) -> Result<()> {
+    let step_file = tmp.join("step");
+    std::fs::write(&step_file, format!("{step}\n"))
+        .with_context(|| format!("cannot write {}", step_file.display()))?;
+    let name = (0u64..)
+        .map(|n| match n {
+            0 => format!("step-{step}"),
+            n => format!("step-{step}.{n}"),
+        })
+        .find(|n| !d.join(n).exists())
+        .context("no free checkpoint name")?;
+    let fin = d.join(&name);
     std::fs::rename(tmp, &fin)
         .with_context(|| format!("cannot move the checkpoint into {}", fin.display()))?;
     let latest_tmp = d.join(format!(".latest.tmp-{}", std::process::id()));
-    std::fs::write(&latest_tmp, format!("{step}\n"))?;
-    std::fs::rename(&latest_tmp, d.join("latest"))?;
+    let text = if name == format!("step-{step}") {
+        format!("{step}\n")
+    } else {
+        format!("{step} {name}\n")
+    };
+    std::fs::write(&latest_tmp, text)
+        .with_context(|| format!("cannot write {}", latest_tmp.display()))?;
+    let latest = d.join("latest");
+    std::fs::rename(&latest_tmp, &latest)
+        .with_context(|| format!("cannot replace {}", latest.display()))?;
+    // `latest` names the new checkpoint: older ones of the same step can go.
+    let all = checkpoint_dirs(d)?;
+    let mut remove: Vec<&String> = all
+        .iter()
+        .filter(|(k, n)| *k == step && *n != name)
+        .map(|(_, n)| n)
+        .collect();
+    if let Some(keep) = keep {
+        // The most recent: `latest`, then the steps before it, newest first; anything of a
+        // later step (left by an earlier run in this directory) is not part of this run.
+        let older: Vec<&String> = all
+            .iter()
+            .rev()
+            .filter(|(k, _)| *k < step)
+            .map(|(_, n)| n)
+            .collect();
+        let kept = usize::try_from(keep.saturating_sub(1)).unwrap_or(usize::MAX);
+        remove.extend(older.into_iter().skip(kept));
+        remove.extend(all.iter().filter(|(k, _)| *k > step).map(|(_, n)| n));
+    }
+    for n in remove {
+        let p = d.join(n);
+        std::fs::remove_dir_all(&p)
+            .with_context(|| format!("cannot remove the old checkpoint {}", p.display()))?;
+    }
     Ok(())
 }
 
@@ -287,17 +505,39 @@ impl Driver {
 
     fn step(
         &mut self,
-        workers: &mut [RankWorker],
+        workers: &mut Vec<RankWorker>,
         k: u64,
-        batch: &ppcc_runtime::Batch,
+        batch: ppcc_runtime::Batch,
     ) -> Result<Vec<RankReport>> {
         match self {
-            Driver::Local(net) => run_local(workers, net, k, batch)
+            Driver::Local(net) => run_local(workers, net, k, std::sync::Arc::new(batch))
                 .map_err(|e| anyhow::anyhow!("device {} failed: {e}", e.rank)),
             #[cfg(feature = "mpi")]
             Driver::Mpi(t) => {
-                let w = &mut workers[0];
-                match w.step(k, batch, t.as_mut()) {
+                let Some(w) = workers.first_mut() else {
+                    bail!("this process runs no device");
+                };
+                let rank = w.rank;
+                // A panic is this device's failure: report it and end the job, as the
+                // threads do.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    w.step(k, &batch, t.as_mut())
+                }))
+                .unwrap_or_else(|p| {
+                    Err(ppcc_runtime::pipeline::WorkerError {
+                        rank,
+                        stage: w.stages.first().map(|s| s.spec.stage),
+                        step: k,
+                        micro_batch: None,
+                        function: None,
+                        message: format!(
+                            "device {rank} panicked: {}",
+                            ppcc_runtime::pipeline::panic_message(&*p)
+                        ),
+                        aborted: false,
+                    })
+                });
+                match r {
                     Ok(r) => Ok(vec![r]),
                     Err(e) => {
                         let msg = format!("device {} failed: {e}", e.rank);
@@ -306,6 +546,15 @@ impl Driver {
                     }
                 }
             }
+        }
+    }
+
+    /// End every process of the run (under MPI; threads stop with this one).
+    fn abort(&mut self, _reason: &str) {
+        match self {
+            Driver::Local(_) => {}
+            #[cfg(feature = "mpi")]
+            Driver::Mpi(t) => ppcc_runtime::transport::Transport::abort(t.as_mut(), _reason),
         }
     }
 
@@ -326,6 +575,15 @@ impl Driver {
     }
 }
 
+/// Seconds from an option, refused unless finite, > 0 and at most a billion (what a
+/// `Duration` holds, with room).
+fn seconds(option: &str, v: f64) -> Result<Duration> {
+    if !(v.is_finite() && v > 0.0 && v <= 1e9) {
+        bail!("{option} must be a number of seconds above 0 and at most 1e9, got {v:?}");
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
 fn parse_fault(f: &str) -> Result<Fault> {
     let parts: Vec<&str> = f.split(':').collect();
     let (Some(s), Some(k)) = (parts.first(), parts.get(1)) else {
@@ -333,11 +591,14 @@ fn parse_fault(f: &str) -> Result<Fault> {
     };
     let stall = match parts.get(2) {
         None => None,
-        Some(x) => Some(Duration::from_secs_f64(
-            x.strip_prefix("stall=")
+        Some(x) => {
+            let t: f64 = x
+                .strip_prefix("stall=")
                 .context("--inject-fault S:K:stall=T")?
-                .parse()?,
-        )),
+                .parse()
+                .context("--inject-fault S:K:stall=T: T is a number of seconds")?;
+            Some(seconds("--inject-fault's stall", t)?)
+        }
     };
     Ok(Fault {
         stage: s.parse()?,
@@ -372,15 +633,8 @@ fn build_workers(
         if let Some(dir) = resume {
             let p = dir.join(format!("stage{s}.npz"));
             let saved: Weights = read_npz(&p)?.into_iter().collect();
-            for (k, v) in saved {
-                if !weights.contains_key(&k) {
-                    bail!(
-                        "{}: `{k}` is not a weight of stage {s} of this plan",
-                        p.display()
-                    );
-                }
-                weights.insert(k, v);
-            }
+            check_checkpoint(&p, s, &weights, &saved)?;
+            weights = saved;
         }
         let exec: Box<dyn StageExecutable> = match target {
             Target::Interp => Box::new(InterpretedStage {
@@ -408,6 +662,49 @@ fn build_workers(
     Ok(workers)
 }
 
+/// A checkpoint's stage file must hold exactly the stage's weights and optimizer state,
+/// each of the plan's shape and type: one that lacks some would resume with fresh
+/// optimizer state (and the training would silently diverge from the interrupted run).
+fn check_checkpoint(path: &Path, stage: usize, plan: &Weights, saved: &Weights) -> Result<()> {
+    let names = |v: Vec<&String>| {
+        v.iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let missing: Vec<&String> = plan.keys().filter(|k| !saved.contains_key(*k)).collect();
+    if !missing.is_empty() {
+        bail!(
+            "{}: the checkpoint lacks {} of stage {stage} (weights or optimizer state of this plan); it was not written for this plan, or is damaged",
+            path.display(),
+            names(missing)
+        );
+    }
+    let extra: Vec<&String> = saved.keys().filter(|k| !plan.contains_key(*k)).collect();
+    if !extra.is_empty() {
+        bail!(
+            "{}: {} {} not a weight of stage {stage} of this plan",
+            path.display(),
+            names(extra.clone()),
+            if extra.len() > 1 { "are" } else { "is" }
+        );
+    }
+    for (k, want) in plan {
+        let got = &saved[k];
+        if got.shape != want.shape || got.dtype != want.dtype {
+            bail!(
+                "{}: `{k}` of stage {stage} is {} {:?} in the checkpoint, {} {:?} in the plan",
+                path.display(),
+                got.dtype,
+                got.shape,
+                want.dtype,
+                want.shape
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Stage weights of `workers` as (stage, weights).
 fn stage_weights(workers: &[RankWorker]) -> Vec<(u32, &Weights)> {
     workers
@@ -423,10 +720,22 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     if a.checkpoint_every == Some(0) {
         bail!("--checkpoint-every must be at least 1");
     }
+    if a.keep_checkpoints == Some(0) {
+        bail!("--keep-checkpoints must be at least 1 (it keeps the newest N)");
+    }
+    let recv_timeout = seconds("--recv-timeout", a.recv_timeout)?;
     let fault = a.inject_fault.as_deref().map(parse_fault).transpose()?;
     let plan = PlanSpec::load(&a.dir).map_err(|e| anyhow::anyhow!(e))?;
-    let specs = input_specs(&a.dir, &plan)?;
-    let mut source = data_source(&a, &plan, &specs)?;
+    let plan_json: serde_json::Value = {
+        let path = a.dir.join("plan.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?
+    };
+    validate_schedule(&plan, &plan_json)?;
+    let specs = input_specs(&plan_json, &plan)?;
+    let limits = data_limits(&plan)?;
+    let mut source = data_source(&a, &plan, &specs, &limits)?;
     let (start_step, resume_dir) = match &a.resume {
         Some(d) => {
             let (k, dir) = checkpoint_latest(d)?;
@@ -438,7 +747,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         microbatches: plan.microbatches,
         micro_rows: plan.micro_batch as usize,
         rank_of: plan.stages.iter().map(|s| s.device).collect(),
-        recv_timeout: Duration::from_secs_f64(a.recv_timeout.max(0.001)),
+        recv_timeout,
         channel_values: plan.channel_values.clone(),
         fault,
     };
@@ -496,11 +805,14 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let mut peak_stash = vec![0u64; ranks.len()];
     let mut busy = vec![0.0f64; ranks.len()];
     let run_start = Instant::now();
-    for k in start_step..start_step + a.steps {
+    let end_step = start_step
+        .checked_add(a.steps)
+        .with_context(|| format!("--steps {} from step {start_step} is too many", a.steps))?;
+    for k in start_step..end_step {
         let batch = source.batch(k)?;
         let t0 = Instant::now();
         let offset = run_start.elapsed().as_secs_f64();
-        let reports = match driver.step(&mut workers, k, &batch) {
+        let reports = match driver.step(&mut workers, k, batch) {
             Ok(r) => r,
             Err(e) => {
                 bar.finish_and_clear();
@@ -512,6 +824,14 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         if let Some(loss) = step_loss(&reports) {
             bar.suspend(|| println!("{}", step_line(k, loss)));
             bar.set_message(format!("loss {loss:.4}"));
+            if !loss.is_finite() && !a.allow_nonfinite_loss {
+                bar.finish_and_clear();
+                let msg = nonfinite_loss(k, loss);
+                // Under MPI the other devices do not know the loss: end the job (before
+                // any checkpoint of this step is written).
+                driver.abort(&msg);
+                bail!(msg);
+            }
         } else if a.transport == TransportArg::Local {
             bail!("no stage computed the loss");
         }
@@ -533,7 +853,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
                 write_stage_files(&tmp, &stage_weights(&workers))?;
                 driver.barrier()?;
                 if leader {
-                    commit_checkpoint(d, k + 1, &tmp)?;
+                    commit_checkpoint(d, k + 1, &tmp, a.keep_checkpoints)?;
                 }
                 driver.barrier()?;
             }
@@ -634,6 +954,13 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     driver.finish()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The error of a step whose loss is NaN or infinite.
+pub(crate) fn nonfinite_loss(step: u64, loss: f64) -> String {
+    format!(
+        "step {step}: the loss is {loss:?}; stopping (training on would carry it into the weights; no checkpoint of this step was written). Lower the learning rate or check the data; --allow-nonfinite-loss keeps going"
+    )
 }
 
 /// `FILE.json` → `FILE.rank<r>.json`.

@@ -1,4 +1,5 @@
-//! `ppcc train`: single-device training with the reference interpreter.
+//! `ppcc train`: single-device training, as native code (the default) or on the reference
+//! interpreter.
 //!
 //! Import → bind the micro-batch size → `@grad` (autodiff, loss appended) → `@optim` and
 //! `@accumulate` (optimizer) → [`ppcc_runtime::Trainer`] over `.npz` or synthetic data.
@@ -15,7 +16,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use ppcc_passes::autodiff::LossKind;
-use ppcc_runtime::data::{default_specs, with_batch};
+use ppcc_runtime::data::{default_specs, index_limits_of, with_batch};
 use ppcc_runtime::{
     ArraySource, BatchSource, Distribution, InputSpec, SyntheticSource, Trainer, TrainerOptions,
 };
@@ -24,7 +25,7 @@ use ppir::{DType, Dim, Tensor, TensorData, TensorType};
 use crate::npz::read_npz;
 use crate::program::{build_training, prepare, step_bar, Prepared, ProgramArgs, Training};
 
-/// Train a model on one device with the reference interpreter.
+/// Train a model on one device (native code by default, or the reference interpreter).
 ///
 /// Builds the training program (gradient of the loss by autodiff, optimizer step and
 /// gradient accumulation as IR) and runs it step by step.
@@ -41,7 +42,15 @@ Data: `--data FILE.npz` holds the model's inputs under their ONNX names and `lab
 (k mod n)-th block of N rows, n = rows / N. `--data synthetic` draws one seeded batch
 (floats ~ N(0,1), token ids within the embedding table, class ids within the logits) and
 repeats it every step, so a working program shows the loss falling; `synthetic-fresh`
-draws a new batch per step.
+draws a new batch per step. Integer inputs that index something (token ids into an
+embedding table, class labels) are checked before training: a value outside the table or
+the classes is refused with the input, row, position and value.
+
+Targets: `--target cpu` (the default, as for `ppcc run`) and `--target interp` compute the
+same losses up to f32 rounding in another order (see README.md for the tolerance).
+
+A step whose loss is NaN or infinite stops training with an error (exit status 1);
+`--allow-nonfinite-loss` continues instead.
 
 Examples:
   ppcc train examples/gpt.onnx --steps 50 --data synthetic
@@ -70,10 +79,14 @@ pub struct TrainArgs {
     /// values (loadable by onnxruntime).
     #[arg(long, value_name = "OUT.onnx")]
     save_onnx: Option<PathBuf>,
-    /// Run the training step on the reference interpreter or as native code
-    /// (MLIR → LLVM; the functions @grad, @accumulate and @optim become one module).
-    #[arg(long, value_enum, default_value_t = Target::Interp)]
+    /// Run the training step as native code (MLIR → LLVM; the functions @grad,
+    /// @accumulate and @optim become one module) or on the reference interpreter.
+    #[arg(long, value_enum, default_value_t = Target::Cpu)]
     target: Target,
+    /// Keep training after a step whose loss is NaN or infinite (default: stop with an
+    /// error at the first one).
+    #[arg(long)]
+    allow_nonfinite_loss: bool,
     #[command(flatten)]
     program: ProgramArgs,
 }
@@ -128,6 +141,8 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
             (n.clone(), with_batch(grad_f.ty(v), global))
         })
         .collect();
+    // What the integer inputs index: checked before training, on every target.
+    let limits = index_limits_of(&trainer.module().functions);
     let mut source: Box<dyn BatchSource> = match a.data.as_str() {
         "synthetic" | "synthetic-fresh" => {
             let names: Vec<String> = wanted
@@ -139,17 +154,15 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
             if let Some((_, ty)) = wanted.iter().find(|(n, _)| n == "labels") {
                 specs.push(label_spec(ty, first_output.as_ref())?);
             }
-            Box::new(SyntheticSource::new(specs, a.seed, a.data == "synthetic")?)
+            let source = SyntheticSource::new(specs, a.seed, a.data == "synthetic")?;
+            source.check_indices(&limits).context("synthetic data")?;
+            Box::new(source)
         }
         path => {
             let arrays = read_npz(Path::new(path))?;
-            Box::new(npz_source(
-                path,
-                arrays,
-                &wanted,
-                &onnx_name,
-                global as usize,
-            )?)
+            let source = npz_source(path, arrays, &wanted, &onnx_name, global as usize)?;
+            source.check_indices(&limits).context(path.to_string())?;
+            Box::new(source)
         }
     };
 
@@ -181,6 +194,10 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
         bar.suspend(|| println!("{}", step_line(k, report.loss)));
         bar.set_message(format!("loss {:.4}", report.loss));
         bar.inc(1);
+        if !report.loss.is_finite() && !a.allow_nonfinite_loss {
+            bar.finish_and_clear();
+            bail!(crate::run_cmd::nonfinite_loss(k, report.loss));
+        }
     }
     bar.finish_and_clear();
     // The first step warms caches up; leave it out when there are more.

@@ -276,3 +276,52 @@ fn conform_with_native_code_passes_what_the_interpreter_passes() {
         );
     }
 }
+
+/// Issue 12, item 3: token ids beyond the embedding table are refused on both targets
+/// (native code used to read them silently), naming the input, row, position and value.
+#[test]
+fn eval_refuses_token_ids_outside_the_vocabulary() {
+    use std::io::{Read, Write};
+    let dir = scratch();
+    let bad = dir.join("tokens.npz");
+    // examples/gpt_io.npz with tokens[1][7] = 64 (the vocabulary has 64 entries).
+    let mut z =
+        zip::ZipArchive::new(std::fs::File::open(repo().join("examples/gpt_io.npz")).unwrap())
+            .unwrap();
+    let mut tokens = vec![];
+    z.by_name("tokens.npy")
+        .unwrap()
+        .read_to_end(&mut tokens)
+        .unwrap();
+    let data_start = tokens.len() - 4 * 16 * 8;
+    let at = data_start + (16 + 7) * 8;
+    tokens[at..at + 8].copy_from_slice(&64i64.to_le_bytes());
+    let mut w = zip::ZipWriter::new(std::fs::File::create(&bad).unwrap());
+    w.start_file(
+        "tokens.npy",
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored),
+    )
+    .unwrap();
+    w.write_all(&tokens).unwrap();
+    w.finish().unwrap();
+    for target in ["cpu", "interp"] {
+        let out = ppcc(&[
+            "eval",
+            "examples/gpt.onnx",
+            "--inputs",
+            bad.to_str().unwrap(),
+            "-o",
+            dir.join("out.npz").to_str().unwrap(),
+            "--target",
+            target,
+        ]);
+        assert!(!out.status.success(), "--target {target}");
+        assert!(
+            text(&out).contains("`tokens` row 1, position 7: value 64 is outside [-64, 64)"),
+            "--target {target}: {}",
+            text(&out)
+        );
+        assert!(!dir.join("out.npz").exists());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -15,7 +15,7 @@ mod pipeline_common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipeline_common::{compile, ppcc};
+use pipeline_common::{compile, npz_entries, npz_with_ints, ppcc, ppcc_within, write_npz_entries};
 
 fn tmp(name: &str) -> PathBuf {
     pipeline_common::tmp("ppcc-run-test", name)
@@ -48,7 +48,8 @@ fn assert_same(what: &str, got: &[f64], want: &[f64]) {
 /// `ppcc run` equals `ppcc train` (the interpreter, one device) on `model` for 1, 2 and 4
 /// stages and several schedules, with the stages on the interpreter and as native code.
 fn matches_train(model: &str, opts: &[&str]) {
-    let mut targs = vec!["train", model, "--steps", "10"];
+    // The interpreter is the reference (`ppcc train`'s default is native code).
+    let mut targs = vec!["train", model, "--steps", "10", "--target", "interp"];
     targs.extend_from_slice(opts);
     let reference = ppcc(&targs);
     assert!(reference.ok, "{}", reference.stderr);
@@ -261,6 +262,361 @@ fn plan_only_directories_are_refused() {
     assert!(!out.ok);
     assert!(out.stderr.contains("plan.json"), "{}", out.stderr);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12, item 4: a device stuck forever (here: sleeping 100000 s) must not keep the
+/// run alive once the others' receive timeouts have fired: the run reports the failure
+/// and exits within the receive timeout plus a few seconds.
+#[test]
+fn a_stuck_device_does_not_hold_the_run() {
+    let dir = tmp("stuck");
+    compile(
+        "examples/gpt.onnx",
+        &dir,
+        &["--stages", "3", "--microbatches", "1"],
+    );
+    let out = ppcc_within(
+        &[
+            "run",
+            dir.to_str().unwrap(),
+            "--steps",
+            "5",
+            "--inject-fault",
+            "1:2:stall=100000",
+            "--recv-timeout",
+            "3",
+        ],
+        Duration::from_secs(60),
+    )
+    .expect("ppcc run with a stuck device did not exit within 60 s");
+    assert!(!out.ok);
+    assert!(out.took < Duration::from_secs(3 + 7), "took {:?}", out.took);
+    assert_eq!(losses(&out.stdout).len(), 2, "steps 0 and 1 finish");
+    assert!(
+        out.stderr.contains("waited 3.0 s for %")
+            && out
+                .stderr
+                .contains("device 1 did not stop and was abandoned"),
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12, item 3: labels and token ids outside the classes / the vocabulary are refused
+/// before the run on both targets (native code used to drop them: with every label out of
+/// range the loss printed 0.0), naming the input, row, position and value.
+#[test]
+fn out_of_range_labels_and_token_ids_are_refused() {
+    let dir = tmp("labels-plan");
+    compile(
+        "examples/mlp.onnx",
+        &dir,
+        &["--stages", "2", "--microbatches", "4"],
+    );
+    let data = tmp("labels-data");
+    std::fs::create_dir_all(&data).unwrap();
+    let bad = data.join("labels10.npz");
+    let mlp = pipeline_common::repo().join("examples/mlp_train.npz");
+    npz_with_ints(&mlp, &bad, "labels", &[16], &[10; 16]);
+    let neg = data.join("negative.npz");
+    let mut labels = vec![1i64; 16];
+    labels[6] = -1;
+    npz_with_ints(&mlp, &neg, "labels", &[16], &labels);
+    for target in ["cpu", "interp"] {
+        let d = dir.to_str().unwrap();
+        let out = ppcc(&[
+            "run",
+            d,
+            "--data",
+            bad.to_str().unwrap(),
+            "--target",
+            target,
+        ]);
+        assert!(!out.ok, "--target {target}: {}", out.stdout);
+        assert!(
+            out.stderr
+                .contains("`labels` row 0: value 10 is outside [0, 10) (the 10 classes"),
+            "--target {target}: {}",
+            out.stderr
+        );
+        let out = ppcc(&[
+            "run",
+            d,
+            "--data",
+            neg.to_str().unwrap(),
+            "--target",
+            target,
+        ]);
+        assert!(!out.ok, "--target {target}: {}", out.stdout);
+        assert!(
+            out.stderr.contains("`labels` row 6: value -1 is outside"),
+            "--target {target}: {}",
+            out.stderr
+        );
+    }
+    // Token ids beyond the embedding table (the GPT example's vocabulary is 64).
+    let gdir = tmp("tokens-plan");
+    compile(
+        "examples/gpt.onnx",
+        &gdir,
+        &["--stages", "2", "--microbatches", "1"],
+    );
+    let gpt = pipeline_common::repo().join("examples/gpt_train.npz");
+    let mut tokens = vec![3i64; 8 * 16];
+    tokens[2 * 16 + 5] = 64;
+    let badtok = data.join("tokens.npz");
+    npz_with_ints(&gpt, &badtok, "tokens", &[8, 16], &tokens);
+    for target in ["cpu", "interp"] {
+        let out = ppcc(&[
+            "run",
+            gdir.to_str().unwrap(),
+            "--data",
+            badtok.to_str().unwrap(),
+            "--target",
+            target,
+        ]);
+        assert!(!out.ok, "--target {target}: {}", out.stdout);
+        assert!(
+            out.stderr
+                .contains("`tokens` row 2, position 5: value 64 is outside [-64, 64)"),
+            "--target {target}: {}",
+            out.stderr
+        );
+    }
+    for d in [&dir, &gdir, &data] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// Issue 12, items 6 and 8: plan.json's schedule is checked by the schedule validator
+/// before anything runs: a micro-batch that does not exist (which panicked) and a dropped
+/// action (which waited out the 120 s receive timeout) fail at once with its message.
+#[test]
+fn a_broken_schedule_in_plan_json_is_refused_at_once() {
+    let dir = tmp("bad-schedule");
+    compile(
+        "examples/mlp.onnx",
+        &dir,
+        &["--stages", "2", "--microbatches", "4"],
+    );
+    let path = dir.join("plan.json");
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut edits: Vec<(serde_json::Value, &str)> = vec![];
+    let mut v = good.clone();
+    v["schedule"]["actions"][0][0] = "0F9".into();
+    edits.push((v, "0F9: micro-batch 9 does not exist (there are 4)"));
+    let mut v = good.clone();
+    let row = v["schedule"]["actions"][1].as_array_mut().unwrap();
+    let i = row.iter().position(|a| a == "1F0").unwrap();
+    row.remove(i);
+    edits.push((v, "missing 1F0 (forward of micro-batch 0 on stage 1)"));
+    for (plan, want) in edits {
+        std::fs::write(&path, serde_json::to_string(&plan).unwrap()).unwrap();
+        let out = ppcc_within(
+            &["run", dir.to_str().unwrap(), "--steps", "2"],
+            Duration::from_secs(60),
+        )
+        .expect("ppcc run did not end within 60 s");
+        assert!(!out.ok);
+        assert!(out.took < Duration::from_secs(10), "took {:?}", out.took);
+        assert!(
+            out.stderr.contains("plan.json: the schedule is not valid")
+                && out.stderr.contains(want)
+                && !out.stderr.contains("panicked"),
+            "{}",
+            out.stderr
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12, item 6: absurd option values are refused with a clear error, not a panic
+/// (`inf`) or a silent 1 ms timeout (`nan`, `0`, negative).
+#[test]
+fn absurd_options_are_refused() {
+    let dir = tmp("options");
+    compile("examples/mlp.onnx", &dir, &["--stages", "2"]);
+    let d = dir.to_str().unwrap();
+    for t in ["inf", "nan", "0", "-1", "1e300"] {
+        let flag = format!("--recv-timeout={t}");
+        let out = ppcc(&["run", d, "--steps", "1", &flag]);
+        assert!(!out.ok, "{flag}: {}", out.stdout);
+        assert!(
+            out.stderr
+                .contains("--recv-timeout must be a number of seconds above 0")
+                && !out.stderr.contains("panicked"),
+            "{flag}: {}",
+            out.stderr
+        );
+    }
+    let out = ppcc(&["run", d, "--inject-fault", "1:0:stall=inf"]);
+    assert!(
+        !out.ok && !out.stderr.contains("panicked"),
+        "{}",
+        out.stderr
+    );
+    let out = ppcc(&[
+        "run",
+        d,
+        "--checkpoint-dir",
+        "x",
+        "--checkpoint-every",
+        "1",
+        "--keep-checkpoints",
+        "0",
+    ]);
+    assert!(
+        !out.ok && out.stderr.contains("--keep-checkpoints must be at least 1"),
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12, item 3: a NaN/inf loss stops the run with an error at that step (no
+/// checkpoint of it is written) unless `--allow-nonfinite-loss`.
+#[test]
+fn a_nonfinite_loss_stops_the_run() {
+    let dir = tmp("nan-plan");
+    let ck = tmp("nan-ckpt");
+    compile(
+        "examples/mlp.onnx",
+        &dir,
+        &["--stages", "2", "--microbatches", "4", "--lr", "1e30"],
+    );
+    let d = dir.to_str().unwrap();
+    let c = ck.to_str().unwrap();
+    let out = ppcc(&[
+        "run",
+        d,
+        "--steps",
+        "5",
+        "--checkpoint-dir",
+        c,
+        "--checkpoint-every",
+        "1",
+    ]);
+    assert!(!out.ok, "{}", out.stdout);
+    assert!(
+        out.stderr.contains("error: step 1: the loss is NaN")
+            && out.stderr.contains("--allow-nonfinite-loss"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(losses(&out.stdout).len(), 2);
+    assert_eq!(
+        std::fs::read_to_string(ck.join("latest")).unwrap().trim(),
+        "1"
+    );
+    assert!(!ck.join("step-2").exists());
+    let out = ppcc(&["run", d, "--steps", "5", "--allow-nonfinite-loss"]);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(losses(&out.stdout).len(), 5);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&ck);
+}
+
+/// Issue 12, item 8: a checkpoint that lacks optimizer state (or a weight), or holds one
+/// of another shape, is refused with the names; a reused checkpoint directory replaces a
+/// checkpoint of the same step only once `latest` names the new one; `--keep-checkpoints`
+/// prunes the oldest.
+#[test]
+fn checkpoints_are_checked_replaced_safely_and_pruned() {
+    let dir = tmp("ck-plan");
+    let ck = tmp("ck-dir");
+    compile(
+        "examples/mlp.onnx",
+        &dir,
+        &["--stages", "2", "--microbatches", "4"],
+    );
+    let d = dir.to_str().unwrap();
+    let c = ck.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", d, "--data", "synthetic-fresh"];
+        args.extend_from_slice(extra);
+        let out = ppcc(&args);
+        assert!(out.ok, "{args:?}: {}", out.stderr);
+        losses(&out.stdout)
+    };
+    let full = run(&["--steps", "6"]);
+    // Checkpoints every step, keeping the newest 2.
+    run(&[
+        "--steps",
+        "3",
+        "--checkpoint-dir",
+        c,
+        "--checkpoint-every",
+        "1",
+        "--keep-checkpoints",
+        "2",
+    ]);
+    let mut names: Vec<String> = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["step-2", "step-3"]);
+
+    // The same directory again: step 3 is rewritten next to the old one, `latest` switches
+    // to it, and only then is the old one removed.
+    run(&[
+        "--steps",
+        "3",
+        "--checkpoint-dir",
+        c,
+        "--checkpoint-every",
+        "3",
+    ]);
+    assert_eq!(
+        std::fs::read_to_string(ck.join("latest")).unwrap().trim(),
+        "3 step-3.1"
+    );
+    assert!(ck.join("step-3.1").join("stage0.npz").exists());
+    assert!(!ck.join("step-3").exists());
+    let rest = run(&["--steps", "3", "--resume", c]);
+    assert_eq!(rest, full[3..], "resumed from the replaced checkpoint");
+
+    // A stage file without its momentum (optimizer state) is refused, naming it.
+    let stage0 = ck.join("step-3.1").join("stage0.npz");
+    let entries: Vec<(String, Vec<u8>)> = npz_entries(&stage0)
+        .into_iter()
+        .filter(|(n, _)| n != "momentum.fc1.weight")
+        .collect();
+    assert!(entries.len() >= 2);
+    write_npz_entries(&stage0, &entries);
+    let out = ppcc(&["run", d, "--steps", "1", "--resume", c]);
+    assert!(!out.ok, "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains("the checkpoint lacks `momentum.fc1.weight` of stage 0"),
+        "{}",
+        out.stderr
+    );
+    // One of another shape.
+    let mut entries = entries;
+    let bias = entries.iter_mut().find(|(n, _)| n == "fc1.bias").unwrap();
+    bias.1 = pipeline_common::npy_i64(&[3], &[0, 0, 0]);
+    entries.push(("momentum.fc1.weight".into(), {
+        let orig = npz_entries(&ck.join("step-2").join("stage0.npz"));
+        orig.into_iter()
+            .find(|(n, _)| n == "momentum.fc1.weight")
+            .unwrap()
+            .1
+    }));
+    write_npz_entries(&stage0, &entries);
+    let out = ppcc(&["run", d, "--steps", "1", "--resume", c]);
+    assert!(!out.ok, "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains("`fc1.bias` of stage 0 is i64 [3] in the checkpoint"),
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&ck);
 }
 
 /// Issue 12, item 8: plan.json records the size and SHA-256 of every file `ppcc run`

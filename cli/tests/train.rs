@@ -9,6 +9,8 @@
 //! - `--save-onnx` writes a model that continues the same training, and that onnxruntime
 //!   loads (when a Python with onnxruntime is around).
 
+mod pipeline_common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -129,7 +131,9 @@ fn losses_match_the_jax_reference_fixtures() {
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let args = fixture_args(&f);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let got = run(&args);
+        let mut interp_args = args.clone();
+        interp_args.extend(["--target", "interp"]);
+        let got = run(&interp_args);
         let want: Vec<f64> = f["losses"]
             .as_array()
             .unwrap()
@@ -176,6 +180,8 @@ fn micro_batches_match_the_full_batch() {
                 loss,
                 "--optimizer",
                 opt,
+                "--target",
+                "interp",
             ];
             let one = run(&base);
             for m in ["2", "4"] {
@@ -352,5 +358,78 @@ fn help_documents_the_output_format() {
         "--save-onnx",
     ] {
         assert!(help.contains(want), "{want}: {help}");
+    }
+}
+
+/// Issue 12, item 9: `ppcc train` runs native code by default, as `ppcc run` does.
+#[test]
+fn native_code_is_the_default_target() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .args(["train", "examples/mlp.onnx", "--steps", "3"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("--target cpu)"), "{stderr}");
+}
+
+/// Issue 12, item 3: labels outside the classes are refused before training on both
+/// targets, naming the row, the value and the class count (native code used to drop
+/// them and report a loss of 0.0).
+#[test]
+fn out_of_range_labels_are_refused_on_both_targets() {
+    let dir = temp_dir("labels");
+    let bad = dir.join("labels.npz");
+    let mut labels = vec![2i64; 16];
+    labels[9] = 10;
+    pipeline_common::npz_with_ints(
+        &repo().join("examples/mlp_train.npz"),
+        &bad,
+        "labels",
+        &[16],
+        &labels,
+    );
+    for target in ["cpu", "interp"] {
+        let e = train(&[
+            "examples/mlp.onnx",
+            "--data",
+            bad.to_str().unwrap(),
+            "--steps",
+            "2",
+            "--target",
+            target,
+        ])
+        .expect_err(target);
+        assert!(
+            e.contains("`labels` row 9: value 10 is outside [0, 10) (the 10 classes"),
+            "--target {target}: {e}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Issue 12, item 3: a NaN/inf loss stops training with an error naming the step, unless
+/// `--allow-nonfinite-loss`.
+#[test]
+fn a_nonfinite_loss_stops_training() {
+    for target in ["cpu", "interp"] {
+        let args = [
+            "examples/mlp.onnx",
+            "--steps",
+            "4",
+            "--lr",
+            "1e30",
+            "--target",
+            target,
+        ];
+        let e = train(&args).expect_err(target);
+        assert!(
+            e.contains("error: step 1: the loss is NaN"),
+            "--target {target}: {e}"
+        );
+        let mut go_on = args.to_vec();
+        go_on.push("--allow-nonfinite-loss");
+        assert_eq!(run(&go_on).len(), 4);
     }
 }

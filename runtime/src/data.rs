@@ -93,6 +93,17 @@ impl ArraySource {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.arrays.keys().map(String::as_str)
     }
+
+    /// Check every row of the arrays that `limits` names ([`check_indices`]; rows are
+    /// counted from 0 in the arrays as given).
+    pub fn check_indices(&self, limits: &HashMap<String, IndexLimit>) -> Result<(), RuntimeError> {
+        for (name, t) in &self.arrays {
+            if let Some(l) = limits.get(name) {
+                check_indices(name, t, l, 0)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl BatchSource for ArraySource {
@@ -188,6 +199,26 @@ impl SyntheticSource {
         &self.specs
     }
 
+    /// Check that every integer input that `limits` names is drawn within its limit.
+    pub fn check_indices(&self, limits: &HashMap<String, IndexLimit>) -> Result<(), RuntimeError> {
+        for s in &self.specs {
+            let (Some(l), Distribution::Uniform { low, high }) = (limits.get(&s.name), s.dist)
+            else {
+                continue;
+            };
+            let fits = l.allows(low) && u64::try_from(high).is_ok_and(|h| h <= l.size);
+            if !fits {
+                return Err(RuntimeError::Data(format!(
+                    "synthetic `{}` is drawn from [{low}, {high}), outside {} ({})",
+                    s.name,
+                    l.describe(),
+                    l.what
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn generate(&self, step: u64) -> Batch {
         self.specs
             .iter()
@@ -268,6 +299,50 @@ fn draw(s: &InputSpec, stream: u64) -> Tensor {
     }
 }
 
+/// The ops (and operand positions) that integer `Input` argument `arg` of `f` reaches
+/// through reshapes, casts and other data movement (every other use ends the walk).
+fn index_uses(f: &Function, arg: ppir::ValueId) -> Vec<(&ppir::OpData, usize)> {
+    let mut out = vec![];
+    let mut work = vec![arg];
+    let mut seen = vec![false; f.num_values()];
+    while let Some(v) = work.pop() {
+        if std::mem::replace(&mut seen[v.index()], true) {
+            continue;
+        }
+        for u in f.users(v) {
+            let Use::Operand(op, i) = *u else { continue };
+            let data = f.op(op);
+            if data.is_removed() {
+                continue;
+            }
+            let passes_through = (data.kind.class() == OpClass::DataMovement
+                && data.kind != OpKind::Gather)
+                || matches!(data.kind, OpKind::Cast | OpKind::Identity);
+            if passes_through {
+                work.extend_from_slice(data.results());
+            } else {
+                out.push((data, i));
+            }
+        }
+    }
+    out
+}
+
+/// The size of the gathered axis of a `gather` whose indices are operand `i`.
+fn gather_size(f: &Function, data: &ppir::OpData, i: usize) -> Option<u64> {
+    if data.kind != OpKind::Gather || i != 1 {
+        return None;
+    }
+    let table = f.ty(data.operands()[0]);
+    let axis = data.attrs.int_or("axis", 0).unwrap_or(0);
+    let rank = table.rank() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    usize::try_from(axis)
+        .ok()
+        .and_then(|a| table.dims.get(a))
+        .and_then(|d| d.known())
+}
+
 /// For each integer `Input` argument of `f` that is used (possibly through reshapes,
 /// casts and other data movement) as the indices of a `gather`, the size of the gathered
 /// axis: valid indices are `[0, size)`. Several gathers give the smallest size.
@@ -277,44 +352,200 @@ pub fn index_bounds(f: &Function) -> HashMap<String, u64> {
         if kind != ArgKind::Input || !f.ty(arg).dtype.is_int() {
             continue;
         }
-        let mut bound: Option<u64> = None;
-        let mut work = vec![arg];
-        let mut seen = vec![false; f.num_values()];
-        while let Some(v) = work.pop() {
-            if std::mem::replace(&mut seen[v.index()], true) {
-                continue;
-            }
-            for u in f.users(v) {
-                let Use::Operand(op, i) = *u else { continue };
-                let data = f.op(op);
-                if data.is_removed() {
-                    continue;
-                }
-                let passes_through = (data.kind.class() == OpClass::DataMovement
-                    && data.kind != OpKind::Gather)
-                    || matches!(data.kind, OpKind::Cast | OpKind::Identity);
-                if data.kind == OpKind::Gather && i == 1 {
-                    let table = f.ty(data.operands()[0]);
-                    let axis = data.attrs.int_or("axis", 0).unwrap_or(0);
-                    let rank = table.rank() as i64;
-                    let axis = if axis < 0 { axis + rank } else { axis };
-                    if let Some(n) = usize::try_from(axis)
-                        .ok()
-                        .and_then(|a| table.dims.get(a))
-                        .and_then(|d| d.known())
-                    {
-                        bound = Some(bound.map_or(n, |b| b.min(n)));
-                    }
-                } else if passes_through {
-                    work.extend_from_slice(data.results());
-                }
-            }
-        }
+        let bound = index_uses(f, arg)
+            .into_iter()
+            .filter_map(|(data, i)| gather_size(f, data, i))
+            .min();
         if let Some(b) = bound {
             out.insert(f.value(arg).name.clone(), b);
         }
     }
     out
+}
+
+/// Which values an integer data input may hold: it indexes something of `size` entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexLimit {
+    /// Valid values are `[0, size)`, or `[-size, size)` with `wraps`.
+    pub size: u64,
+    /// Negative values count from the end (ONNX `Gather` indices, which both the
+    /// interpreter and native code accept); class labels do not.
+    pub wraps: bool,
+    /// One more accepted value (cross-entropy's `ignore_index`).
+    pub ignore: Option<i64>,
+    /// What the input indexes, for messages (`the 64 rows of the gather "embed"`).
+    pub what: String,
+}
+
+impl IndexLimit {
+    pub fn allows(&self, v: i64) -> bool {
+        let low = if self.wraps {
+            -(self.size.min(i64::MAX as u64) as i64)
+        } else {
+            0
+        };
+        (v >= low && (v < 0 || (v as u64) < self.size)) || Some(v) == self.ignore
+    }
+
+    /// The tighter of two limits on the same input (an ignored value must be accepted by
+    /// both).
+    fn meet(self, other: IndexLimit) -> IndexLimit {
+        let ignore = if self.ignore == other.ignore {
+            self.ignore
+        } else {
+            None
+        };
+        let wraps = self.wraps && other.wraps;
+        let mut tighter = if other.size < self.size { other } else { self };
+        tighter.ignore = ignore;
+        tighter.wraps = wraps;
+        tighter
+    }
+
+    fn describe(&self) -> String {
+        let range = if self.wraps {
+            format!("[-{0}, {0})", self.size)
+        } else {
+            format!("[0, {})", self.size)
+        };
+        match self.ignore {
+            Some(i) => format!("{range} or {i} (ignored)"),
+            None => range,
+        }
+    }
+}
+
+/// For each integer `Input` argument of `f` that indexes something — the indices of a
+/// `gather` (token ids into an embedding table; negative ones count from the end, as in
+/// ONNX), the labels of a softmax cross-entropy (class ids, or its `ignore_index`), the
+/// indices of a `gather_grad` — reached through data movement as in [`index_bounds`]: the
+/// values it may hold, exactly those the interpreter accepts. The interpreter refuses
+/// others when it meets them; native code does not check, so callers check the data
+/// before running ([`check_indices`]).
+pub fn index_limits(f: &Function) -> HashMap<String, IndexLimit> {
+    let mut out = HashMap::new();
+    for &(arg, kind) in f.args() {
+        if kind != ArgKind::Input || !f.ty(arg).dtype.is_int() {
+            continue;
+        }
+        let mut limit: Option<IndexLimit> = None;
+        for (data, i) in index_uses(f, arg) {
+            let at = data
+                .loc
+                .as_deref()
+                .map(|l| format!(" \"{l}\""))
+                .unwrap_or_default();
+            let found = match data.kind {
+                OpKind::Gather => gather_size(f, data, i).map(|n| IndexLimit {
+                    size: n,
+                    wraps: true,
+                    ignore: None,
+                    what: format!("the {n} rows of the gather{at}"),
+                }),
+                OpKind::SoftmaxCrossEntropy | OpKind::SoftmaxCrossEntropyGrad if i == 1 => f
+                    .ty(data.operands()[0])
+                    .dims
+                    .last()
+                    .and_then(|d| d.known())
+                    .map(|c| IndexLimit {
+                        size: c,
+                        wraps: false,
+                        ignore: data.attrs.int("ignore_index").ok().flatten(),
+                        what: format!("the {c} classes of the cross-entropy{at}"),
+                    }),
+                OpKind::GatherGrad if i == 0 => {
+                    let shape = data.attrs.ints("data_shape").ok().flatten();
+                    let axis = data.attrs.int_or("axis", 0).unwrap_or(0);
+                    shape.and_then(|s| {
+                        let axis = if axis < 0 {
+                            axis + s.len() as i64
+                        } else {
+                            axis
+                        };
+                        let n = u64::try_from(*s.get(usize::try_from(axis).ok()?)?).ok()?;
+                        Some(IndexLimit {
+                            size: n,
+                            wraps: true,
+                            ignore: None,
+                            what: format!("the {n} rows of the gather{at}"),
+                        })
+                    })
+                }
+                _ => None,
+            };
+            if let Some(l) = found {
+                limit = Some(match limit {
+                    None => l,
+                    Some(prev) => prev.meet(l),
+                });
+            }
+        }
+        if let Some(l) = limit {
+            out.insert(f.value(arg).name.clone(), l);
+        }
+    }
+    out
+}
+
+/// [`index_limits`] of several functions (the stages of a plan, the functions of a
+/// training program), the tighter limit where two name the same input.
+pub fn index_limits_of<'a>(
+    functions: impl IntoIterator<Item = &'a Function>,
+) -> HashMap<String, IndexLimit> {
+    let mut out: HashMap<String, IndexLimit> = HashMap::new();
+    for f in functions {
+        for (name, l) in index_limits(f) {
+            let l = match out.remove(&name) {
+                None => l,
+                Some(prev) => prev.meet(l),
+            };
+            out.insert(name, l);
+        }
+    }
+    out
+}
+
+/// Check every value of the integer array `name` (rows on axis 0, the first being row
+/// `first_row`) against `limit`; the error names the row, the position within the row and
+/// the value. Float arrays are not indices and pass.
+pub fn check_indices(
+    name: &str,
+    t: &Tensor,
+    limit: &IndexLimit,
+    first_row: usize,
+) -> Result<(), RuntimeError> {
+    let TensorData::Int(values) = &t.data else {
+        return Ok(());
+    };
+    let Some(bad) = values.iter().position(|&v| !limit.allows(v)) else {
+        return Ok(());
+    };
+    let value = values[bad];
+    let inner = t.shape.get(1..).unwrap_or(&[]);
+    let per_row: usize = inner.iter().product::<usize>().max(1);
+    let where_ = if t.shape.is_empty() {
+        String::new()
+    } else {
+        let (row, mut rest) = (bad / per_row, bad % per_row);
+        let position = if inner.len() == 1 {
+            format!(", position {rest}")
+        } else if inner.is_empty() {
+            String::new()
+        } else {
+            let mut idx = vec![0usize; inner.len()];
+            for (k, &d) in inner.iter().enumerate().rev() {
+                idx[k] = rest % d.max(1);
+                rest /= d.max(1);
+            }
+            format!(", position {idx:?}")
+        };
+        format!(" row {}{position}", first_row + row)
+    };
+    Err(RuntimeError::Data(format!(
+        "`{name}`{where_}: value {value} is outside {} ({})",
+        limit.describe(),
+        limit.what
+    )))
 }
 
 /// A synthetic spec for every `Input` argument of `f` named in `names`, with axis 0

@@ -57,3 +57,98 @@ pub fn compile(model: &str, dir: &Path, extra: &[&str]) {
     let out = ppcc(&args);
     assert!(out.ok, "ppcc {args:?} failed:\n{}", out.stderr);
 }
+
+/// The arrays of an `.npz`, each as its raw `.npy` bytes, by name (without `.npy`).
+pub fn npz_entries(path: &Path) -> Vec<(String, Vec<u8>)> {
+    use std::io::Read;
+    let mut z = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+    let mut out = vec![];
+    for i in 0..z.len() {
+        let mut f = z.by_index(i).unwrap();
+        let name = f.name().trim_end_matches(".npy").to_string();
+        let mut bytes = vec![];
+        f.read_to_end(&mut bytes).unwrap();
+        out.push((name, bytes));
+    }
+    out
+}
+
+/// Write `.npy` entries as an `.npz`.
+pub fn write_npz_entries(path: &Path, entries: &[(String, Vec<u8>)]) {
+    use std::io::Write;
+    let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    for (name, bytes) in entries {
+        z.start_file(
+            format!("{name}.npy"),
+            zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Stored),
+        )
+        .unwrap();
+        z.write_all(bytes).unwrap();
+    }
+    z.finish().unwrap();
+}
+
+/// An `.npy` (version 1.0) of int64 `values` with `shape`.
+pub fn npy_i64(shape: &[usize], values: &[i64]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut header = format!("{{'descr': '<i8', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// A copy of the `.npz` `from` at `to` with array `name` replaced by int64 `values` of
+/// `shape`.
+pub fn npz_with_ints(from: &Path, to: &Path, name: &str, shape: &[usize], values: &[i64]) {
+    let mut entries = npz_entries(from);
+    let e = entries
+        .iter_mut()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("{} has no `{name}`", from.display()));
+    e.1 = npy_i64(shape, values);
+    write_npz_entries(to, &entries);
+}
+
+/// Run `ppcc ARGS`, killing it after `limit` (then `None`: it did not end by itself).
+pub fn ppcc_within(args: &[&str], limit: Duration) -> Option<Out> {
+    let t0 = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+        .args(args)
+        .current_dir(repo())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ppcc starts");
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            return Some(Out {
+                ok: status.success(),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                took: t0.elapsed(),
+            });
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

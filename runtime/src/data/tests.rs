@@ -135,3 +135,85 @@ module {
     let m = ppir::text::parse_module(src).unwrap();
     assert_eq!(index_bounds(&m.functions[0]).get("tok"), Some(&50));
 }
+
+/// Token ids and labels are checked against the embedding table and the class count
+/// before anything runs (native code does not check them: issue 12, item 3).
+#[test]
+fn token_ids_and_labels_are_checked_against_their_limits() {
+    let src = r#"
+module {
+  func @main(%tok: tensor<2x3xi64>, %labels: tensor<2xi64>, %wte: tensor<5x4xf32> {param}, %w: tensor<4x7xf32> {param}) -> (tensor<f32>) {
+    %e = "pp.gather"(%wte, %tok) : (tensor<5x4xf32>, tensor<2x3xi64>) -> tensor<2x3x4xf32>
+    %s = "pp.reduce_sum"(%e) {axes = [1], keepdims = 0} : (tensor<2x3x4xf32>) -> tensor<2x4xf32>
+    %logits = "pp.matmul"(%s, %w) : (tensor<2x4xf32>, tensor<4x7xf32>) -> tensor<2x7xf32>
+    %loss = "pp.softmax_cross_entropy"(%logits, %labels) {ignore_index = -100} : (tensor<2x7xf32>, tensor<2xi64>) -> tensor<f32> loc("loss")
+    return %loss : tensor<f32>
+  }
+}
+"#;
+    let m = ppir::text::parse_module(src).unwrap();
+    let limits = index_limits_of(&m.functions);
+    assert_eq!(limits["tok"].size, 5);
+    assert_eq!(limits["labels"].size, 7);
+    assert_eq!(limits["labels"].ignore, Some(-100));
+
+    let tok = Tensor::from_i64(DType::I64, vec![2, 3], vec![0, 1, 4, 2, 5, 0]);
+    let e = check_indices("tok", &tok, &limits["tok"], 10)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "`tok` row 11, position 1: value 5 is outside [-5, 5) (the 5 rows of the gather)"
+        ),
+        "{e}"
+    );
+    // Gather indices count from the end, as in ONNX (and in both targets); class labels
+    // do not.
+    let wrapped = Tensor::from_i64(DType::I64, vec![2, 3], vec![0, 1, 4, 2, -5, 0]);
+    check_indices("tok", &wrapped, &limits["tok"], 0).unwrap();
+    let neg = Tensor::from_i64(DType::I64, vec![2, 3], vec![0, 1, 4, 2, -6, 0]);
+    let e = check_indices("tok", &neg, &limits["tok"], 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("value -6 is outside [-5, 5)"), "{e}");
+    let labels = Tensor::from_i64(DType::I64, vec![2], vec![-100, 7]);
+    let e = check_indices("labels", &labels, &limits["labels"], 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`labels` row 1: value 7 is outside [0, 7) or -100 (ignored) (the 7 classes of the cross-entropy \"loss\")"),
+        "{e}"
+    );
+    let ok = Tensor::from_i64(DType::I64, vec![2], vec![-100, 6]);
+    check_indices("labels", &ok, &limits["labels"], 0).unwrap();
+
+    // Whole arrays are checked with their own row numbers.
+    let src = ArraySource::new(
+        [
+            (
+                "tok".to_string(),
+                Tensor::from_i64(DType::I64, vec![4, 3], vec![0; 12]),
+            ),
+            (
+                "labels".to_string(),
+                Tensor::from_i64(DType::I64, vec![4], vec![0, 1, 2, 9]),
+            ),
+        ],
+        2,
+    )
+    .unwrap();
+    let e = src.check_indices(&limits).unwrap_err().to_string();
+    assert!(e.contains("`labels` row 3: value 9"), "{e}");
+
+    // Synthetic data drawn beyond the table is refused.
+    let spec = |high| InputSpec {
+        name: "tok".into(),
+        ty: TensorType::of(DType::I64, &[2, 3]),
+        dist: Distribution::Uniform { low: 0, high },
+    };
+    let s = SyntheticSource::new(vec![spec(5)], 0, true).unwrap();
+    s.check_indices(&limits).unwrap();
+    let s = SyntheticSource::new(vec![spec(6)], 0, true).unwrap();
+    let e = s.check_indices(&limits).unwrap_err().to_string();
+    assert!(e.contains("synthetic `tok` is drawn from [0, 6)"), "{e}");
+}

@@ -24,7 +24,8 @@
 //!
 //! [`run_local`] runs one step with one thread per device over [`LocalNet`]; a failure or
 //! panic on any device aborts the others (their receives fail at once) and the step
-//! returns the first real cause, naming the stage.
+//! returns the first real cause, naming the stage. It waits for the devices with a
+//! deadline, never by joining, so a device stuck forever cannot keep the run alive.
 
 mod plan;
 
@@ -412,6 +413,17 @@ impl RankWorker {
                         format!("device {rank} has no stage {} for action {a}", a_stage),
                     )
                 })?;
+            if a.kind != ActionKind::OptimizerStep && a.micro_batch >= self.config.microbatches {
+                return Err(err(
+                    Some(a_stage),
+                    None,
+                    None,
+                    format!(
+                        "action {a} names micro-batch {a_mb}, but a step has {} (0..{})",
+                        self.config.microbatches, self.config.microbatches
+                    ),
+                ));
+            }
             if let Some(f) = self.config.fault {
                 if f.stage == a_stage
                     && f.step == step
@@ -648,73 +660,127 @@ fn accumulate(mut acc: Tensor, g: &Tensor) -> Result<Tensor, String> {
     .ok_or_else(|| "no result".to_string())
 }
 
+/// How long [`run_local`] waits for the other devices once one has failed: the net is
+/// aborted, so they stop at their next send or receive; one that does not within this time
+/// (stuck in a computation, or hung) is abandoned so that the failure can be reported.
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// One step on every device, each a thread, over `net`. Returns the reports by rank, or
 /// the root cause of a failure (a panic counts as a failure of its device).
+///
+/// Each worker moves into its thread for the step and comes back with its result; the
+/// caller waits with a deadline instead of joining, so a device that never returns cannot
+/// hold the run: once a device has failed the others get [`STOP_GRACE`] to stop, and once
+/// a device has finished the others get `recv_timeout` (longer than that, a device that
+/// still runs is stuck: the others would have reported it, had they waited for it). An
+/// abandoned worker is gone from `workers` (the step's error says which device it was),
+/// and its thread is left to end with the process.
 pub fn run_local(
-    workers: &mut [RankWorker],
+    workers: &mut Vec<RankWorker>,
     net: &LocalNet,
     step: u64,
-    batch: &Batch,
+    batch: std::sync::Arc<Batch>,
 ) -> Result<Vec<RankReport>, WorkerError> {
-    let results: Vec<Result<RankReport, WorkerError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = workers
-            .iter_mut()
-            .map(|w| {
-                let net = net.clone();
-                scope.spawn(move || {
-                    let mut ep = net.endpoint(w.rank);
-                    let rank = w.rank;
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        w.step(step, batch, &mut ep)
-                    }));
-                    let r = match r {
-                        Ok(r) => r,
-                        Err(p) => {
-                            let msg = p
-                                .downcast_ref::<String>()
-                                .cloned()
-                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                                .unwrap_or_else(|| "panic".into());
-                            Err(WorkerError {
-                                rank,
-                                stage: w.stages.first().map(|s| s.spec.stage),
-                                step,
-                                micro_batch: None,
-                                function: None,
-                                message: format!("device {rank} panicked: {msg}"),
-                                aborted: false,
-                            })
-                        }
-                    };
-                    if let Err(e) = &r {
-                        if !e.aborted {
-                            net.abort(&format!("device {rank} failed: {e}"));
-                        }
-                    }
-                    r
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(WorkerError {
-                        rank: usize::MAX,
-                        stage: None,
+    use std::sync::mpsc;
+    type Done = (usize, RankWorker, Result<RankReport, WorkerError>);
+    let n = workers.len();
+    let ranks: Vec<(usize, Option<u32>)> = workers
+        .iter()
+        .map(|w| (w.rank, w.stages.first().map(|s| s.spec.stage)))
+        .collect();
+    let recv_timeout = workers
+        .first()
+        .map_or(Duration::from_secs(120), |w| w.config.recv_timeout);
+    let (tx, rx) = mpsc::channel::<Done>();
+    let mut spawn_error = None;
+    for (i, mut w) in workers.drain(..).enumerate() {
+        let (thread_net, batch, tx) = (net.clone(), batch.clone(), tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("device-{}", w.rank))
+            .spawn(move || {
+                let net = thread_net;
+                let mut ep = net.endpoint(w.rank);
+                let rank = w.rank;
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    w.step(step, &batch, &mut ep)
+                }));
+                let r = match r {
+                    Ok(r) => r,
+                    Err(p) => Err(WorkerError {
+                        rank,
+                        stage: w.stages.first().map(|s| s.spec.stage),
                         step,
                         micro_batch: None,
                         function: None,
-                        message: "a worker thread died".into(),
+                        message: format!("device {rank} panicked: {}", panic_message(&*p)),
                         aborted: false,
-                    })
-                })
-            })
-            .collect()
-    });
+                    }),
+                };
+                if let Err(e) = &r {
+                    if !e.aborted {
+                        net.abort(&format!("device {rank} failed: {e}"));
+                    }
+                }
+                // The driver may have stopped waiting (this device was abandoned).
+                let _ = tx.send((i, w, r));
+            });
+        if let Err(e) = spawned {
+            net.abort("a device thread could not start");
+            spawn_error = Some(WorkerError {
+                rank: ranks[i].0,
+                stage: ranks[i].1,
+                step,
+                micro_batch: None,
+                function: None,
+                message: format!("cannot start the thread of device {}: {e}", ranks[i].0),
+                aborted: false,
+            });
+            break;
+        }
+    }
+    drop(tx);
+    let mut slots: Vec<Option<(RankWorker, Result<RankReport, WorkerError>)>> =
+        (0..n).map(|_| None).collect();
+    let mut received = 0;
+    let mut deadline: Option<Instant> = None;
+    let mut failed = spawn_error.is_some();
+    if failed {
+        deadline = Some(Instant::now() + STOP_GRACE);
+    }
+    while received < n {
+        let got = match deadline {
+            None => rx.recv().map_err(|_| ()),
+            Some(d) => rx
+                .recv_timeout(d.saturating_duration_since(Instant::now()))
+                .map_err(|_| ()),
+        };
+        // Disconnected (every thread done or never started) or past the deadline.
+        let Ok((i, w, r)) = got else { break };
+        received += 1;
+        let now = Instant::now();
+        if r.is_err() && !failed {
+            failed = true;
+            deadline = Some(now + STOP_GRACE);
+        } else if deadline.is_none() {
+            deadline = Some(now + recv_timeout);
+        }
+        slots[i] = Some((w, r));
+    }
+    let stuck: Vec<usize> = slots
+        .iter()
+        .zip(&ranks)
+        .filter(|(s, _)| s.is_none())
+        .map(|(_, &(r, _))| r)
+        .collect();
+    if !stuck.is_empty() {
+        // Let a stuck device's pending receives fail, should it ever get there.
+        net.abort("the step was abandoned");
+    }
     let mut reports = vec![];
-    let mut first: Option<WorkerError> = None;
-    for r in results {
+    let mut first: Option<WorkerError> = spawn_error;
+    for slot in slots.into_iter().flatten() {
+        let (w, r) = slot;
+        workers.push(w);
         match r {
             Ok(rep) => reports.push(rep),
             Err(e) => {
@@ -728,10 +794,49 @@ pub fn run_local(
             }
         }
     }
+    let stuck_note = |stuck: &[usize]| {
+        let list: Vec<String> = stuck.iter().map(|r| r.to_string()).collect();
+        format!(
+            "device{} {} did not stop and {} abandoned",
+            if stuck.len() > 1 { "s" } else { "" },
+            list.join(", "),
+            if stuck.len() > 1 { "were" } else { "was" }
+        )
+    };
     match first {
-        Some(e) => Err(e),
+        Some(mut e) => {
+            if !stuck.is_empty() {
+                e.message = format!("{} ({})", e.message, stuck_note(&stuck));
+            }
+            Err(e)
+        }
+        None if !stuck.is_empty() => {
+            let r = stuck[0];
+            let stage = ranks.iter().find(|x| x.0 == r).and_then(|x| x.1);
+            Err(WorkerError {
+                rank: r,
+                stage,
+                step,
+                micro_batch: None,
+                function: None,
+                message: format!(
+                    "still running {:.1} s after the other devices finished the step (--recv-timeout); {}",
+                    recv_timeout.as_secs_f64(),
+                    stuck_note(&stuck)
+                ),
+                aborted: false,
+            })
+        }
         None => Ok(reports),
     }
+}
+
+/// The text of a caught panic.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
 }
 
 /// The mean loss of a step from the devices' reports (micro-batch order).
