@@ -459,7 +459,35 @@ fn commit_checkpoint(d: &Path, step: u64, tmp: &Path, keep: Option<u64>) -> Resu
         std::fs::remove_dir_all(&p)
             .with_context(|| format!("cannot remove the old checkpoint {}", p.display()))?;
     }
+    remove_stale_partials(d, step);
     Ok(())
+}
+
+/// Half-written checkpoints (`.step-<k>.tmp`, k ≤ `step`) and `latest` files
+/// (`.latest.tmp-<pid>`) left by a run that was killed while writing: every process of
+/// this run has passed the barrier before the commit, so none of them is still in use.
+/// Best effort: a leftover that cannot be removed is harmless.
+fn remove_stale_partials(d: &Path, step: u64) {
+    let Ok(entries) = std::fs::read_dir(d) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let partial_step = name
+            .strip_prefix(".step-")
+            .and_then(|r| r.strip_suffix(".tmp"))
+            .and_then(|k| k.parse::<u64>().ok());
+        match partial_step {
+            Some(k) if k <= step => {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+            Some(_) => {}
+            None if name.starts_with(".latest.tmp-") => {
+                let _ = std::fs::remove_file(e.path());
+            }
+            None => {}
+        }
+    }
 }
 
 fn fmt_time(s: f64) -> String {

@@ -559,6 +559,10 @@ fn checkpoints_are_checked_replaced_safely_and_pruned() {
         .collect();
     names.sort();
     assert_eq!(names, ["step-2", "step-3"]);
+    // What a run killed while writing leaves behind is cleaned up by the next commit.
+    std::fs::create_dir_all(ck.join(".step-1.tmp")).unwrap();
+    std::fs::write(ck.join(".step-1.tmp").join("stage9.npz"), b"junk").unwrap();
+    std::fs::write(ck.join(".latest.tmp-999999"), b"1\n").unwrap();
 
     // The same directory again: step 3 is rewritten next to the old one, `latest` switches
     // to it, and only then is the old one removed.
@@ -576,6 +580,14 @@ fn checkpoints_are_checked_replaced_safely_and_pruned() {
     );
     assert!(ck.join("step-3.1").join("stage0.npz").exists());
     assert!(!ck.join("step-3").exists());
+    assert!(
+        !ck.join(".step-1.tmp").exists(),
+        "stale partial checkpoint kept"
+    );
+    assert!(
+        !ck.join(".latest.tmp-999999").exists(),
+        "stale latest file kept"
+    );
     let rest = run(&["--steps", "3", "--resume", c]);
     assert_eq!(rest, full[3..], "resumed from the replaced checkpoint");
 
