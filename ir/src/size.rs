@@ -164,6 +164,54 @@ pub fn check_memory(bytes: u64, what: impl FnOnce() -> String) -> Result<(), Siz
     }
 }
 
+/// Refuse a function one of whose values (an argument or an op result) alone needs more
+/// memory than is available, with `bytes_of` giving a static type's size in the caller's
+/// representation (native code: the dtype's size; the interpreter: 8 bytes an element).
+/// The error names the function, the op (its result and source location) and the type.
+pub fn check_function_memory(
+    f: &crate::Function,
+    bytes_of: impl Fn(&crate::TensorType) -> u64,
+) -> Result<(), SizeError> {
+    let mut available = None;
+    let mut check = |ty: &crate::TensorType, what: &dyn Fn() -> String| {
+        let bytes = bytes_of(ty);
+        if bytes < MEMORY_CHECK_THRESHOLD {
+            return Ok(());
+        }
+        let Some(avail) = *available.get_or_insert_with(available_memory) else {
+            return Ok(());
+        };
+        if bytes > avail {
+            return Err(SizeError::OutOfMemory {
+                what: format!("@{}: {} ({ty})", f.name, what()),
+                needed: bytes,
+                available: avail,
+            });
+        }
+        Ok(())
+    };
+    for v in f.arg_values() {
+        check(f.ty(v), &|| format!("argument %{}", f.value(v).name))?;
+    }
+    for &op in f.ops() {
+        if op.index() >= f.num_op_slots() || f.op(op).is_removed() {
+            continue;
+        }
+        let data = f.op(op);
+        for &v in data.results() {
+            check(f.ty(v), &|| {
+                let loc = data
+                    .loc
+                    .as_deref()
+                    .map(|l| format!(" (loc {l:?})"))
+                    .unwrap_or_default();
+                format!("%{} = \"{}\"{loc}", f.value(v).name, data.kind)
+            })?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,5 +252,25 @@ mod tests {
             Bytes(32_000_000_000_000).to_string(),
             "32.0 TB (32000000000000 bytes)"
         );
+    }
+
+    #[test]
+    fn function_memory_names_the_op() {
+        use crate::{ArgKind, DType, Function, NewOp, OpKind, TensorType};
+        let mut f = Function::new("main");
+        let x = f.add_arg("x", TensorType::of(DType::F32, &[1, 1]), ArgKind::Input);
+        let big = TensorType::of(DType::F32, &[2_000_000, 4_000_000]);
+        let y = f.push(NewOp::new(OpKind::Expand, vec![x], vec![big]).loc("expand0"));
+        f.set_results(vec![y]);
+        let bytes = |t: &TensorType| t.size_bytes().unwrap_or(0);
+        match check_function_memory(&f, bytes) {
+            Err(e) => assert!(
+                e.to_string().contains(
+                    "\"pp.expand\" (loc \"expand0\") (tensor<2000000x4000000xf32>) needs 32.0 TB"
+                ),
+                "{e}"
+            ),
+            Ok(()) => assert!(available_memory().is_none()),
+        }
     }
 }
