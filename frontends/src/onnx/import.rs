@@ -960,6 +960,9 @@ fn check_single_assignment(graph: &GraphProto) -> Result<(), OnnxError> {
         name: &'g str,
         by: String,
     ) -> Result<(), OnnxError> {
+        if name.is_empty() {
+            return Ok(()); // reported as a missing name where it is read
+        }
         if let Some(first) = writer.get(name) {
             return Err(OnnxError::Reassigned {
                 value: name.to_string(),
@@ -981,7 +984,7 @@ fn check_single_assignment(graph: &GraphProto) -> Result<(), OnnxError> {
     }
     let mut inputs = HashSet::new();
     for vi in &graph.input {
-        if !inputs.insert(vi.name.as_str()) {
+        if !vi.name.is_empty() && !inputs.insert(vi.name.as_str()) {
             return Err(OnnxError::Reassigned {
                 value: vi.name.clone(),
                 first: "a graph input".into(),
