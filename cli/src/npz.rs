@@ -11,40 +11,183 @@ use anyhow::{bail, Context, Result};
 use npyz::WriterBuilder;
 use ppir::{DType, Tensor, TensorData};
 
-fn to_tensor(name: &str, bytes: &[u8]) -> Result<Tensor> {
-    let npy =
-        npyz::NpyFile::new(bytes).with_context(|| format!("array `{name}` is not a valid .npy"))?;
-    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-    let fortran = npy.order() == npyz::Order::Fortran;
-    let type_str = match npy.dtype() {
-        npyz::DType::Plain(t) => t.to_string(),
-        other => bail!("array `{name}`: structured dtype {other:?} is unsupported"),
+/// numpy writes headers of a few hundred bytes and refuses to read ones over 10,000 by
+/// default; a 4 GB header length is an attack, not an array.
+const MAX_HEADER_BYTES: usize = 1 << 16;
+
+/// The parts of an `.npy` header ppcc needs, parsed before any data is read.
+struct NpyHead {
+    /// Magic, version, header length and header text, as read (npyz re-parses them).
+    raw: Vec<u8>,
+    shape: Vec<usize>,
+    /// The dtype string without its byte-order mark (`f4`, `i8`, `b1`...).
+    key: String,
+    /// Element size in bytes, in the file.
+    elem_bytes: usize,
+}
+
+/// Read and check the header of array `name`: its shape's element count and byte size
+/// must be representable (a shape `(2**62, 4)` wraps to 0 elements in unchecked
+/// arithmetic) and its dtype one ppcc reads.
+fn read_head(name: &str, r: &mut impl Read) -> Result<NpyHead> {
+    let mut raw = vec![0u8; 8];
+    r.read_exact(&mut raw)
+        .with_context(|| format!("array `{name}` is not a valid .npy: it ends in its header"))?;
+    if &raw[..6] != b"\x93NUMPY" {
+        bail!("array `{name}` is not a valid .npy (no \\x93NUMPY magic)");
+    }
+    let len_bytes = match raw[6] {
+        1 => 2,
+        2 | 3 => 4,
+        v => bail!("array `{name}`: unsupported .npy version {v}.{}", raw[7]),
     };
-    let n: usize = shape.iter().product();
-    let key = type_str.trim_start_matches(['<', '|', '=']);
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len[..len_bytes])
+        .with_context(|| format!("array `{name}` is not a valid .npy: it ends in its header"))?;
+    raw.extend_from_slice(&len[..len_bytes]);
+    let header_len = u32::from_le_bytes(len) as usize;
+    if header_len > MAX_HEADER_BYTES {
+        bail!("array `{name}`: its .npy header claims {header_len} bytes (at most {MAX_HEADER_BYTES})");
+    }
+    let start = raw.len();
+    raw.resize(start + header_len, 0);
+    r.read_exact(&mut raw[start..])
+        .with_context(|| format!("array `{name}` is not a valid .npy: it ends in its header"))?;
+    let text = std::str::from_utf8(&raw[start..])
+        .ok()
+        .and_then(|t| t.trim_end().parse::<py_literal::Value>().ok());
+    let Some(py_literal::Value::Dict(entries)) = text else {
+        bail!("array `{name}` is not a valid .npy: its header is not a Python dict");
+    };
+    let get = |key: &str| {
+        entries
+            .iter()
+            .find(|(k, _)| matches!(k, py_literal::Value::String(s) if s == key))
+            .map(|(_, v)| v)
+    };
+    let shape = match get("shape") {
+        Some(py_literal::Value::Tuple(dims) | py_literal::Value::List(dims)) => dims
+            .iter()
+            .map(|d| match d {
+                py_literal::Value::Integer(i) => i.to_string().parse::<usize>().ok(),
+                _ => None,
+            })
+            .collect::<Option<Vec<usize>>>(),
+        _ => None,
+    };
+    let Some(shape) = shape else {
+        bail!("array `{name}`: the .npy header's shape is not a tuple of sizes");
+    };
+    let type_str = match get("descr") {
+        Some(py_literal::Value::String(t)) => t.clone(),
+        Some(other) => bail!("array `{name}`: structured dtype {other} is unsupported"),
+        None => bail!("array `{name}` is not a valid .npy: its header has no descr"),
+    };
     if type_str.starts_with('>') {
         bail!("array `{name}`: big-endian dtype {type_str} is unsupported");
     }
-    let (dtype, data) = match key {
-        "f4" => (DType::F32, TensorData::Float(npy.into_vec::<f32>()?.into_iter().map(f64::from).collect())),
+    let key = type_str.trim_start_matches(['<', '|', '=']).to_string();
+    let elem_bytes = match key.as_str() {
+        "f8" | "i8" => 8,
+        "f4" | "i4" => 4,
+        "f2" => 2,
+        "i1" | "b1" => 1,
+        _ => bail!("array `{name}`: dtype {type_str} is unsupported (use f32, f64, f16, i64, i32, i8 or bool)"),
+    };
+    if ppir::size::checked_size_bytes(&shape, elem_bytes).is_none() {
+        bail!("array `{name}`: shape {shape:?} is too large: its size overflows 64-bit arithmetic");
+    }
+    Ok(NpyHead {
+        raw,
+        shape,
+        key,
+        elem_bytes,
+    })
+}
+
+/// Read array `name` from `r` (an `.npy` stream): the header, then exactly the data bytes
+/// its shape declares. Whatever follows is never read, so a compressed entry that inflates
+/// to far more than its header declares (a deflate bomb) costs nothing.
+fn read_array(name: &str, mut r: impl Read) -> Result<Tensor> {
+    let head = read_head(name, &mut r)?;
+    let n = ppir::size::checked_num_elements(&head.shape).unwrap_or(usize::MAX);
+    let data_bytes = n * head.elem_bytes;
+    // The file's bytes, the decoded elements, then the tensor (8 bytes an element).
+    let needed = (data_bytes as u64)
+        .saturating_mul(2)
+        .saturating_add((n as u64).saturating_mul(8));
+    ppir::size::check_memory(needed, || {
+        format!(
+            "array `{name}` (shape {:?}, dtype {})",
+            head.shape, head.key
+        )
+    })?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(data_bytes).map_err(|_| {
+        anyhow::anyhow!(
+            "array `{name}` (shape {:?}): cannot allocate {} for its data",
+            head.shape,
+            ppir::size::Bytes(data_bytes as u64)
+        )
+    })?;
+    r.take(data_bytes as u64)
+        .read_to_end(&mut data)
+        .with_context(|| format!("reading the data of array `{name}`"))?;
+    if data.len() != data_bytes {
+        bail!(
+            "array `{name}`: {} bytes of data for shape {:?} of {}-byte elements ({data_bytes} bytes)",
+            data.len(),
+            head.shape,
+            head.elem_bytes
+        );
+    }
+    let header = npyz::NpyHeader::from_reader(&head.raw[..])
+        .with_context(|| format!("array `{name}` is not a valid .npy"))?;
+    let npy = npyz::NpyFile::with_header(header, &data[..]);
+    let fortran = npy.order() == npyz::Order::Fortran;
+    let (dtype, data) = match head.key.as_str() {
+        "f4" => (
+            DType::F32,
+            TensorData::Float(npy.into_vec::<f32>()?.into_iter().map(f64::from).collect()),
+        ),
         "f8" => (DType::F64, TensorData::Float(npy.into_vec::<f64>()?)),
         "f2" => {
             let raw = npy.into_vec::<u16>().context("reading f16 data")?;
-            (DType::F16, TensorData::Float(raw.into_iter().map(|b| half::f16::from_bits(b).to_f64()).collect()))
+            (
+                DType::F16,
+                TensorData::Float(
+                    raw.into_iter()
+                        .map(|b| half::f16::from_bits(b).to_f64())
+                        .collect(),
+                ),
+            )
         }
         "i8" => (DType::I64, TensorData::Int(npy.into_vec::<i64>()?)),
-        "i4" => (DType::I32, TensorData::Int(npy.into_vec::<i32>()?.into_iter().map(i64::from).collect())),
-        "i1" => (DType::I8, TensorData::Int(npy.into_vec::<i8>()?.into_iter().map(i64::from).collect())),
-        "b1" => (DType::Bool, TensorData::Int(npy.into_vec::<bool>()?.into_iter().map(i64::from).collect())),
-        _ => bail!("array `{name}`: dtype {type_str} is unsupported (use f32, f64, f16, i64, i32, i8 or bool)"),
+        "i4" => (
+            DType::I32,
+            TensorData::Int(npy.into_vec::<i32>()?.into_iter().map(i64::from).collect()),
+        ),
+        "i1" => (
+            DType::I8,
+            TensorData::Int(npy.into_vec::<i8>()?.into_iter().map(i64::from).collect()),
+        ),
+        _ => (
+            DType::Bool,
+            TensorData::Int(npy.into_vec::<bool>()?.into_iter().map(i64::from).collect()),
+        ),
     };
     if data.len() != n {
         bail!(
-            "array `{name}`: {} elements for shape {shape:?}",
-            data.len()
+            "array `{name}`: {} elements for shape {:?}",
+            data.len(),
+            head.shape
         );
     }
-    let mut t = Tensor { dtype, shape, data };
+    let mut t = Tensor {
+        dtype,
+        shape: head.shape,
+        data,
+    };
     if fortran && t.shape.len() > 1 {
         t = from_fortran(t);
     }
@@ -88,11 +231,10 @@ pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>> {
         let Some(name) = entry.name().strip_suffix(".npy").map(str::to_string) else {
             continue;
         };
-        let mut bytes = Vec::with_capacity(entry.size().min(1 << 30) as usize);
-        entry
-            .read_to_end(&mut bytes)
-            .with_context(|| format!("reading `{name}` from {}", path.display()))?;
-        out.push((name.clone(), to_tensor(&name, &bytes)?));
+        // The entry's declared sizes may lie; read_array reads what the header declares.
+        let t = read_array(&name, std::io::BufReader::new(&mut entry))
+            .with_context(|| format!("reading {}", path.display()))?;
+        out.push((name, t));
     }
     Ok(out)
 }
@@ -176,6 +318,99 @@ mod tests {
         write_npz(&path, &arrays).unwrap();
         let back = read_npz(&path).unwrap();
         assert_eq!(back, arrays);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// An `.npy` header (version 1) declaring `shape` of dtype `descr`, without data.
+    pub(crate) fn npy_header(descr: &str, shape: &str) -> Vec<u8> {
+        let mut text =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + text.len() + 1) % 64 != 0 {
+            text.push(' ');
+        }
+        text.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(text.len() as u16).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out
+    }
+
+    /// An `.npz` with one entry `x.npy`: `header`, then `zeros` zero bytes, deflated.
+    pub(crate) fn write_entry(path: &Path, header: &[u8], zeros: usize) {
+        let mut zip = zip::ZipWriter::new(File::create(path).unwrap());
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .large_file(zeros > u32::MAX as usize / 2);
+        zip.start_file("x.npy", options).unwrap();
+        zip.write_all(header).unwrap();
+        let chunk = vec![0u8; 1 << 20];
+        let mut left = zeros;
+        while left > 0 {
+            let k = left.min(chunk.len());
+            zip.write_all(&chunk[..k]).unwrap();
+            left -= k;
+        }
+        zip.finish().unwrap();
+    }
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ppcc-npz-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Issue 12, item 2: a shape whose element count wraps to 0 ((2^62, 4), and 2^31 x
+    /// 2^31 x 4) with no data was accepted as an empty array.
+    #[test]
+    fn overflowing_shapes_are_refused() {
+        let dir = scratch("overflow");
+        let path = dir.join("big.npz");
+        for shape in ["(4611686018427387904, 4)", "(2147483648, 2147483648, 4)"] {
+            write_entry(&path, &npy_header("<f4", shape), 0);
+            let e = format!("{:#}", read_npz(&path).unwrap_err());
+            assert!(
+                e.contains("array `x`: shape [") && e.contains("is too large"),
+                "{e}"
+            );
+        }
+        // A size numpy cannot write either, and a header past any real one.
+        write_entry(&path, &npy_header("<f4", "(99999999999999999999999,)"), 0);
+        let e = format!("{:#}", read_npz(&path).unwrap_err());
+        assert!(e.contains("shape is not a tuple of sizes"), "{e}");
+        let mut huge = b"\x93NUMPY\x02\x00".to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        write_entry(&path, &huge, 0);
+        let e = format!("{:#}", read_npz(&path).unwrap_err());
+        assert!(e.contains("header claims 4294967295 bytes"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Issue 12, item 5: a deflate bomb. With a header declaring 2^40 f32 elements, the old
+    /// reader inflated the whole entry and then aborted allocating 4 TB; now the header is
+    /// checked against available memory before any data is read.
+    #[test]
+    fn deflate_bombs_are_bounded_by_the_header() {
+        let dir = scratch("bomb");
+        let path = dir.join("bomb.npz");
+        write_entry(&path, &npy_header("<f4", "(1099511627776,)"), 64 << 20);
+        let e = format!("{:#}", read_npz(&path).unwrap_err());
+        if ppir::size::available_memory().is_some() {
+            assert!(
+                e.contains("array `x` (shape [1099511627776], dtype f4) needs"),
+                "{e}"
+            );
+        }
+        // A small header: only its 2 kB of data are read out of 64 MB of zeros.
+        write_entry(&path, &npy_header("<f4", "(8, 64)"), 64 << 20);
+        let back = read_npz(&path).unwrap();
+        assert_eq!(back[0].1.shape, vec![8, 64]);
+        // Data that ends early is an error naming the array.
+        write_entry(&path, &npy_header("<f4", "(8, 64)"), 100);
+        let e = format!("{:#}", read_npz(&path).unwrap_err());
+        assert!(
+            e.contains("array `x`: 100 bytes of data for shape [8, 64]"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -106,10 +106,12 @@ impl ppir::interp::Comm for NullComm {
 
 /// A tensor of a static type for timing: floats spread over [-1, 1) (a constant would
 /// make normalisations degenerate and gradients subnormal, which is slower than real
-/// data), integers 0 (valid indices and labels).
+/// data), integers 0 (valid indices and labels). `None` for a symbolic type, or one too
+/// large to count or to fit in memory.
 pub fn synthetic(ty: &ppir::TensorType) -> Option<ppir::Tensor> {
     let shape: Vec<usize> = ty.static_shape()?.iter().map(|&d| d as usize).collect();
-    let n = shape.iter().product();
+    let n = ppir::size::checked_num_elements(&shape)?;
+    ppir::size::check_memory((n as u64).saturating_mul(8), String::new).ok()?;
     Some(if ty.dtype.is_float() {
         let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
         let v = (0..n)
@@ -164,7 +166,11 @@ pub fn native_op_times(
             match real {
                 Some(t) => Ok(t),
                 None => synthetic(g.ty(v)).with_context(|| {
-                    format!("@{}: argument type {} is not static", g.name, g.ty(v))
+                    format!(
+                        "@{}: cannot make an argument of type {} (not static, or too large)",
+                        g.name,
+                        g.ty(v)
+                    )
                 }),
             }
         })

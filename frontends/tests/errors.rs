@@ -220,3 +220,122 @@ fn value_info_must_agree_with_inferred_types() {
         .to_string();
     assert!(e.contains("INT64"), "{e}");
 }
+
+/// Issue 12, item 7: graphs that assign a value twice are refused with the value and both
+/// writers (onnxruntime refuses them; importing them let the last writer win).
+#[test]
+fn values_assigned_twice_are_refused() {
+    let w = Tensor::from_f32(vec![2], vec![1.0, 2.0]);
+    let reassigned = |m: &Model| {
+        let e = err(m);
+        assert!(matches!(e, OnnxError::Reassigned { .. }), "{e}");
+        e.to_string()
+    };
+    // Two nodes write `y`.
+    let m = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .node(node("Relu", &["x"], &["y"], vec![]))
+        .node(node("Neg", &["x"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    assert_eq!(
+        reassigned(&m),
+        r#"invalid model: value `y` is assigned twice, by node "Relu_y" (Relu) and by node "Neg_y" (Neg); ONNX graphs assign each value once"#
+    );
+    // One node lists an output twice (an unnamed node is named by op type and position).
+    let mut n = node("Split", &["x"], &["a", "a"], vec![attr_int("axis", 0)]);
+    n.name.clear();
+    let m = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .node(n)
+        .output(out_info("a", data_type::FLOAT));
+    assert!(reassigned(&m).contains(r#"by node "Split_0" (Split) and by node "Split_0" (Split)"#));
+    // A node overwrites a graph input.
+    let m = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .node(node("Relu", &["x"], &["x"], vec![]))
+        .output(out_info("x", data_type::FLOAT));
+    assert!(reassigned(&m).contains(
+        r#"value `x` is assigned twice, by the graph input and by node "Relu_x" (Relu)"#
+    ));
+    // A node overwrites an initializer.
+    let m = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .init("w", &w)
+        .node(node("Relu", &["x"], &["w"], vec![]))
+        .output(out_info("w", data_type::FLOAT));
+    assert!(reassigned(&m).contains(r#"by an initializer and by node "Relu_w" (Relu)"#));
+    // An initializer given twice, with different shapes or the same.
+    for second in [Tensor::from_f32(vec![3], vec![1.0, 2.0, 3.0]), w.clone()] {
+        let m = Model::new(13)
+            .input(f32_info("x", &[2]))
+            .init("w", &w)
+            .init("w", &second)
+            .node(node("Add", &["x", "w"], &["y"], vec![]))
+            .output(out_info("y", data_type::FLOAT));
+        assert!(reassigned(&m)
+            .contains("value `w` is assigned twice, by an initializer and by an initializer"));
+    }
+    // A graph input listed twice.
+    let m = Model::new(13)
+        .input(f32_info("x", &[2]))
+        .input(f32_info("x", &[3]))
+        .node(node("Relu", &["x"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    assert!(reassigned(&m).contains("value `x` is assigned twice, by a graph input"));
+}
+
+/// An initializer may share its name with a graph input (its default value) when the types
+/// agree; with conflicting types the model is refused.
+#[test]
+fn graph_input_with_an_initializer_must_agree_with_it() {
+    let w = Tensor::from_f32(vec![2], vec![1.0, 2.0]);
+    let model = |declared: &[i64]| {
+        Model::new(13)
+            .input(f32_info("x", &[2]))
+            .input(f32_info("w", declared))
+            .init("w", &w)
+            .node(node("Add", &["x", "w"], &["y"], vec![]))
+            .output(out_info("y", data_type::FLOAT))
+    };
+    import_onnx(&model(&[2]).bytes(), &ImportOptions::default()).expect("agreeing types import");
+    let e = err(&model(&[3]));
+    assert!(matches!(e, OnnxError::InitializerType { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "invalid model: graph input `w` is declared FLOAT [3] but its initializer is FLOAT [2]"
+    );
+    let mut m = model(&[2]);
+    m.inputs[1] = value_info("w", data_type::INT64, &[Ok(2)]);
+    assert!(err(&m)
+        .to_string()
+        .contains("declared INT64 [2] but its initializer is FLOAT [2]"));
+}
+
+/// Issue 12, item 2: an input whose element count wraps to 0 in 64-bit arithmetic.
+#[test]
+fn inputs_too_large_to_count_are_refused() {
+    let m = Model::new(13)
+        .input(f32_info("x", &[1 << 31, 1 << 31, 4]))
+        .node(node("Relu", &["x"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let e = err(&m);
+    assert!(matches!(e, OnnxError::InputShape { .. }), "{e}");
+    assert!(
+        e.to_string().starts_with(
+            "input `x`: shape tensor<2147483648x2147483648x4xf32> of 4-byte elements is too large"
+        ),
+        "{e}"
+    );
+    // An Expand whose target overflows is refused by shape inference, naming the node.
+    let shape = Tensor::from_i64(DType::I64, vec![2], vec![1 << 32, 1 << 32]);
+    let m = Model::new(13)
+        .input(f32_info("x", &[1, 1]))
+        .init("shape", &shape)
+        .node(node("Expand", &["x", "shape"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let s = err(&m).to_string();
+    assert!(
+        s.contains(r#"node "Expand_y" (Expand, opset 13)"#) && s.contains("too large"),
+        "{s}"
+    );
+}

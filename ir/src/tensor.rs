@@ -62,8 +62,8 @@ impl Tensor {
             "from_f64 needs a float dtype, got {dtype}"
         );
         assert_eq!(
-            shape.iter().product::<usize>(),
-            data.len(),
+            crate::size::checked_num_elements(&shape),
+            Some(data.len()),
             "shape/data size mismatch"
         );
         let data = data.into_iter().map(|x| round_to(dtype, x)).collect();
@@ -89,8 +89,8 @@ impl Tensor {
             "from_i64 needs an integer/bool dtype, got {dtype}"
         );
         assert_eq!(
-            shape.iter().product::<usize>(),
-            data.len(),
+            crate::size::checked_num_elements(&shape),
+            Some(data.len()),
             "shape/data size mismatch"
         );
         let data = data.into_iter().map(|x| wrap_int(dtype, x)).collect();
@@ -122,8 +122,10 @@ impl Tensor {
         Tensor::from_f64(dtype, vec![], vec![x])
     }
 
+    /// The element count of the shape (saturating: a shape that overflows cannot match
+    /// its data, which is how consistency checks catch it).
     pub fn num_elements(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d))
     }
 
     pub fn tensor_type(&self) -> TensorType {

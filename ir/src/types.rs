@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use crate::size::SizeError;
+
 /// Element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
@@ -155,15 +157,30 @@ impl TensorType {
         self.dims.iter().all(|d| d.known().is_some())
     }
 
-    /// Number of elements, if static.
+    /// Number of elements, if static. Exact for a representable type (every type of a
+    /// verified module, see [`crate::size`]); saturates at `u64::MAX` otherwise.
     pub fn num_elements(&self) -> Option<u64> {
-        self.static_shape().map(|s| s.iter().product())
+        self.static_shape()
+            .map(|s| s.iter().fold(1u64, |a, &d| a.saturating_mul(d)))
     }
 
-    /// Size in bytes, if static.
+    /// Size in bytes, if static (saturating like [`TensorType::num_elements`]).
     pub fn size_bytes(&self) -> Option<u64> {
         self.num_elements()
-            .map(|n| n * self.dtype.size_bytes() as u64)
+            .map(|n| n.saturating_mul(self.dtype.size_bytes() as u64))
+    }
+
+    /// Whether the type's size is representable ([`crate::size`]): the product of its known
+    /// non-zero dimensions times the element size fits in `i64` (the batch dimension `?`
+    /// counts as 1 here; [`crate::shape::bind_batch`] checks the bound type again).
+    pub fn check_size(&self) -> Result<(), SizeError> {
+        let known: Vec<u64> = self.dims.iter().map(|d| d.known().unwrap_or(1)).collect();
+        crate::size::num_elements_u64(&known, self.dtype.size_bytes())
+            .map(|_| ())
+            .map_err(|_| SizeError::Overflow {
+                shape: self.to_string(),
+                elem_bytes: self.dtype.size_bytes() as u64,
+            })
     }
 
     /// Same dtype, same rank, and every pair of dimensions compatible.
@@ -221,5 +238,23 @@ mod tests {
         assert!(a.compatible(&TensorType::of(DType::F32, &[5, 3])));
         assert!(!a.compatible(&TensorType::of(DType::F32, &[5, 4])));
         assert!(!a.compatible(&TensorType::of(DType::F64, &[5, 3])));
+    }
+
+    #[test]
+    fn oversized_types() {
+        // 2^31 * 2^31 * 4 elements wrap to 0 in unchecked u64 arithmetic.
+        let t = TensorType::of(DType::F32, &[1 << 31, 1 << 31, 4]);
+        let e = t.check_size().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("tensor<2147483648x2147483648x4xf32>"),
+            "{e}"
+        );
+        assert_eq!(t.num_elements(), Some(u64::MAX));
+        let b = TensorType::new(DType::F64, vec![Dim::Batch, Dim::Known(1 << 61)]);
+        assert!(b.check_size().is_err());
+        assert!(TensorType::of(DType::F32, &[0, 1 << 40])
+            .check_size()
+            .is_ok());
     }
 }

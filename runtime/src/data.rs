@@ -50,6 +50,13 @@ impl ArraySource {
         }
         let mut rows: Option<(usize, &str)> = None;
         for (name, t) in &arrays {
+            if ppir::size::checked_num_elements(&t.shape) != Some(t.data.len()) {
+                return Err(RuntimeError::Data(format!(
+                    "array `{name}`: shape {:?} does not match its {} elements",
+                    t.shape,
+                    t.data.len()
+                )));
+            }
             let Some(&r) = t.shape.first() else {
                 return Err(RuntimeError::Data(format!(
                     "array `{name}` is a scalar; every array needs the batch on axis 0"
@@ -109,11 +116,14 @@ impl ArraySource {
 impl BatchSource for ArraySource {
     fn batch(&mut self, step: u64) -> Result<Batch, RuntimeError> {
         let k = (step % self.batches() as u64) as usize;
-        Ok(self
-            .arrays
+        self.arrays
             .iter()
-            .map(|(n, t)| (n.clone(), slice_rows(t, k * self.batch, self.batch)))
-            .collect())
+            .map(|(n, t)| {
+                let rows = try_slice_rows(t, k * self.batch, self.batch)
+                    .map_err(|e| RuntimeError::Data(format!("array `{n}`: {e}")))?;
+                Ok((n.clone(), rows))
+            })
+            .collect()
     }
 }
 
@@ -132,6 +142,48 @@ pub fn slice_rows(t: &Tensor, start: usize, count: usize) -> Tensor {
         shape,
         data,
     }
+}
+
+/// [`slice_rows`] for data from outside: fails, without panicking, for a range outside
+/// the tensor or a tensor whose data does not match its shape (whose element count may
+/// even overflow: an `.npz` header `(2**62, 4)` with no data).
+pub fn try_slice_rows(t: &Tensor, start: usize, count: usize) -> Result<Tensor, String> {
+    let shape_err = || {
+        format!(
+            "shape {:?} does not match its {} elements",
+            t.shape,
+            t.data.len()
+        )
+    };
+    let Some(&rows) = t.shape.first() else {
+        return Err("a scalar has no rows".into());
+    };
+    let per_row = ppir::size::checked_num_elements(&t.shape[1..]).ok_or_else(shape_err)?;
+    if ppir::size::checked_num_elements(&t.shape) != Some(t.data.len()) {
+        return Err(shape_err());
+    }
+    let end = start
+        .checked_add(count)
+        .filter(|&e| e <= rows)
+        .ok_or_else(|| {
+            format!(
+                "rows {start}..{} are outside its {rows} rows",
+                start.saturating_add(count)
+            )
+        })?;
+    // Both fit: end * per_row <= rows * per_row = the element count.
+    let (a, b) = (start * per_row, end * per_row);
+    let mut shape = t.shape.clone();
+    shape[0] = count;
+    let data = match &t.data {
+        TensorData::Float(v) => TensorData::Float(v[a..b].to_vec()),
+        TensorData::Int(v) => TensorData::Int(v[a..b].to_vec()),
+    };
+    Ok(Tensor {
+        dtype: t.dtype,
+        shape,
+        data,
+    })
 }
 
 /// How a synthetic input's elements are drawn.
@@ -161,8 +213,9 @@ pub struct SyntheticSource {
 }
 
 impl SyntheticSource {
-    /// `repeat`: every step gets the batch of step 0. Fails for a non-static type, a
-    /// normal distribution on an integer type, or an empty integer range.
+    /// `repeat`: every step gets the batch of step 0. Fails for a non-static type, a type
+    /// too large to count or to fit in memory, a normal distribution on an integer type,
+    /// or an empty integer range.
     pub fn new(specs: Vec<InputSpec>, seed: u64, repeat: bool) -> Result<Self, RuntimeError> {
         for s in &specs {
             if !s.ty.is_static() {
@@ -171,6 +224,9 @@ impl SyntheticSource {
                     s.name, s.ty
                 )));
             }
+            s.ty.check_size()
+                .and_then(|()| check_batch_memory(s))
+                .map_err(|e| RuntimeError::Data(format!("synthetic input `{}`: {e}", s.name)))?;
             match s.dist {
                 Distribution::Normal if !s.ty.dtype.is_float() => {
                     return Err(RuntimeError::Data(format!(
@@ -219,24 +275,34 @@ impl SyntheticSource {
         Ok(())
     }
 
-    fn generate(&self, step: u64) -> Batch {
+    fn generate(&self, step: u64) -> Result<Batch, RuntimeError> {
         self.specs
             .iter()
             .map(|s| {
+                check_batch_memory(s).map_err(|e| {
+                    RuntimeError::Data(format!("synthetic input `{}`: {e}", s.name))
+                })?;
                 let stream = mix(self.seed ^ mix(step.wrapping_add(1)) ^ hash_name(&s.name));
-                (s.name.clone(), draw(s, stream))
+                Ok((s.name.clone(), draw(s, stream)))
             })
             .collect()
     }
 }
 
+/// Refuse a synthetic input larger than the memory available (`--batch 1000000000`):
+/// ppir tensors hold 8 bytes an element.
+fn check_batch_memory(s: &InputSpec) -> Result<(), ppir::SizeError> {
+    let bytes = s.ty.num_elements().unwrap_or(0).saturating_mul(8);
+    ppir::size::check_memory(bytes, || format!("a batch of {}", s.ty))
+}
+
 impl BatchSource for SyntheticSource {
     fn batch(&mut self, step: u64) -> Result<Batch, RuntimeError> {
         if !self.repeat {
-            return Ok(self.generate(step));
+            return self.generate(step);
         }
         if self.cached.is_none() {
-            self.cached = Some(self.generate(0));
+            self.cached = Some(self.generate(0)?);
         }
         Ok(self.cached.clone().expect("filled above"))
     }
@@ -270,7 +336,8 @@ fn draw(s: &InputSpec, stream: u64) -> Tensor {
             .into_iter()
             .map(|d| d as usize)
             .collect();
-    let n: usize = shape.iter().product();
+    // Checked in `new`: the type's size is representable.
+    let n = ppir::size::checked_num_elements(&shape).unwrap_or(0);
     let bits = |i: usize| mix(stream.wrapping_add(i as u64));
     match s.dist {
         Distribution::Normal => {

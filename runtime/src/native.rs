@@ -40,6 +40,11 @@ pub enum NativeError {
     },
     #[error("@{function}: {message}")]
     Call { function: String, message: String },
+    /// A value of the function is too large to count, or to fit in memory: the call would
+    /// abort in the allocator (an output buffer) or crash (a failed allocation in the
+    /// generated code).
+    #[error("{0}")]
+    TooLarge(ppir::SizeError),
 }
 
 type Entry = unsafe extern "C" fn(*mut Ctx, *const *mut c_void);
@@ -449,8 +454,12 @@ fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, 
         message,
     };
     let stat = |ty: &TensorType| {
+        ty.check_size().map_err(NativeError::TooLarge)?;
         Static::of(ty).ok_or_else(|| mismatch(format!("type {ty} is not static")))
     };
+    // Every buffer, the caller's and the generated code's, in the dtype's size.
+    ppir::size::check_function_memory(f, |t| t.size_bytes().unwrap_or(0))
+        .map_err(NativeError::TooLarge)?;
     let inputs = f
         .arg_values()
         .map(|v| stat(f.ty(v)))

@@ -56,6 +56,25 @@ pub enum OnnxError {
         message: String,
     },
 
+    /// A value with two writers (two nodes, a node and a graph input or initializer, two
+    /// initializers, an input listed twice): ONNX graphs assign every value once, and
+    /// onnxruntime refuses such models.
+    #[error("invalid model: value `{value}` is assigned twice, by {first} and by {second}; ONNX graphs assign each value once")]
+    Reassigned {
+        value: String,
+        /// `the graph input`, `an initializer`, `node "fc1" (Gemm)`.
+        first: String,
+        second: String,
+    },
+
+    /// A graph input that also has an initializer (its default value) of another type.
+    #[error("invalid model: graph input `{name}` is declared {declared} but its initializer is {initializer}")]
+    InitializerType {
+        name: String,
+        declared: String,
+        initializer: String,
+    },
+
     /// A graph input whose shape is not fully known.
     #[error("input `{input}`: {message}")]
     InputShape { input: String, message: String },

@@ -702,7 +702,7 @@ impl<'a> Importer<'a> {
         let given = self.opts.input_shapes.get(name);
         let Some(shape) = &tt.shape else {
             return match given {
-                Some(dims) => Ok(TensorType::of(dtype, dims)),
+                Some(dims) => sized(name, TensorType::of(dtype, dims)),
                 None => Err(OnnxError::InputShape {
                     input: name.clone(),
                     message: format!("its shape is not declared; give it with --input-shape {name}=DIMS (e.g. 1x3x224x224)"),
@@ -732,7 +732,7 @@ impl<'a> Importer<'a> {
                     }
                 }
             }
-            return Ok(TensorType::of(dtype, dims));
+            return sized(name, TensorType::of(dtype, dims));
         }
         let mut dims = Vec::with_capacity(shape.dim.len());
         for (k, d) in shape.dim.iter().enumerate() {
@@ -768,7 +768,7 @@ impl<'a> Importer<'a> {
                 }
             }
         }
-        Ok(TensorType::new(dtype, dims))
+        sized(name, TensorType::new(dtype, dims))
     }
 
     /// Check a node result against its `value_info` declaration: the element type, the
@@ -936,6 +936,126 @@ pub(super) fn splat_tensor(value: &Tensor, shape: &[usize]) -> R<Tensor> {
     })
 }
 
+/// `ty`, if its size is representable: an input declared `[2^31, 2^31, 4]` has an element
+/// count that wraps to 0.
+fn sized(input: &str, ty: TensorType) -> Result<TensorType, OnnxError> {
+    match ty.check_size() {
+        Ok(()) => Ok(ty),
+        Err(e) => Err(OnnxError::InputShape {
+            input: input.to_string(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// Refuse a graph that assigns a value twice: two nodes writing one output (or one node
+/// listing it twice), a node output that overwrites a graph input or an initializer, an
+/// initializer given twice, a graph input listed twice. Importing such a graph would let
+/// the last writer win silently; onnxruntime refuses it. A graph input that shares its
+/// name with an initializer is allowed (the initializer is its default value; the types
+/// are compared in [`check_input_initializer`]).
+fn check_single_assignment(graph: &GraphProto) -> Result<(), OnnxError> {
+    fn assign<'g>(
+        writer: &mut HashMap<&'g str, String>,
+        name: &'g str,
+        by: String,
+    ) -> Result<(), OnnxError> {
+        if name.is_empty() {
+            return Ok(()); // reported as a missing name where it is read
+        }
+        if let Some(first) = writer.get(name) {
+            return Err(OnnxError::Reassigned {
+                value: name.to_string(),
+                first: first.clone(),
+                second: by,
+            });
+        }
+        writer.insert(name, by);
+        Ok(())
+    }
+    let mut writer: HashMap<&str, String> = HashMap::new();
+    for init in &graph.initializer {
+        assign(&mut writer, &init.name, "an initializer".into())?;
+    }
+    for sp in &graph.sparse_initializer {
+        if let Some(values) = &sp.values {
+            assign(&mut writer, &values.name, "a sparse initializer".into())?;
+        }
+    }
+    let mut inputs = HashSet::new();
+    for vi in &graph.input {
+        if !vi.name.is_empty() && !inputs.insert(vi.name.as_str()) {
+            return Err(OnnxError::Reassigned {
+                value: vi.name.clone(),
+                first: "a graph input".into(),
+                second: "a second graph input of that name".into(),
+            });
+        }
+        // An input with an initializer keeps "an initializer" as its writer.
+        writer
+            .entry(vi.name.as_str())
+            .or_insert_with(|| "the graph input".into());
+    }
+    for (i, node) in graph.node.iter().enumerate() {
+        let who = if node.name.is_empty() {
+            format!("node \"{}_{i}\" ({})", node.op_type, node.op_type)
+        } else {
+            format!("node {:?} ({})", node.name, node.op_type)
+        };
+        for o in node.output.iter().filter(|o| !o.is_empty()) {
+            assign(&mut writer, o, who.clone())?;
+        }
+    }
+    Ok(())
+}
+
+/// A graph input that is also an initializer must be declared with the initializer's
+/// element type and (where the declaration gives them) dimensions.
+fn check_input_initializer(
+    vi: &ValueInfoProto,
+    data_type: i32,
+    dims: &[i64],
+) -> Result<(), OnnxError> {
+    let Some(TypeProto {
+        value: Some(TypeValue::TensorType(tt)),
+        ..
+    }) = &vi.r#type
+    else {
+        return Ok(());
+    };
+    let name = super::proto::data_type::name;
+    let declared_dims: Option<Vec<String>> = tt.shape.as_ref().map(|s| {
+        s.dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(DimensionValue::DimValue(v)) => v.to_string(),
+                Some(DimensionValue::DimParam(p)) => p.clone(),
+                None => "?".into(),
+            })
+            .collect()
+    });
+    let dims_agree = tt.shape.as_ref().is_none_or(|s| {
+        s.dim.len() == dims.len()
+            && s.dim.iter().zip(dims).all(|(d, &n)| match d.value {
+                Some(DimensionValue::DimValue(v)) => v == n,
+                _ => true,
+            })
+    });
+    let types_agree = tt.elem_type == 0 || tt.elem_type == data_type;
+    if dims_agree && types_agree {
+        return Ok(());
+    }
+    let shown: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+    Err(OnnxError::InitializerType {
+        name: vi.name.clone(),
+        declared: match declared_dims {
+            Some(d) => format!("{} [{}]", name(tt.elem_type), d.join(", ")),
+            None => name(tt.elem_type).to_string(),
+        },
+        initializer: format!("{} [{}]", name(data_type), shown.join(", ")),
+    })
+}
+
 /// Node indices in an order where every value is defined before use (the file's order when
 /// it already is one, as the spec requires; some exporters do not quite manage).
 fn topological_order(graph: &GraphProto) -> Result<Vec<usize>, OnnxError> {
@@ -1091,27 +1211,31 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
             });
         }
     }
+    check_single_assignment(graph)?;
     let model_dir = opts.model_dir.as_deref();
     let mut im = Importer::new(opts, opset, model_dir);
 
-    let mut init_names = HashSet::new();
+    // ONNX element type and dims of each initializer, by name.
+    let mut init_names: HashMap<String, (i32, Vec<i64>)> = HashMap::new();
     for init in &graph.initializer {
         if init.name.is_empty() {
             return Err(OnnxError::Invalid("an initializer has no name".into()));
         }
         let t = tensor_from_proto(init, model_dir)?;
-        init_names.insert(init.name.clone());
+        init_names.insert(init.name.clone(), (init.data_type, init.dims.clone()));
         im.add_initializer(&init.name, t);
     }
     for sp in &graph.sparse_initializer {
         let (name, t) = sparse_to_dense(sp, model_dir)?;
-        init_names.insert(name.clone());
+        let data_type = sp.values.as_ref().map_or(0, |v| v.data_type);
+        init_names.insert(name.clone(), (data_type, sp.dims.clone()));
         im.add_initializer(&name, t);
     }
 
     let mut inputs = vec![];
     for vi in &graph.input {
-        if init_names.contains(&vi.name) {
+        if let Some((data_type, dims)) = init_names.get(&vi.name) {
+            check_input_initializer(vi, *data_type, dims)?;
             continue;
         }
         if vi.name.is_empty() {

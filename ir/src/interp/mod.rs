@@ -222,6 +222,17 @@ fn eval_checked(
     if !results_ok {
         fail!("has {expected}, but {n} are declared");
     }
+    // Refuse a result larger than the memory left (an expand to 8e12 elements) here, with
+    // the op's name, rather than abort in the allocator. Elements are held as 8 bytes.
+    for ty in result_types {
+        let Some(count) = ty.num_elements() else {
+            continue;
+        };
+        let bytes = count.saturating_mul(8);
+        if let Err(e) = crate::size::check_memory(bytes, || format!("its result {ty}")) {
+            fail!("{e}");
+        }
+    }
     let outs = compute(kind, attrs, inputs, result_types)?;
     debug_assert_eq!(outs.len(), n, "{kind} produced the wrong number of results");
     outs.into_iter()

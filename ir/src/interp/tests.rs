@@ -2537,3 +2537,23 @@ fn precision_mode_flows_through_run_function() {
     .unwrap();
     assert_eq!(vals(&wide[0]), &[3.0 * (1.0 / 3.0)]);
 }
+
+#[test]
+fn results_larger_than_memory_are_refused() {
+    // 8e12 elements (64 TB as f64): refused before anything is allocated.
+    let x = f64t(&[1, 1], &[1.0]);
+    let a = attrs(&[("shape", ints(&[2_000_000, 4_000_000]))]);
+    let e = eval_err(
+        OpKind::Expand,
+        &a,
+        &[&x],
+        DType::F64,
+        &[2_000_000, 4_000_000],
+    );
+    assert!(
+        e.contains(
+            "its result tensor<2000000x4000000xf64> needs 64.0 TB (64000000000000 bytes) but only"
+        ),
+        "{e}"
+    );
+}

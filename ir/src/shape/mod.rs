@@ -75,6 +75,24 @@ pub fn infer(
     attrs: &Attrs,
     operands: &[TensorType],
 ) -> Result<Vec<TensorType>, ShapeError> {
+    let types = infer_rule(kind, attrs, operands)?;
+    // An expand, tile, reshape... to more elements than 64-bit sizes can count.
+    for (i, t) in types.iter().enumerate() {
+        if let Err(e) = t.check_size() {
+            match types.len() {
+                1 => bail!("the result is too large: {e}"),
+                _ => bail!("result {i} is too large: {e}"),
+            }
+        }
+    }
+    Ok(types)
+}
+
+fn infer_rule(
+    kind: OpKind,
+    attrs: &Attrs,
+    operands: &[TensorType],
+) -> Result<Vec<TensorType>, ShapeError> {
     let arity = kind.arity();
     if !arity.accepts(operands.len()) {
         bail!("{}", arity_message(arity, operands.len()));
@@ -170,6 +188,13 @@ pub enum BindBatchError {
     ZeroBatch,
     #[error("@{function}: {error}")]
     Infer { function: String, error: InferError },
+    /// An argument is too large once its batch dimension is bound.
+    #[error("@{function}: argument %{value}: {error}")]
+    Size {
+        function: String,
+        value: String,
+        error: crate::size::SizeError,
+    },
 }
 
 /// Re-infer the result types of every op of `f` in body order and store them, so that a
@@ -223,6 +248,13 @@ pub fn bind_batch(m: &mut Module, n: u64) -> Result<(), BindBatchError> {
         let args: Vec<_> = f.arg_values().collect();
         for v in args {
             let ty = f.ty(v).bind_batch(n);
+            if let Err(e) = ty.check_size() {
+                return Err(BindBatchError::Size {
+                    function: f.name.clone(),
+                    value: f.value(v).name.clone(),
+                    error: e,
+                });
+            }
             f.set_type(v, ty);
         }
         let recvs: Vec<_> = f

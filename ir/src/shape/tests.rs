@@ -1093,3 +1093,43 @@ fn bind_batch_binds_arguments_and_recvs() {
         "@f: %p = \"pp.split\": 'split' sizes [4, 4] sum to 8 but dim 0 of tensor<4x6xf32> has size 4"
     );
 }
+
+#[test]
+fn results_too_large_to_count() {
+    // 2^32 x 2^32 elements: the count wraps to 0 in u64 arithmetic.
+    let big = Attrs::new().with("shape", ints(&[1 << 32, 1 << 32]));
+    let e = run(OpKind::Expand, &big, &["1x1xf32"]).unwrap_err();
+    assert!(
+        e.0.starts_with("the result is too large: shape tensor<4294967296x4294967296xf32>"),
+        "{e}"
+    );
+    let reps = Attrs::new().with("repeats", ints(&[1 << 31, 1 << 31]));
+    assert!(run(OpKind::Tile, &reps, &["4x4xf32"]).is_err());
+    // Representable but huge is the memory check's business, not shape inference's.
+    let huge = Attrs::new().with("shape", ints(&[2_000_000, 4_000_000]));
+    assert_eq!(
+        ok(OpKind::Expand, huge, &["1x1xf32"]),
+        "tensor<2000000x4000000xf32>"
+    );
+}
+
+#[test]
+fn bind_batch_refuses_an_overflowing_argument() {
+    let mut f = Function::new("main");
+    let x = f.add_arg("x", ty("?x1152921504606846976xf32"), ArgKind::Input);
+    let y = f.push(NewOp::new(
+        OpKind::Relu,
+        vec![x],
+        vec![ty("?x1152921504606846976xf32")],
+    ));
+    f.set_results(vec![y]);
+    let mut m = Module::new();
+    m.functions.push(f);
+    let e = bind_batch(&mut m, 4).unwrap_err();
+    assert!(matches!(e, BindBatchError::Size { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("@main: argument %x: shape tensor<4x1152921504606846976xf32>"),
+        "{e}"
+    );
+}

@@ -828,7 +828,9 @@ fn type_body(body: &str, pos: Pos) -> PResult<TensorType> {
             return Err(at(off).error(format!("invalid dimension '{s}' (expected a size or '?')")));
         }
     }
-    Ok(TensorType::new(dtype, dims))
+    let ty = TensorType::new(dtype, dims);
+    ty.check_size().map_err(|e| at(0).error(e.to_string()))?;
+    Ok(ty)
 }
 
 fn op_kind(name: &str) -> Result<OpKind, String> {

@@ -6,7 +6,7 @@
 //! @main: %3 = "pp.matmul" (loc "fc1/MatMul"): inner dimensions differ: 784 vs 512
 //! ```
 //!
-//! Checked: operand and result counts, attribute kinds ([`attrs::attr_schema`]), declared
+//! Checked: operand and result counts, type sizes ([`crate::size`]), attribute kinds ([`attrs::attr_schema`]), declared
 //! result types against [`crate::shape::infer`], SSA order (operands and returned values
 //! defined earlier, never by a removed op), unique value and function names, weights
 //! against `param`/`state` arguments, and `send`/`recv` pairing across the module. It never
@@ -45,6 +45,9 @@ pub enum VerifyErrorKind {
     Shape,
     /// A declared result type disagrees with the inferred one.
     ResultType,
+    /// An argument or result type whose element count or byte size overflows
+    /// ([`crate::size`]).
+    TooLarge,
     /// An operand or returned value is defined later in the body (or by the op itself).
     UseBeforeDef,
     /// An operand or returned value is a result of a removed op.
@@ -332,6 +335,9 @@ impl<'a> FnCheck<'a> {
             self.name(v, format!("argument {ai}"), &mut report);
             let ty = f.ty(v);
             let name = &f.value(v).name;
+            if let Err(e) = ty.check_size() {
+                report.push((VerifyErrorKind::TooLarge, format!("argument %{name}: {e}")));
+            }
             if kind != ArgKind::Input {
                 let k = kind.name();
                 if ty.dims.contains(&Dim::Batch) {
@@ -467,6 +473,17 @@ impl<'a> FnCheck<'a> {
                     }
                 }
                 Ok(_) => {}
+            }
+        }
+
+        // Declared result types are representable (a recv's is not inferred).
+        for (i, &v) in data.results().iter().enumerate() {
+            if let Err(e) = f.ty(v).check_size() {
+                let name = &f.value(v).name;
+                report.push((
+                    VerifyErrorKind::TooLarge,
+                    format!("result {i} (%{name}): {e}"),
+                ));
             }
         }
 

@@ -583,3 +583,43 @@ fn never_panics_on_broken_modules() {
         let _ = verify_function(&m, &m.functions[0]);
     }
 }
+
+#[test]
+fn oversized_types() {
+    // An input of 2^31 x 2^31 x 4 f32 elements: the count wraps to 0 in u64 arithmetic.
+    let mut f = Function::new("main");
+    let x = f.add_arg("x", ty("2147483648x2147483648x4xf32"), ArgKind::Input);
+    let y = f.push(op(
+        OpKind::Relu,
+        vec![x],
+        &["2147483648x2147483648x4xf32"],
+        "y",
+    ));
+    f.set_results(vec![y]);
+    let es = errors(&module(vec![f]));
+    let kinds: Vec<_> = es.iter().map(|e| e.0).collect();
+    assert!(kinds.contains(&K::TooLarge), "{es:#?}");
+    assert!(
+        es[0]
+            .1
+            .starts_with("@main: argument %x: shape tensor<2147483648x2147483648x4xf32>"),
+        "{es:#?}"
+    );
+    assert!(
+        es.iter()
+            .any(|e| e.1.contains("%y = \"pp.relu\": result 0 (%y): shape")),
+        "{es:#?}"
+    );
+
+    // A recv's declared type is the only one it has.
+    let mut f = Function::new("main");
+    f.attrs.set("stage", Attr::Int(1));
+    let r = f.push(
+        NewOp::new(OpKind::Recv, vec![], vec![ty("4611686018427387904x4xf32")])
+            .attrs(comm(0, 0))
+            .names(vec!["r".into()]),
+    );
+    f.set_results(vec![r]);
+    let msg = verify_function(&Module::new(), &f).unwrap_err()[0].to_string();
+    assert!(msg.contains("%r = \"pp.recv\": result 0 (%r): shape tensor<4611686018427387904x4xf32> of 4-byte elements is too large"), "{msg}");
+}

@@ -21,7 +21,9 @@ thread_local! {
 
 fn synthetic(ty: &TensorType) -> Option<Tensor> {
     let shape: Vec<usize> = ty.static_shape()?.iter().map(|&d| d as usize).collect();
-    let n: usize = shape.iter().product();
+    // An op on an 8e12-element tensor is timed by the roofline, not allocated.
+    let n = ppir::size::checked_num_elements(&shape)?;
+    ppir::size::check_memory((n as u64).saturating_mul(8), String::new).ok()?;
     Some(if ty.dtype.is_float() {
         Tensor::from_f64(ty.dtype, shape, vec![0.5; n])
     } else {
@@ -127,4 +129,25 @@ pub fn measure_function_ops(f: &Function, runs: usize) -> HashMap<OpId, f64> {
             (op, ts[ts.len() / 2])
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ppir::{ArgKind, DType, NewOp, OpKind};
+
+    /// Issue 12, item 5: timing an op on an 8e12-element operand aborted allocating its
+    /// synthetic input; it now falls back to the roofline (no measurement).
+    #[test]
+    fn ops_on_tensors_larger_than_memory_are_not_measured() {
+        let big = TensorType::of(DType::F32, &[2_000_000, 4_000_000]);
+        let mut f = Function::new("main");
+        let x = f.add_arg("x", big.clone(), ArgKind::Input);
+        let y = f.push(NewOp::new(OpKind::Relu, vec![x], vec![big]));
+        f.set_results(vec![y]);
+        let op = f.ops()[0];
+        if ppir::size::available_memory().is_some() {
+            assert_eq!(measured_op_time(&f, op), None);
+        }
+    }
 }

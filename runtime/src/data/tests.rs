@@ -217,3 +217,57 @@ module {
     let e = s.check_indices(&limits).unwrap_err().to_string();
     assert!(e.contains("synthetic `tok` is drawn from [0, 6)"), "{e}");
 }
+
+/// Issue 12, item 2: an array whose declared shape wraps to 0 elements (an `.npz` header
+/// `(2**62, 4)` with no data) made `batch` panic slicing rows.
+#[test]
+fn arrays_whose_shape_does_not_match_their_data_are_refused() {
+    let bad = Tensor {
+        dtype: DType::F32,
+        shape: vec![1 << 62, 4],
+        data: ppir::TensorData::Float(vec![]),
+    };
+    let e = ArraySource::new([("x".into(), bad.clone())], 2)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("array `x`: shape [4611686018427387904, 4] does not match its 0 elements"),
+        "{e}"
+    );
+    assert!(try_slice_rows(&bad, 0, 2).is_err());
+    let t = Tensor::from_f32(vec![3, 2], vec![0.0; 6]);
+    assert!(try_slice_rows(&t, 2, 2)
+        .unwrap_err()
+        .contains("outside its 3 rows"));
+    assert_eq!(try_slice_rows(&t, 1, 2).unwrap().shape, vec![2, 2]);
+}
+
+/// Issue 12, items 2 and 5: `train --batch 1000000000` aborted allocating the synthetic
+/// batch; a batch whose size overflows wrapped.
+#[test]
+fn synthetic_batches_too_large_are_refused() {
+    let spec = |dims: Vec<u64>| InputSpec {
+        name: "x".into(),
+        ty: TensorType::of(DType::F32, &dims),
+        dist: Distribution::Normal,
+    };
+    let e = SyntheticSource::new(vec![spec(vec![1 << 62, 4])], 0, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("synthetic input `x`: shape tensor<4611686018427387904x4xf32>"),
+        "{e}"
+    );
+    if ppir::size::available_memory().is_some() {
+        // 1e9 x 64 x 1000 f32 values, 512 TB as ppir tensors.
+        let e = SyntheticSource::new(vec![spec(vec![1_000_000_000, 64_000])], 0, true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "synthetic input `x`: a batch of tensor<1000000000x64000xf32> needs 512.0 TB"
+            ),
+            "{e}"
+        );
+    }
+}

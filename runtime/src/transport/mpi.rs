@@ -538,10 +538,10 @@ fn decode(bytes: &[u8]) -> Result<(Tag, Tensor), TransportError> {
     for _ in 0..rank {
         shape.push(u64::from_le_bytes(arr(take(bytes, at, 8)?)) as usize);
     }
-    let n: usize = shape.iter().product();
     let w = wire_size(dtype);
     let body = &bytes[*at..];
-    if body.len() != n * w {
+    // Checked: a shape whose size wraps to 0 must not match an empty body.
+    if ppir::size::checked_size_bytes(&shape, w) != Some(body.len()) {
         return Err(TransportError::Failed(format!(
             "{tag}: {} bytes of data for {dtype} {shape:?}",
             body.len()
@@ -632,6 +632,15 @@ mod tests {
             data: TensorData::Int(vec![1, 2]),
         };
         assert!(encode(&tag(1, 0), &bad).is_err());
+        // A shape of 2^62 x 4 f32 (its byte size wraps to 0) with no data.
+        let mut wrapped = encode(&tag(1, 0), &Tensor::from_f32(vec![0, 4], vec![])).unwrap();
+        let dims = wrapped.len() - 16;
+        wrapped[dims..dims + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
+        let e = decode(&wrapped).unwrap_err().to_string();
+        assert!(
+            e.contains("0 bytes of data for f32 [4611686018427387904, 4]"),
+            "{e}"
+        );
     }
 
     #[test]
