@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::rng::{hash_bytes, mix, Rng};
-use crate::targets::{mutate, signal_name, tail_lines, Env, Target, Verdict};
+use crate::targets::{mutate, signal_name, summarise_log, tail_lines, Env, Target, Verdict};
 
 /// Exit status of a worker or `exec` that found something (saved, printed).
 pub const EXIT_FOUND: i32 = 3;
@@ -46,7 +46,15 @@ pub fn install_panic_hook() {
             .location()
             .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()))
             .unwrap_or_default();
-        let text = format!("panicked at {loc}: {msg}");
+        let mut text = format!("panicked at {loc}: {msg}");
+        // A panic inside the standard library (an overflow in `product`, an index): say
+        // which of ppcc's functions called it.
+        if loc.starts_with("/rustc/") || loc.contains("/.cargo/") {
+            let bt = std::backtrace::Backtrace::force_capture().to_string();
+            if let Some(f) = crate::targets::project_frame(&bt) {
+                text.push_str(&format!(" (in {f})"));
+            }
+        }
         eprintln!("{text}");
         if let Ok(mut p) = LAST_PANIC.lock() {
             *p = Some(text);
@@ -96,13 +104,18 @@ pub fn judge(
 /// A finding's identity across runs: its kind and where it happened (the panic location),
 /// or its message with numbers blanked.
 pub fn finding_key(kind: &str, message: &str) -> String {
-    let m = match message.find("panicked at ") {
-        Some(i) => message[i..]
+    // The ppcc frame if the message has one, else the panic location, else the message.
+    let frame = message
+        .rfind("(in ")
+        .map(|i| message[i + 4..].trim_end_matches(')').to_string());
+    let m = match (frame, message.find("panicked at ")) {
+        (Some(f), _) => format!("in {f}"),
+        (None, Some(i)) => message[i..]
             .split(": ")
             .next()
             .unwrap_or(message)
             .to_string(),
-        None => normalise(message, 80),
+        (None, None) => normalise(message, 80),
     };
     format!("{kind}: {m}")
 }
@@ -300,6 +313,8 @@ pub struct TargetReport {
 fn command(s: &RunSettings, args: &[String]) -> Command {
     let mut cmd = Command::new(&s.exe);
     cmd.args(args).args(&s.env_args);
+    // Aborts (failed allocations) print a backtrace: the log then names ppcc's caller.
+    cmd.env("RUST_BACKTRACE", "1");
     if let Some(limit) = s.memory_limit {
         use std::os::unix::process::CommandExt;
         // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
@@ -474,12 +489,11 @@ pub fn run_target(t: &dyn Target, s: &RunSettings, seconds: f64) -> TargetReport
 
 fn describe_status(st: std::process::ExitStatus, log: &str) -> String {
     use std::os::unix::process::ExitStatusExt;
-    let tail = tail_lines(
+    let tail = summarise_log(
         &log.lines()
             .filter(|l| !l.starts_with("STATS "))
             .collect::<Vec<_>>()
             .join("\n"),
-        4,
     );
     match st.signal() {
         Some(sig) => format!(
@@ -522,4 +536,109 @@ pub fn exec_files(
         let _ = std::io::stdout().flush();
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// Panics on inputs that contain `!`, rejects the others.
+    struct Toy;
+    impl Target for Toy {
+        fn name(&self) -> &'static str {
+            "toy"
+        }
+        fn describe(&self) -> &'static str {
+            "test target"
+        }
+        fn ext(&self) -> &'static str {
+            "bin"
+        }
+        fn seeds(&self, _env: &Env) -> anyhow::Result<Vec<Vec<u8>>> {
+            Ok(vec![b"abc".to_vec()])
+        }
+        fn mutate_structured(
+            &self,
+            rng: &mut Rng,
+            input: &[u8],
+            _c: &[Vec<u8>],
+        ) -> Option<Vec<u8>> {
+            let mut v = input.to_vec();
+            v.push(if rng.one_in(20) { b'!' } else { b'a' });
+            Some(v)
+        }
+        fn run(&self, _env: &Env, input: &[u8]) -> Verdict {
+            assert!(!input.contains(&b'!'), "toy reader saw a bang");
+            Verdict::Rejected(format!("{} bytes", input.len()))
+        }
+    }
+
+    fn env(dir: &Path) -> Env {
+        Env {
+            root: dir.into(),
+            scratch: dir.into(),
+            ppcc: None,
+            onnx_testdata: None,
+            onnx_sample: 0,
+            plan_dirs: vec![],
+            child_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_panic_is_caught_saved_once_and_keyed_by_location() {
+        let dir = std::env::temp_dir().join(format!("ppcc-fuzz-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let budget = Budget {
+            deadline: Instant::now() + Duration::from_secs(30),
+            iterations: Some(400),
+        };
+        let found = worker(
+            &Toy,
+            &env(&dir),
+            1,
+            budget,
+            &dir.join("cur"),
+            &dir.join("f"),
+            Duration::from_secs(5),
+        )
+        .expect("the worker runs");
+        assert!(found);
+        let saved = saved_findings(&dir.join("f").join("toy"));
+        // Many inputs panic, all at one place: one finding.
+        assert_eq!(saved.len(), 1, "{saved:?}");
+        let input = std::fs::read(&saved[0]).unwrap();
+        assert!(input.contains(&b'!'));
+        let desc = std::fs::read_to_string(saved[0].with_extension("txt")).unwrap();
+        assert!(desc.contains("toy reader saw a bang"), "{desc}");
+        assert!(
+            desc.contains("key: panic: panicked at fuzz/src/driver.rs:"),
+            "{desc}"
+        );
+        assert_eq!(
+            finding_key(
+                "crash",
+                "panic: panicked at /rustc/x/accum.rs:1:1: overflow (in ir/src/a.rs:3:4)"
+            ),
+            "crash: in ir/src/a.rs:3:4"
+        );
+        // Replaying it reports it again.
+        assert!(exec_files(&Toy, &env(&dir), &saved, Duration::from_secs(5)).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn slow_inputs_are_findings_and_messages_normalise() {
+        let ok = Outcome::Verdict(Verdict::Rejected("x".into()));
+        assert!(judge(&ok, Duration::from_millis(10), Duration::from_secs(1)).is_none());
+        assert_eq!(
+            judge(&ok, Duration::from_secs(2), Duration::from_secs(1)).map(|f| f.0),
+            Some("slow")
+        );
+        assert_eq!(
+            normalise("shape (123, 4) at 0x1f", 100),
+            "shape (#, #) at #x#f"
+        );
+    }
 }

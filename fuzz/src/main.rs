@@ -323,7 +323,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         seed: a.seed,
         slow,
         hang: slow.max(Duration::from_secs_f64(cli.env.child_timeout)) + Duration::from_secs(10),
-        memory_limit: (a.memory_limit_mb > 0).then(|| a.memory_limit_mb << 20),
+        memory_limit: (a.memory_limit_mb > 0).then_some(a.memory_limit_mb << 20),
         iterations: a.iterations,
         scratch: scratch.0.clone(),
     };

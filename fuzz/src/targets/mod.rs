@@ -188,13 +188,8 @@ pub fn run_child(mut cmd: Command, timeout: Duration) -> Verdict {
             signal_name(sig)
         ));
     }
-    if let Some(line) = text.lines().find(|l| l.contains("panicked at")) {
-        let next = text
-            .lines()
-            .skip_while(|l| !l.contains("panicked at"))
-            .nth(1)
-            .unwrap_or("");
-        return Verdict::Crash(format!("panic: {line} {next}"));
+    if text.contains("panicked at") {
+        return Verdict::Crash(format!("panic: {}", summarise_log(&text)));
     }
     if status.code() == Some(101) {
         return Verdict::Crash(format!("exit status 101 (a Rust panic); stderr: {tail}"));
@@ -209,6 +204,56 @@ pub fn run_child(mut cmd: Command, timeout: Duration) -> Verdict {
 fn tempfile_in(dir: Option<PathBuf>) -> PathBuf {
     let dir = dir.unwrap_or_else(std::env::temp_dir);
     dir.join(format!("child-{}.stderr", std::process::id()))
+}
+
+/// The first stack frame in ppcc's own crates in a backtrace (`ir/src/x.rs:1:2`), skipping
+/// the standard library, dependencies and this fuzzer.
+pub fn project_frame(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let loc = l.trim().strip_prefix("at ")?;
+        let loc = loc.rsplit("../").next().unwrap_or(loc);
+        CRATES
+            .iter()
+            .find_map(|c| loc.find(c).map(|i| loc[i..].to_string()))
+    })
+}
+
+/// Source folders of ppcc's crates, as they appear in backtraces.
+const CRATES: &[&str] = &[
+    "ir/src/",
+    "cli/src/",
+    "runtime/src/",
+    "passes/src/",
+    "frontends/src/",
+    "codegen/src/",
+];
+
+/// The line of a crash log that says what happened (a panic, a failed allocation, a stack
+/// overflow), with the first ppcc frame of its backtrace; else its last lines.
+pub fn summarise_log(text: &str) -> String {
+    // The last such line: a worker's log also holds the panics it caught before it died.
+    let is_key = |l: &str| {
+        (l.contains("panicked at")
+            || l.contains("memory allocation of")
+            || l.contains("overflowed its stack"))
+            && !l.starts_with("FINDING ")
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(at) = lines.iter().rposition(|l| is_key(l)) else {
+        return tail_lines(text, 4);
+    };
+    let k = lines[at].trim();
+    let rest: String = lines
+        .get(at + 1)
+        .filter(|l| !l.contains("stack backtrace") && !l.contains("note: "))
+        .map(|l| format!(" {}", l.trim()))
+        .unwrap_or_default();
+    // Name ppcc's caller when the failure is inside the standard library or a dependency.
+    let foreign = !k.contains("(in ") && !CRATES.iter().any(|c| k.contains(&format!("at {c}")));
+    match project_frame(&lines[at..].join("\n")).filter(|_| foreign) {
+        Some(f) => format!("{k}{rest} (in {f})"),
+        None => format!("{k}{rest}"),
+    }
 }
 
 pub fn tail_lines(text: &str, n: usize) -> String {

@@ -80,8 +80,8 @@ impl Target for Npz {
                 let e = entries[i].clone();
                 entries.push(e);
             }
-            8 if rng.one_in(4) => {
-                // A deflate bomb: a small entry that inflates to 3 GiB of zeros.
+            8 if rng.one_in(20) => {
+                // A deflate bomb: a 7 MB entry that inflates to 1 GiB of f4 zeros.
                 return Some(bomb().to_vec());
             }
             _ => {}
@@ -152,7 +152,7 @@ pub fn npy(descr: &[u8], fortran: bool, shape: &str, data: &[u8]) -> Vec<u8> {
     header.extend_from_slice(b", 'shape': ");
     header.extend_from_slice(shape.as_bytes());
     header.extend_from_slice(b", }");
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(b' ');
     }
     header.push(b'\n');
@@ -177,7 +177,7 @@ fn parse_npy(b: &[u8]) -> Option<(Vec<u8>, bool, String, Vec<u8>)> {
     let shape_at = header.find("'shape': ")? + 9;
     let shape_end = shape_at + header[shape_at..].find(')')? + 1;
     Some((
-        header[descr_at..descr_end].as_bytes().to_vec(),
+        header.as_bytes()[descr_at..descr_end].to_vec(),
         fortran,
         header[shape_at..shape_end].to_string(),
         data,
@@ -289,17 +289,17 @@ fn lie_about_sizes(rng: &mut Rng, zip: &mut [u8]) {
     }
 }
 
-/// Bytes the bomb inflates to: past what a 4 GiB address-space limit can hold in one
-/// growing buffer.
-const BOMB_SIZE: u64 = 3 << 30;
+/// Bytes of data the bomb inflates to: a 1 GiB f4 array, which the reader's f32 → f64
+/// conversion doubles (within a 4 GiB address-space limit only if nothing else is held).
+const BOMB_SIZE: u64 = 1 << 30;
 
-/// An `.npz` whose one entry, `x.npy`, is a valid f4 header claiming 4 elements followed by
-/// 3 GiB of zeros, deflated to ~20 MB (a fixed-Huffman block of (258, distance 1) copies,
-/// written by hand: compressing 3 GiB would take seconds). Built once.
+/// An `.npz` whose one entry, `x.npy`, is an honest f4 header for `BOMB_SIZE / 4` elements
+/// and that many zeros, deflated to ~7 MB (a fixed-Huffman block of (258, distance 1)
+/// copies, written by hand: compressing 1 GiB would take seconds). Built once.
 fn bomb() -> &'static [u8] {
     static BOMB: OnceLock<Vec<u8>> = OnceLock::new();
     BOMB.get_or_init(|| {
-        let head = npy(b"'<f4'", false, "(4,)", &[]);
+        let head = npy(b"'<f4'", false, &format!("({},)", BOMB_SIZE / 4), &[]);
         let mut w = BitWriter::default();
         w.bits(0b011, 3); // final block, fixed Huffman (BTYPE=01, LSB first)
         for &b in &head {
@@ -426,6 +426,16 @@ mod tests {
             (d.as_slice(), f, s.as_str(), data.as_slice()),
             (&b"'<f4'"[..], true, "(2, 3)", &[1u8, 2][..])
         );
+    }
+
+    /// Writes the deflate bomb to `$PPCC_FUZZ_BOMB` (to inspect it: `cargo test -p ppcc-fuzz
+    /// write_bomb -- --ignored`).
+    #[test]
+    #[ignore]
+    fn write_bomb() {
+        if let Some(p) = std::env::var_os("PPCC_FUZZ_BOMB") {
+            std::fs::write(p, bomb()).expect("writable");
+        }
     }
 
     #[test]

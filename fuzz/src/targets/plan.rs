@@ -217,10 +217,12 @@ pub fn mutate_action(rng: &mut Rng, s: &str) -> String {
     const KINDS: &[&str] = &[
         "F", "I", "W", "B", "OPT", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "X", "",
     ];
-    let digits = s.chars().take_while(char::is_ascii_digit).count();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let stage = &s[..digits];
     let rest = &s[digits..];
-    let kind_len = rest.chars().take_while(|c| !c.is_ascii_digit()).count();
+    let kind_len = rest
+        .find(|c: char| c.is_ascii_digit())
+        .unwrap_or(rest.len());
     let kind = &rest[..kind_len];
     let micro = &rest[kind_len..];
     match rng.below(5) {
@@ -236,5 +238,24 @@ pub fn mutate_action(rng: &mut Rng, s: &str) -> String {
         ),
         3 => format!("{stage}{kind}"),
         _ => format!(" {s} "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_mutate_on_char_boundaries() {
+        let mut rng = Rng::new(1);
+        for s in ["0F1", "1SEND_B12", "é9ü", "", "12", "B"] {
+            for _ in 0..50 {
+                let _ = mutate_action(&mut rng, s);
+            }
+        }
+        assert_ne!(
+            mutate_action(&mut rng, "0F1"),
+            mutate_action(&mut rng, "0F1") + "x"
+        );
     }
 }
