@@ -184,8 +184,9 @@ pub fn run_child(mut cmd: Command, timeout: Duration) -> Verdict {
     use std::os::unix::process::ExitStatusExt;
     if let Some(sig) = status.signal() {
         return Verdict::Crash(format!(
-            "killed by signal {sig} ({}); stderr: {tail}",
-            signal_name(sig)
+            "killed by signal {sig} ({}): {}",
+            signal_name(sig),
+            summarise_log(&text)
         ));
     }
     if text.contains("panicked at") {
