@@ -1,4 +1,4 @@
-//! `.npz` archives (numpy's `savez`): a zip of `NAME.npy` files, read with `npyz` and `zip`.
+//! `.npz` archives (numpy's `savez`): a zip of `NAME.npy` files, read with `zip` and our own `.npy` header check and decoder (every allocation fallible), written with `npyz`.
 //!
 //! Element types: f32, f64, i64, i32, i8, bool (and f16 read as f16). Arrays are written
 //! uncompressed, as `numpy.savez` does; reading accepts stored and deflated entries.
@@ -17,13 +17,13 @@ const MAX_HEADER_BYTES: usize = 1 << 16;
 
 /// The parts of an `.npy` header ppcc needs, parsed before any data is read.
 struct NpyHead {
-    /// Magic, version, header length and header text, as read (npyz re-parses them).
-    raw: Vec<u8>,
     shape: Vec<usize>,
     /// The dtype string without its byte-order mark (`f4`, `i8`, `b1`...).
     key: String,
     /// Element size in bytes, in the file.
     elem_bytes: usize,
+    /// Column-major data (`fortran_order: True`).
+    fortran: bool,
 }
 
 /// Read and check the header of array `name`: its shape's element count and byte size
@@ -97,11 +97,18 @@ fn read_head(name: &str, r: &mut impl Read) -> Result<NpyHead> {
     if ppir::size::checked_size_bytes(&shape, elem_bytes).is_none() {
         bail!("array `{name}`: shape {shape:?} is too large: its size overflows 64-bit arithmetic");
     }
+    let fortran = match get("fortran_order") {
+        Some(py_literal::Value::Boolean(b)) => *b,
+        None => false,
+        Some(other) => {
+            bail!("array `{name}`: the .npy header's fortran_order is {other}, not a bool")
+        }
+    };
     Ok(NpyHead {
-        raw,
         shape,
         key,
         elem_bytes,
+        fortran,
     })
 }
 
@@ -141,41 +148,9 @@ fn read_array(name: &str, mut r: impl Read) -> Result<Tensor> {
             head.elem_bytes
         );
     }
-    let header = npyz::NpyHeader::from_reader(&head.raw[..])
-        .with_context(|| format!("array `{name}` is not a valid .npy"))?;
-    let npy = npyz::NpyFile::with_header(header, &data[..]);
-    let fortran = npy.order() == npyz::Order::Fortran;
-    let (dtype, data) = match head.key.as_str() {
-        "f4" => (
-            DType::F32,
-            TensorData::Float(npy.into_vec::<f32>()?.into_iter().map(f64::from).collect()),
-        ),
-        "f8" => (DType::F64, TensorData::Float(npy.into_vec::<f64>()?)),
-        "f2" => {
-            let raw = npy.into_vec::<u16>().context("reading f16 data")?;
-            (
-                DType::F16,
-                TensorData::Float(
-                    raw.into_iter()
-                        .map(|b| half::f16::from_bits(b).to_f64())
-                        .collect(),
-                ),
-            )
-        }
-        "i8" => (DType::I64, TensorData::Int(npy.into_vec::<i64>()?)),
-        "i4" => (
-            DType::I32,
-            TensorData::Int(npy.into_vec::<i32>()?.into_iter().map(i64::from).collect()),
-        ),
-        "i1" => (
-            DType::I8,
-            TensorData::Int(npy.into_vec::<i8>()?.into_iter().map(i64::from).collect()),
-        ),
-        _ => (
-            DType::Bool,
-            TensorData::Int(npy.into_vec::<bool>()?.into_iter().map(i64::from).collect()),
-        ),
-    };
+    // Decoded here rather than by npyz so that every allocation is fallible (an array that
+    // does not fit is an error, not an abort).
+    let (dtype, data) = decode(name, &head.key, &data, n)?;
     if data.len() != n {
         bail!(
             "array `{name}`: {} elements for shape {:?}",
@@ -188,14 +163,57 @@ fn read_array(name: &str, mut r: impl Read) -> Result<Tensor> {
         shape: head.shape,
         data,
     };
-    if fortran && t.shape.len() > 1 {
-        t = from_fortran(t);
+    if head.fortran && t.shape.len() > 1 {
+        t = from_fortran(name, t)?;
     }
     Ok(t)
 }
 
+/// A vector of exactly `n` elements from `items`, allocated fallibly.
+fn collect_exact<T>(name: &str, n: usize, items: impl Iterator<Item = T>) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        anyhow::anyhow!(
+            "array `{name}`: cannot allocate {} for its {n} elements",
+            ppir::size::Bytes((n as u64).saturating_mul(8))
+        )
+    })?;
+    v.extend(items);
+    Ok(v)
+}
+
+/// Little-endian `.npy` data of dtype `key` (checked by [`read_head`]) as a tensor's data.
+fn decode(name: &str, key: &str, bytes: &[u8], n: usize) -> Result<(DType, TensorData)> {
+    fn le<const N: usize>(c: &[u8]) -> [u8; N] {
+        let mut a = [0u8; N];
+        a.copy_from_slice(c);
+        a
+    }
+    let float = |w: usize, f: &dyn Fn(&[u8]) -> f64| {
+        collect_exact(name, n, bytes.chunks_exact(w).map(f)).map(TensorData::Float)
+    };
+    let int = |w: usize, f: &dyn Fn(&[u8]) -> i64| {
+        collect_exact(name, n, bytes.chunks_exact(w).map(f)).map(TensorData::Int)
+    };
+    Ok(match key {
+        "f4" => (DType::F32, float(4, &|c| f32::from_le_bytes(le(c)) as f64)?),
+        "f8" => (DType::F64, float(8, &|c| f64::from_le_bytes(le(c)))?),
+        "f2" => (
+            DType::F16,
+            float(2, &|c| {
+                half::f16::from_bits(u16::from_le_bytes(le(c))).to_f64()
+            })?,
+        ),
+        "i8" => (DType::I64, int(8, &|c| i64::from_le_bytes(le(c)))?),
+        "i4" => (DType::I32, int(4, &|c| i32::from_le_bytes(le(c)) as i64)?),
+        "i1" => (DType::I8, int(1, &|c| c[0] as i8 as i64)?),
+        "b1" => (DType::Bool, int(1, &|c| i64::from(c[0] != 0))?),
+        other => bail!("array `{name}`: dtype {other} is unsupported"),
+    })
+}
+
 /// Reorder a column-major tensor to row-major.
-fn from_fortran(t: Tensor) -> Tensor {
+fn from_fortran(name: &str, t: Tensor) -> Result<Tensor> {
     let shape = t.shape.clone();
     let rank = shape.len();
     let n = t.num_elements();
@@ -210,14 +228,16 @@ fn from_fortran(t: Tensor) -> Tensor {
             .sum()
     };
     let data = match &t.data {
-        TensorData::Float(v) => TensorData::Float((0..n).map(|i| v[src(i)]).collect()),
-        TensorData::Int(v) => TensorData::Int((0..n).map(|i| v[src(i)]).collect()),
+        TensorData::Float(v) => {
+            TensorData::Float(collect_exact(name, n, (0..n).map(|i| v[src(i)]))?)
+        }
+        TensorData::Int(v) => TensorData::Int(collect_exact(name, n, (0..n).map(|i| v[src(i)]))?),
     };
-    Tensor {
+    Ok(Tensor {
         dtype: t.dtype,
         shape,
         data,
-    }
+    })
 }
 
 /// Read every array of an `.npz` file, in archive order.
@@ -417,6 +437,9 @@ mod tests {
     #[test]
     fn fortran_order_is_reordered() {
         let t = Tensor::from_i64(DType::I64, vec![2, 3], vec![0, 3, 1, 4, 2, 5]);
-        assert_eq!(from_fortran(t).as_i64().unwrap(), &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(
+            from_fortran("t", t).unwrap().as_i64().unwrap(),
+            &[0, 1, 2, 3, 4, 5]
+        );
     }
 }

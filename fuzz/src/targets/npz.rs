@@ -81,7 +81,8 @@ impl Target for Npz {
                 entries.push(e);
             }
             8 if rng.one_in(20) => {
-                // A deflate bomb: a 7 MB entry that inflates to 1 GiB of f4 zeros.
+                // A deflate bomb: a 7 MB entry that inflates to 1 GiB, under a header
+                // that declares 4 MiB of f4 data.
                 return Some(bomb().to_vec());
             }
             _ => {}
@@ -289,17 +290,19 @@ fn lie_about_sizes(rng: &mut Rng, zip: &mut [u8]) {
     }
 }
 
-/// Bytes of data the bomb inflates to: a 1 GiB f4 array, which the reader's f32 → f64
-/// conversion doubles (within a 4 GiB address-space limit only if nothing else is held).
+/// Bytes of data the bomb inflates to (1 GiB): far more than its header declares
+/// ([`BOMB_DECLARED`] elements), so a reader that inflates the whole entry, or trusts the
+/// zip entry's sizes, pays 1 GiB for a 4 MiB array.
 const BOMB_SIZE: u64 = 1 << 30;
+const BOMB_DECLARED: u64 = 1 << 20;
 
-/// An `.npz` whose one entry, `x.npy`, is an honest f4 header for `BOMB_SIZE / 4` elements
-/// and that many zeros, deflated to ~7 MB (a fixed-Huffman block of (258, distance 1)
+/// An `.npz` whose one entry, `x.npy`, is an f4 header for [`BOMB_DECLARED`] elements
+/// followed by `BOMB_SIZE` zeros, deflated to ~7 MB (a fixed-Huffman block of (258, distance 1)
 /// copies, written by hand: compressing 1 GiB would take seconds). Built once.
 fn bomb() -> &'static [u8] {
     static BOMB: OnceLock<Vec<u8>> = OnceLock::new();
     BOMB.get_or_init(|| {
-        let head = npy(b"'<f4'", false, &format!("({},)", BOMB_SIZE / 4), &[]);
+        let head = npy(b"'<f4'", false, &format!("({BOMB_DECLARED},)"), &[]);
         let mut w = BitWriter::default();
         w.bits(0b011, 3); // final block, fixed Huffman (BTYPE=01, LSB first)
         for &b in &head {
