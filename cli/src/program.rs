@@ -103,7 +103,7 @@ impl ProgramArgs {
                 self.weight_decay.unwrap_or(0.01),
             ),
         };
-        Ok(OptimizerOptions {
+        let opts = OptimizerOptions {
             kind,
             lr,
             momentum: self.momentum,
@@ -112,7 +112,9 @@ impl ProgramArgs {
             beta2: self.beta2,
             eps: self.eps,
             microbatches: u32::try_from(microbatches).context("--microbatches is too large")?,
-        })
+        };
+        opts.check()?;
+        Ok(opts)
     }
 }
 
@@ -134,6 +136,9 @@ pub fn prepare(model: &Path, a: &ProgramArgs, microbatches: u64) -> Result<Prepa
     if microbatches == 0 {
         bail!("--microbatches must be at least 1");
     }
+    // Hyper-parameters are checked up front, also for `--plan-only` (which builds no
+    // optimizer) and before minutes of planning.
+    a.optimizer(microbatches)?;
     let imported = import_onnx_file_full(model, &ImportOptions::default())
         .with_context(|| format!("importing {}", model.display()))?;
     let mut module = imported.module;

@@ -428,6 +428,16 @@ fn zero_stages_is_an_error() {
     assert!(err.contains("--stages must be at least 1"), "{err}");
 }
 
+/// Issue 12: hyper-parameters are checked before planning, with `--plan-only` too (a NaN
+/// learning rate used to be written into the plan).
+#[test]
+fn non_finite_hyper_parameters_are_refused_before_planning() {
+    for arg in ["--lr=nan", "--lr=inf", "--momentum=-1"] {
+        let err = compile_err("mlp.onnx", "nan-lr", &[arg, "--plan-only"]);
+        assert!(err.contains("must be a finite number"), "{arg}: {err}");
+    }
+}
+
 /// MLP and GPT with two stages under every single-chunk built-in schedule (default
 /// partition) and under the uniform partition.
 #[test]

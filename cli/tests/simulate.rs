@@ -129,6 +129,22 @@ fn errors_exit_non_zero_with_a_message() {
     ]);
     assert!(!ok && err.contains("--cost"), "{err}");
 
+    // Issue 12: 10^10 (stage, micro-batch) pairs used to abort allocating; now refused
+    // before anything is built.
+    let (ok, _, err) = simulate(&[
+        "--schedule",
+        "1f1b",
+        "--stages",
+        "100000",
+        "--microbatches",
+        "100000",
+    ]);
+    assert!(
+        !ok && err.contains("100000 stages × 100000 micro-batches is too large")
+            && !err.contains("panicked"),
+        "{err}"
+    );
+
     let (ok, out, _) = Command::new(env!("CARGO_BIN_EXE_ppcc"))
         .args(["simulate", "--help"])
         .output()

@@ -115,7 +115,8 @@ impl OptimizerOptions {
         }
     }
 
-    fn check(&self) -> Result<(), PassError> {
+    /// Refuse hyper-parameters that are not finite or out of range, naming them.
+    pub fn check(&self) -> Result<(), PassError> {
         let bad = |what: &str, v: f64| {
             Err(PassError::Usage(format!(
                 "pass `{PASS}`: {what} must be a finite number ≥ 0, got {v}"

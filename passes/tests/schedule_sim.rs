@@ -397,3 +397,18 @@ fn trace_and_svg() {
     assert_eq!(cp.first().unwrap().start, 0.0);
     assert!((cp.last().unwrap().end - r.makespan).abs() < EPS);
 }
+
+/// A schedule that could never fit in memory is refused before it is built (it used to
+/// abort allocating), on a chain and on a layout.
+#[test]
+fn schedules_too_large_for_memory_are_refused() {
+    for e in [
+        builtin("1f1b", 100_000, 100_000, 1).unwrap_err(),
+        builtin("interleaved-1f1b", 1 << 20, 1 << 20, 4).unwrap_err(),
+        ppcc_passes::schedule::builtin_on("gpipe", &Layout::chain(100_000), 100_000, 1)
+            .unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("is too large"), "{e}");
+    }
+    assert!(builtin("1f1b", 4, 8, 1).is_ok());
+}
