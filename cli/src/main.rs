@@ -90,10 +90,28 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by `: `, leaving out a cause whose text the message
+/// before it already ends with (library errors that print their source, such as
+/// "cannot read F: No such file", also report it as their cause).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -105,5 +123,25 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Conform(a) => onnx_cmds::conform(a),
         Command::Train(a) => train_cmd::train(a),
         Command::Simulate(a) => simulate_cmd::simulate_cmd(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[test]
+    fn a_cause_the_message_already_prints_is_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot read f.bin: {source}")]
+        struct Read {
+            source: std::io::Error,
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let e = anyhow::Error::new(Read { source: io }).context("loading stage 1");
+        assert_eq!(
+            error_chain(&e),
+            "loading stage 1: cannot read f.bin: No such file"
+        );
     }
 }
