@@ -83,10 +83,10 @@ pub fn all() -> Vec<Box<dyn Target>> {
         Box::new(plan::Plan),
         Box::new(csv::Csv),
         Box::new(ppcc::PpccImport),
-        Box::new(ppcc::PpccEvalNpz { target: "interp" }),
-        Box::new(ppcc::PpccTrainNpz),
+        Box::new(ppcc::EVAL_INTERP),
+        Box::new(ppcc::TRAIN_INTERP),
         Box::new(ppcc::PpccRunPlan),
-        Box::new(ppcc::PpccEvalNpz { target: "cpu" }),
+        Box::new(ppcc::EVAL_CPU),
     ]
 }
 

@@ -76,70 +76,60 @@ impl Target for PpccImport {
     }
 }
 
-/// `ppcc eval examples/mlp.onnx --inputs FILE.npz` on the interpreter (or native code).
-pub struct PpccEvalNpz {
-    pub target: &'static str,
+/// A `ppcc` subcommand run on a mutated `.npz` (`--inputs` of `eval`, `--data` of `train`).
+pub struct PpccNpz {
+    pub name: &'static str,
+    pub describe: &'static str,
+    /// The example `.npz` the mutations start from.
+    pub seed: &'static str,
+    /// In the default set (weight 1) or only when asked for (weight 0).
+    pub default: bool,
+    /// The command line: `ppcc ARGS...` with `{model}` and `{npz}` replaced.
+    pub args: &'static [&'static str],
 }
 
-impl Target for PpccEvalNpz {
-    fn name(&self) -> &'static str {
-        if self.target == "cpu" {
-            "ppcc-eval-cpu"
-        } else {
-            "ppcc-eval"
-        }
-    }
-    fn describe(&self) -> &'static str {
-        if self.target == "cpu" {
-            "child process: ppcc eval examples/mlp.onnx --inputs IN.npz --target cpu (native code; slow, not in the default set)"
-        } else {
-            "child process: ppcc eval examples/mlp.onnx --inputs IN.npz --target interp"
-        }
-    }
-    fn ext(&self) -> &'static str {
-        "npz"
-    }
-    fn needs_ppcc(&self) -> bool {
-        true
-    }
-    fn weight(&self) -> u32 {
-        u32::from(self.target != "cpu")
-    }
-    fn seeds(&self, env: &Env) -> anyhow::Result<Vec<Vec<u8>>> {
-        Ok(vec![std::fs::read(example(env, "mlp_io.npz"))?])
-    }
-    fn mutate_structured(
-        &self,
-        rng: &mut Rng,
-        input: &[u8],
-        corpus: &[Vec<u8>],
-    ) -> Option<Vec<u8>> {
-        Npz.mutate_structured(rng, input, corpus)
-    }
-    fn run(&self, env: &Env, input: &[u8]) -> Verdict {
-        let data = env.scratch.join("child-in.npz");
-        let mut cmd = match ppcc(env).and_then(|c| write(&data, input).map(|()| c)) {
-            Ok(c) => c,
-            Err(v) => return v,
-        };
-        cmd.arg("eval")
-            .arg(example(env, "mlp.onnx"))
-            .arg("--inputs")
-            .arg(&data)
-            .args(["-o", "child-out.npz", "--target", self.target]);
-        run_child(cmd, env.child_timeout)
-    }
-}
-
+/// `ppcc eval examples/mlp.onnx --inputs IN.npz --target T`.
+pub const EVAL_INTERP: PpccNpz = PpccNpz {
+    name: "ppcc-eval",
+    describe: "child process: ppcc eval examples/mlp.onnx --inputs IN.npz --target interp",
+    seed: "mlp_io.npz",
+    default: true,
+    args: &[
+        "eval",
+        "{model}",
+        "--inputs",
+        "{npz}",
+        "-o",
+        "child-out.npz",
+        "--target",
+        "interp",
+    ],
+};
+pub const EVAL_CPU: PpccNpz = PpccNpz {
+    name: "ppcc-eval-cpu",
+    describe: "child process: ppcc eval examples/mlp.onnx --inputs IN.npz --target cpu (native code; slow, not in the default set)",
+    seed: "mlp_io.npz",
+    default: false,
+    args: &["eval", "{model}", "--inputs", "{npz}", "-o", "child-out.npz", "--target", "cpu"],
+};
 /// `ppcc train examples/mlp.onnx --data FILE.npz --steps 1 --target interp`.
-pub struct PpccTrainNpz;
+pub const TRAIN_INTERP: PpccNpz = PpccNpz {
+    name: "ppcc-train",
+    describe:
+        "child process: ppcc train examples/mlp.onnx --data DATA.npz --steps 1 --target interp",
+    seed: "mlp_train.npz",
+    default: true,
+    args: &[
+        "train", "{model}", "--data", "{npz}", "--steps", "1", "--target", "interp",
+    ],
+};
 
-impl Target for PpccTrainNpz {
+impl Target for PpccNpz {
     fn name(&self) -> &'static str {
-        "ppcc-train"
+        self.name
     }
     fn describe(&self) -> &'static str {
-        "child process: ppcc train examples/mlp.onnx --data DATA.npz --steps 1 --target interp"
+        self.describe
     }
     fn ext(&self) -> &'static str {
         "npz"
@@ -148,10 +138,10 @@ impl Target for PpccTrainNpz {
         true
     }
     fn weight(&self) -> u32 {
-        1
+        u32::from(self.default)
     }
     fn seeds(&self, env: &Env) -> anyhow::Result<Vec<Vec<u8>>> {
-        Ok(vec![std::fs::read(example(env, "mlp_train.npz"))?])
+        Ok(vec![std::fs::read(example(env, self.seed))?])
     }
     fn mutate_structured(
         &self,
@@ -162,16 +152,19 @@ impl Target for PpccTrainNpz {
         Npz.mutate_structured(rng, input, corpus)
     }
     fn run(&self, env: &Env, input: &[u8]) -> Verdict {
-        let data = env.scratch.join("child-train.npz");
+        let data = env.scratch.join(format!("child-{}.npz", self.name));
         let mut cmd = match ppcc(env).and_then(|c| write(&data, input).map(|()| c)) {
             Ok(c) => c,
             Err(v) => return v,
         };
-        cmd.arg("train")
-            .arg(example(env, "mlp.onnx"))
-            .arg("--data")
-            .arg(&data)
-            .args(["--steps", "1", "--target", "interp"]);
+        let model = example(env, "mlp.onnx");
+        for a in self.args {
+            match *a {
+                "{model}" => cmd.arg(&model),
+                "{npz}" => cmd.arg(&data),
+                other => cmd.arg(other),
+            };
+        }
         run_child(cmd, env.child_timeout)
     }
 }
