@@ -243,7 +243,17 @@ fn from_fortran(name: &str, t: Tensor) -> Result<Tensor> {
 /// Read every array of an `.npz` file, in archive order.
 pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>> {
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut zip = zip::ZipArchive::new(file)
+    read_npz_from(file, path)
+}
+
+/// Read every array of an `.npz` archive already in memory (bytes checked against a
+/// recorded hash: what is parsed is what was checked); `path` names it in errors.
+pub fn read_npz_bytes(bytes: &[u8], path: &Path) -> Result<Vec<(String, Tensor)>> {
+    read_npz_from(Cursor::new(bytes), path)
+}
+
+fn read_npz_from(r: impl Read + std::io::Seek, path: &Path) -> Result<Vec<(String, Tensor)>> {
+    let mut zip = zip::ZipArchive::new(r)
         .with_context(|| format!("{} is not an .npz (zip) archive", path.display()))?;
     let mut out = vec![];
     for i in 0..zip.len() {

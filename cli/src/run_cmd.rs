@@ -24,7 +24,7 @@ use ppcc_runtime::transport::local::LocalNet;
 use ppcc_runtime::{BatchSource, Distribution, InputSpec, SyntheticSource};
 use ppir::{Module, Tensor, TensorType};
 
-use crate::npz::{read_npz, write_npz};
+use crate::npz::{read_npz, read_npz_bytes, write_npz};
 use crate::program::step_bar;
 use crate::train_cmd::{npz_source, step_line};
 
@@ -135,8 +135,8 @@ fn load_module(plan: &PlanSpec, s: usize) -> Result<Module> {
 fn load_stage(plan: &PlanSpec, s: usize) -> Result<(Module, Weights)> {
     let module = load_module(plan, s)?;
     let params = plan.stages[s].dir.join("params.npz");
-    plan.read_file(&params)?;
-    let weights: Weights = read_npz(&params)?.into_iter().collect();
+    let bytes = plan.read_file(&params)?;
+    let weights: Weights = read_npz_bytes(&bytes, &params)?.into_iter().collect();
     Ok((module, weights))
 }
 
