@@ -232,22 +232,37 @@ fn npz_deflate_bomb_is_refused_before_inflating() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// Item 5: `train --batch 1000000000` aborted allocating the synthetic batch.
+/// Item 5: `train --batch 1000000000` aborted allocating the synthetic batch. Native code
+/// refuses when the module is loaded (the argument's buffer), the interpreter when the
+/// synthetic batch would be drawn.
 #[test]
 fn train_with_a_batch_larger_than_memory_is_refused() {
-    let o = ppcc(&[
-        "train",
-        "examples/mlp.onnx",
-        "--batch",
-        "1000000000",
-        "--steps",
-        "1",
-    ]);
-    let e = refused(&o);
-    assert!(
-        e.contains("synthetic input `x`: a batch of tensor<1000000000x64xf32> needs 512.0 GB"),
-        "{e}"
-    );
+    for (target, want) in [
+        (
+            "interp",
+            "synthetic input `x`: a batch of tensor<1000000000x64xf32> needs 512.0 GB",
+        ),
+        (
+            "cpu",
+            "argument %x (tensor<1000000000x64xf32>) needs 256.0 GB",
+        ),
+    ] {
+        let o = ppcc(&[
+            "train",
+            "examples/mlp.onnx",
+            "--batch",
+            "1000000000",
+            "--steps",
+            "1",
+            "--target",
+            target,
+        ]);
+        let e = refused(&o);
+        assert!(
+            e.contains(want) && e.contains("of memory is available"),
+            "{target}: {e}"
+        );
+    }
 }
 
 /// Item 5: an Expand to 8e12 elements (and a ConstantOfShape of that size) aborted in
