@@ -56,8 +56,9 @@ impl Target for Csv {
         }
         out.push(to_csv(&builtin("interleaved-1f1b", 2, 4, 2)?).into_bytes());
         out.push(to_csv(&builtin("zb-v", 2, 4, 1)?).into_bytes());
-        let dag = layouts().pop().expect("a DAG layout");
-        out.push(to_csv(&builtin_on("1f1b", &dag, 3, 1)?).into_bytes());
+        if let Some(dag) = layouts().pop() {
+            out.push(to_csv(&builtin_on("1f1b", &dag, 3, 1)?).into_bytes());
+        }
         for d in &env.plan_dirs {
             if let Ok(b) = std::fs::read(d.join("schedule.csv")) {
                 out.push(b);

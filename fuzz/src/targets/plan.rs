@@ -121,7 +121,10 @@ fn visit(rng: &mut Rng, v: &mut Value, target: usize, seen: &mut usize) -> bool 
                         o.remove(&k);
                         return true;
                     }
-                    return visit(rng, o.get_mut(&k).expect("key listed above"), target, seen);
+                    return match o.get_mut(&k) {
+                        Some(v) => visit(rng, v, target, seen),
+                        None => false,
+                    };
                 }
                 *seen += sub;
             }
