@@ -129,6 +129,10 @@ pub struct CompileArgs {
     /// LLVM) or run the stages on the reference interpreter (`interp`).
     #[arg(long, value_enum, default_value_t = Target::Cpu)]
     pub target: Target,
+    /// The GPU architecture of `--target cuda` (sm_80 for A100, sm_89 for L4, sm_90 for
+    /// H100/H200): the PTX is written for it and runs on it and on newer GPUs.
+    #[arg(long, value_name = "sm_NN", default_value = "sm_90")]
+    pub cuda_arch: String,
     /// Write every intermediate form of the generated code: DIR/stage<i>/mlir/NN-<pass>.mlir
     /// after each pass of the MLIR pipeline, module.llvm.mlir and module.ll.
     #[arg(long)]
@@ -359,7 +363,11 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         for st in &split.stages {
             stage_modules.push(write_stage(&module, st, &output)?);
         }
-        if a.target == Target::Cpu {
+        let cuda = match a.target {
+            Target::Cuda => Some(ppcc_codegen::CudaOptions::new(&a.cuda_arch)?),
+            _ => None,
+        };
+        if a.target.is_native() {
             let mut built_so = Vec::new();
             for (st, sm) in split.stages.iter().zip(&stage_modules) {
                 bar.set_message(format!("generating code for stage {}", st.stage));
@@ -372,11 +380,13 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
                     &BuildOptions {
                         keep_mlir: a.keep_mlir,
                         profile_ops: false,
+                        cuda: cuda.clone(),
+                        ..Default::default()
                     },
                 )?;
                 built_so.push(built.so);
             }
-            if profile.name == "host" {
+            if profile.name == "host" && cuda.is_none() {
                 // All stages at once, one thread each, as `ppcc run` runs them: what a
                 // function takes while the other cores work too (shared caches, memory
                 // bandwidth, clock) is what the pipeline sees.
@@ -461,7 +471,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         model_prediction: model_prediction.clone(),
     });
     if let Some((_, split, _)) = &program {
-        plan_json["files"] = file_records(&output, split.stages.len(), a.target == Target::Cpu)?;
+        plan_json["files"] = file_records(&output, split.stages.len(), a.target.is_native())?;
     }
     write(
         "plan.json",

@@ -276,10 +276,16 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
     let scratch = ScratchDir::new("eval")?;
     let mut forward: Box<dyn FnMut() -> Result<Vec<ppir::Tensor>>> = match a.target {
         Target::Interp => Box::new(|| Ok(run_function(f, args.clone(), &opts, None)?)),
-        Target::Cpu => {
+        target @ (Target::Cpu | Target::Cuda) => {
             let t0 = Instant::now();
-            let native =
-                build_native(&imported.module, &[&f.name], &scratch.0, "the model", false)?;
+            let native = build_native(
+                &imported.module,
+                &[&f.name],
+                &scratch.0,
+                "the model",
+                false,
+                target,
+            )?;
             eprintln!(
                 "generated native code in {:.2} s",
                 t0.elapsed().as_secs_f64()
@@ -422,8 +428,8 @@ pub struct ConformArgs {
 pub fn conform(a: ConformArgs) -> Result<ExitCode> {
     let executor: Option<Executor> = match a.target {
         Target::Interp => None,
-        Target::Cpu => Some(std::sync::Arc::new(
-            |m: &Module, f: &Function, args: Vec<ppir::Tensor>| {
+        target @ (Target::Cpu | Target::Cuda) => Some(std::sync::Arc::new(
+            move |m: &Module, f: &Function, args: Vec<ppir::Tensor>| {
                 let scratch =
                     ScratchDir::new("conform").map_err(|e| ExecError::Failed(e.to_string()))?;
                 let built = build_module(
@@ -431,7 +437,10 @@ pub fn conform(a: ConformArgs) -> Result<ExitCode> {
                     &[&f.name],
                     &scratch.0,
                     "the model",
-                    &BuildOptions::default(),
+                    &BuildOptions {
+                        cuda: target.cuda(),
+                        ..Default::default()
+                    },
                 )
                 .map_err(|e| match e {
                     CodegenError::Lower { ref source, .. }

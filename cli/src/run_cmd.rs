@@ -669,7 +669,7 @@ fn build_workers(
                 module,
                 options: Default::default(),
             }),
-            Target::Cpu => {
+            Target::Cpu | Target::Cuda => {
                 let so = spec.dir.join("module.so");
                 if !so.exists() {
                     bail!(
@@ -805,6 +805,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let target = match a.target {
         Some(t) => t,
         None if plan.target == "cpu" => Target::Cpu,
+        None if plan.target == "cuda" => Target::Cuda,
         None => Target::Interp,
     };
     let mut workers = build_workers(&plan, &ranks, &config, resume_dir.as_deref(), target)?;

@@ -15,6 +15,10 @@ pub enum Target {
     Interp,
     /// Native code for this machine's CPU, generated through MLIR and LLVM.
     Cpu,
+    /// NVIDIA GPUs: PTX kernels (JIT-compiled by the CUDA driver) and x86-64 host code that
+    /// launches them, generated through MLIR's NVVM path; runs where a CUDA driver and GPU
+    /// are (compiling needs neither).
+    Cuda,
 }
 
 impl Target {
@@ -22,7 +26,18 @@ impl Target {
         match self {
             Target::Interp => "interp",
             Target::Cpu => "cpu",
+            Target::Cuda => "cuda",
         }
+    }
+
+    /// Whether stage code is generated (a `module.so` per stage).
+    pub fn is_native(self) -> bool {
+        self != Target::Interp
+    }
+
+    /// The CUDA options of `--target cuda` with the default architecture.
+    pub fn cuda(self) -> Option<ppcc_codegen::CudaOptions> {
+        (self == Target::Cuda).then(ppcc_codegen::CudaOptions::default)
     }
 }
 
@@ -33,6 +48,7 @@ pub fn build_native(
     dir: &Path,
     what: &str,
     keep_mlir: bool,
+    target: Target,
 ) -> Result<NativeModule> {
     let built = build_module(
         m,
@@ -42,6 +58,8 @@ pub fn build_native(
         &BuildOptions {
             keep_mlir,
             profile_ops: false,
+            cuda: target.cuda(),
+            ..Default::default()
         },
     )?;
     let only = (!functions.is_empty()).then_some(functions);
@@ -147,6 +165,7 @@ pub fn native_op_times(
         &BuildOptions {
             keep_mlir: false,
             profile_ops: true,
+            ..Default::default()
         },
     )?;
     let native = NativeModule::load(&built.so, &m, None)?;

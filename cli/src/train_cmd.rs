@@ -117,13 +117,20 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
     let scratch = ScratchDir::new("train")?;
     let mut trainer = match a.target {
         Target::Interp => Trainer::new(module, trainer_opts)?,
-        Target::Cpu => {
+        target @ (Target::Cpu | Target::Cuda) => {
             let names = [
                 trainer_opts.grad.as_str(),
                 trainer_opts.accumulate.as_str(),
                 trainer_opts.optim.as_str(),
             ];
-            let native = build_native(&module, &names, &scratch.0, "the training step", false)?;
+            let native = build_native(
+                &module,
+                &names,
+                &scratch.0,
+                "the training step",
+                false,
+                target,
+            )?;
             Trainer::with_executor(module, trainer_opts, Box::new(NativeExecutor { native }))?
         }
     };

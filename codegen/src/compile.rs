@@ -22,6 +22,7 @@ use melior::utility::{
 };
 use melior::Context;
 
+use crate::gpu::CudaOptions;
 use crate::lower::Signature;
 use crate::support_cache::{load_or_build, private_temp_file, resolve_cache_dir, sha256_hex};
 
@@ -50,6 +51,33 @@ convert-math-to-libm,\
 convert-to-llvm,\
 reconcile-unrealized-casts)";
 
+/// [`CPU_PIPELINE`] on the loops the CUDA target turns into kernels: `linalg` becomes
+/// `scf.parallel` loops tiled by the thread-block size and mapped to blocks and threads as
+/// in [`crate::gpu::cuda_pipeline`], then run on the CPU as ordinary loops (the mapping
+/// attributes are ignored). Used with `library_calls` off, it checks on any machine that
+/// the loops the kernels are made of compute what the interpreter does.
+pub fn cpu_gpu_loops_pipeline() -> String {
+    format!(
+        "builtin.module(\
+cse,\
+one-shot-bufferize{{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}},\
+buffer-results-to-out-params{{hoist-static-allocs modify-public-functions}},\
+buffer-deallocation-pipeline,\
+convert-linalg-to-parallel-loops,\
+func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={} no-min-max-bounds}}),\
+sccp,\
+func.func(gpu-map-parallel-loops),\
+expand-strided-metadata,\
+lower-affine,\
+convert-scf-to-cf,\
+convert-math-to-llvm,\
+convert-math-to-libm,\
+convert-to-llvm,\
+reconcile-unrealized-casts)",
+        crate::gpu::tile_sizes()
+    )
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
     #[error("MLIR parse failed:\n{0}")]
@@ -70,6 +98,8 @@ pub enum CompileError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Unsupported(String),
     #[error("support-object cache {path}: {message}")]
     Cache { path: PathBuf, message: String },
     /// A cache directory that others could write (or that is not ours): linking from it
@@ -87,6 +117,9 @@ pub struct CompileOptions {
     /// Run the pipeline one pass at a time and write the module after each pass to
     /// `<dir>/NN-<pass>.mlir` (`--keep-mlir`).
     pub keep_passes: Option<PathBuf>,
+    /// Generate CUDA kernels (PTX) and host code that launches them instead of CPU code;
+    /// `pipeline` is then replaced by [`crate::gpu::cuda_pipeline`].
+    pub cuda: Option<CudaOptions>,
 }
 
 impl Default for CompileOptions {
@@ -97,6 +130,7 @@ impl Default for CompileOptions {
             opt_level: OptimizationLevel::Aggressive,
             keep_intermediates: false,
             keep_passes: None,
+            cuda: None,
         }
     }
 }
@@ -214,15 +248,28 @@ pub fn pipeline_passes(pipeline: &str) -> Vec<String> {
 }
 
 /// The host target machine (host CPU and features, PIC for shared objects).
-fn host_target_machine(opt: OptimizationLevel) -> Result<TargetMachine, CompileError> {
+///
+/// `portable`: the baseline of the host architecture instead of this machine's CPU (a CUDA
+/// module's host code runs on the GPU machine's CPU, which need not be this one).
+fn host_target_machine(
+    opt: OptimizationLevel,
+    portable: bool,
+) -> Result<TargetMachine, CompileError> {
     Target::initialize_native(&InitializationConfig::default()).map_err(CompileError::Llvm)?;
     let triple = TargetMachine::get_default_triple();
     let target = Target::from_triple(&triple).map_err(|e| CompileError::Llvm(e.to_string()))?;
-    let cpu = TargetMachine::get_host_cpu_name();
-    let mut features = TargetMachine::get_host_cpu_features()
-        .to_str()
-        .unwrap_or("")
-        .to_string();
+    let host_cpu = TargetMachine::get_host_cpu_name();
+    let (cpu, mut features) = if portable {
+        ("generic".to_string(), String::new())
+    } else {
+        (
+            host_cpu.to_str().unwrap_or("generic").to_string(),
+            TargetMachine::get_host_cpu_features()
+                .to_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
     // The loops linalg leaves have short, fully unrolled inner loops (a softmax row of 16);
     // with gathers allowed LLVM vectorises the outer loop with gather/scatter, several
     // times slower than the contiguous SLP-vectorised inner body it makes without them.
@@ -232,7 +279,7 @@ fn host_target_machine(opt: OptimizationLevel) -> Result<TargetMachine, CompileE
     target
         .create_target_machine(
             &triple,
-            cpu.to_str().unwrap_or("generic"),
+            &cpu,
             &features,
             opt,
             RelocMode::PIC,
@@ -249,14 +296,26 @@ pub fn compile_to_object(
     obj: &Path,
     opts: &CompileOptions,
 ) -> Result<(), CompileError> {
+    compile_to_object_with(mlir, sigs, obj, opts, |_| Ok(()))
+}
+
+/// [`compile_to_object`] with `inspect` called on the module in the LLVM dialect (the CUDA
+/// target takes its kernels' PTX from there).
+fn compile_to_object_with(
+    mlir: &str,
+    sigs: &[Signature],
+    obj: &Path,
+    opts: &CompileOptions,
+    inspect: impl FnOnce(&str) -> Result<(), CompileError>,
+) -> Result<(), CompileError> {
     let (context, sink) = new_context();
     let module = parse_and_lower(&context, &sink, mlir, opts)?;
+    let text = module.as_operation().to_string();
+    inspect(&text)?;
     if opts.keep_intermediates {
-        write_file(
-            &obj.with_extension("llvm.mlir"),
-            module.as_operation().to_string(),
-        )?;
+        write_file(&obj.with_extension("llvm.mlir"), &text)?;
     }
+    drop(text);
     let llvm_ctx = inkwell::context::Context::create();
     // SAFETY: the MLIR module is valid and in the LLVM dialect; the returned module
     // belongs to `llvm_ctx` and is owned (disposed) by the inkwell wrapper.
@@ -268,7 +327,20 @@ pub fn compile_to_object(
     }
     let llvm_module = unsafe { inkwell::module::Module::new(raw as _) };
     add_entries(&llvm_ctx, &llvm_module, sigs)?;
-    let tm = host_target_machine(opts.opt_level)?;
+    if opts.cuda.is_some() {
+        // The host code's temporaries are read and written by kernels: they come from the
+        // runtime's device-addressable allocator (`gpu_shim.c`), not the C heap.
+        for (from, to) in [
+            ("malloc", "ppcc_gpu_malloc"),
+            ("aligned_alloc", "ppcc_gpu_aligned_alloc"),
+            ("free", "ppcc_gpu_free"),
+        ] {
+            if let Some(f) = llvm_module.get_function(from) {
+                f.as_global_value().set_name(to);
+            }
+        }
+    }
+    let tm = host_target_machine(opts.opt_level, opts.cuda.is_some())?;
     llvm_module.set_triple(&tm.get_triple());
     llvm_module.set_data_layout(&tm.get_target_data().get_data_layout());
     llvm_module
@@ -358,12 +430,50 @@ fn add_entries<'c>(
 /// non-contiguous copies), so a module needs none of MLIR's runner libraries.
 pub const SUPPORT_C: &str = include_str!("support.c");
 
-/// Flags for compiling [`SUPPORT_C`]; the first set is tried first, the second (portable)
-/// when the compiler refuses it.
-const SUPPORT_FLAGS: [&[&str]; 2] = [
-    &["-O3", "-fPIC", "-march=native", "-std=gnu11"],
-    &["-O3", "-fPIC", "-std=gnu11"],
-];
+/// The C objects linked into modules, each compiled once per process and cached per user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CObject {
+    /// [`SUPPORT_C`] for this machine's CPU (`-march=native`): CPU modules.
+    Support,
+    /// [`SUPPORT_C`] for any CPU of the architecture: the host code of CUDA modules, which
+    /// runs on the GPU machine.
+    SupportPortable,
+    /// [`crate::gpu::GPU_SHIM_C`]: the GPU runtime ABI of CUDA modules.
+    GpuShim,
+}
+
+impl CObject {
+    const ALL: [CObject; 3] = [CObject::Support, CObject::SupportPortable, CObject::GpuShim];
+
+    fn source(self) -> &'static str {
+        match self {
+            CObject::Support | CObject::SupportPortable => SUPPORT_C,
+            CObject::GpuShim => crate::gpu::GPU_SHIM_C,
+        }
+    }
+
+    /// Compiler flags, tried in order (the portable set when the compiler refuses the
+    /// first).
+    fn flag_sets(self) -> &'static [&'static [&'static str]] {
+        const PORTABLE: &[&str] = &["-O3", "-fPIC", "-std=gnu11"];
+        match self {
+            CObject::Support => &[&["-O3", "-fPIC", "-march=native", "-std=gnu11"], PORTABLE],
+            CObject::SupportPortable | CObject::GpuShim => &[PORTABLE],
+        }
+    }
+
+    fn stem(self) -> &'static str {
+        match self {
+            CObject::Support => "support",
+            CObject::SupportPortable => "support-portable",
+            CObject::GpuShim => "gpu-shim",
+        }
+    }
+
+    fn index(self) -> usize {
+        CObject::ALL.iter().position(|&c| c == self).unwrap_or(0)
+    }
+}
 
 fn c_compiler() -> String {
     std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
@@ -375,16 +485,21 @@ fn c_compiler() -> String {
 /// (`--version`), the flags and the host CPU (`-march=native`). The bytes returned have been
 /// checked against the SHA-256 recorded beside the cached object.
 pub fn support_object() -> Result<&'static [u8], CompileError> {
-    // Only success is kept: an error (say, a cache directory fixed meanwhile) is retried.
-    static OBJ: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    if let Some(bytes) = OBJ.get() {
-        return Ok(bytes);
-    }
-    let bytes = build_support_object()?;
-    Ok(OBJ.get_or_init(|| bytes))
+    c_object(CObject::Support)
 }
 
-fn build_support_object() -> Result<Vec<u8>, CompileError> {
+fn c_object(which: CObject) -> Result<&'static [u8], CompileError> {
+    // Only success is kept: an error (say, a cache directory fixed meanwhile) is retried.
+    static OBJS: [std::sync::OnceLock<Vec<u8>>; 3] = [const { std::sync::OnceLock::new() }; 3];
+    let slot = &OBJS[which.index()];
+    if let Some(bytes) = slot.get() {
+        return Ok(bytes);
+    }
+    let bytes = build_c_object(which)?;
+    Ok(slot.get_or_init(|| bytes))
+}
+
+fn build_c_object(which: CObject) -> Result<Vec<u8>, CompileError> {
     let cc = c_compiler();
     let version = Command::new(&cc)
         .arg("--version")
@@ -393,9 +508,9 @@ fn build_support_object() -> Result<Vec<u8>, CompileError> {
         .unwrap_or_default();
     let cpu = TargetMachine::get_host_cpu_name();
     let features = TargetMachine::get_host_cpu_features();
-    let flags = format!("{SUPPORT_FLAGS:?}");
+    let flags = format!("{:?}", which.flag_sets());
     let key = sha256_hex(&[
-        SUPPORT_C.as_bytes(),
+        which.source().as_bytes(),
         cc.as_bytes(),
         &version,
         flags.as_bytes(),
@@ -408,19 +523,21 @@ fn build_support_object() -> Result<Vec<u8>, CompileError> {
         var("XDG_CACHE_HOME").as_deref(),
         var("HOME").as_deref(),
     )?;
-    let name = format!("support-{}.o", &key[..32]);
-    load_or_build(&dir, &name, || compile_support(&cc, &name))
+    let name = format!("{}-{}.o", which.stem(), &key[..32]);
+    load_or_build(&dir, &name, || compile_c(&cc, &name, which))
 }
 
-/// Compile [`SUPPORT_C`] in a private temporary directory and return the object's bytes.
-fn compile_support(cc: &str, name: &str) -> Result<Vec<u8>, CompileError> {
+/// Compile one of the C sources in a private temporary directory and return the object's
+/// bytes.
+fn compile_c(cc: &str, name: &str, which: CObject) -> Result<Vec<u8>, CompileError> {
     // support.c includes itself (once per element type), so it is compiled from a file.
-    let (scratch, src) = private_temp_file("ppcc-support-", "support.c", SUPPORT_C.as_bytes())?;
-    let obj = scratch.path().join("support.o");
+    let file = format!("{}.c", which.stem());
+    let (scratch, src) = private_temp_file("ppcc-support-", &file, which.source().as_bytes())?;
+    let obj = scratch.path().join("out.o");
     let mut errors = String::new();
-    for flags in SUPPORT_FLAGS {
+    for flags in which.flag_sets() {
         let out = Command::new(cc)
-            .args(flags)
+            .args(*flags)
             .arg("-c")
             .arg(&src)
             .arg("-o")
@@ -451,16 +568,29 @@ fn compile_support(cc: &str, name: &str) -> Result<Vec<u8>, CompileError> {
 /// Link objects and the runtime support object ([`support_object`]) into a shared object
 /// with the system C compiler (`$CC`, else `cc`). The support object's verified bytes are
 /// written to a private temporary file for the linker, so what is linked is what was
-/// checked.
-pub fn link_shared(objects: &[PathBuf], so: &Path) -> Result<(), CompileError> {
+/// checked. `cuda`: the host code of a CUDA module (the portable support object and the
+/// GPU runtime shim).
+pub fn link_shared(objects: &[PathBuf], so: &Path, cuda: bool) -> Result<(), CompileError> {
     let cc = c_compiler();
-    let (_scratch, support) = private_temp_file("ppcc-link-", "support.o", support_object()?)?;
+    let parts: &[CObject] = if cuda {
+        &[CObject::SupportPortable, CObject::GpuShim]
+    } else {
+        &[CObject::Support]
+    };
+    let mut scratch = Vec::new();
+    let mut linked = Vec::new();
+    for &p in parts {
+        let (dir, path) =
+            private_temp_file("ppcc-link-", &format!("{}.o", p.stem()), c_object(p)?)?;
+        scratch.push(dir);
+        linked.push(path);
+    }
     let out = Command::new(&cc)
         .arg("-shared")
         .arg("-o")
         .arg(so)
         .args(objects)
-        .arg(&support)
+        .args(&linked)
         .arg("-lm")
         .arg("-lpthread")
         .output()
@@ -468,6 +598,7 @@ pub fn link_shared(objects: &[PathBuf], so: &Path) -> Result<(), CompileError> {
             path: so.to_path_buf(),
             message: format!("running `{cc}`: {e}"),
         })?;
+    drop(scratch);
     if !out.status.success() {
         return Err(CompileError::Link {
             path: so.to_path_buf(),
@@ -502,8 +633,58 @@ pub fn compile_to_shared_object(
     create_dir(dir)?;
     write_file(&dir.join("stage.mlir"), mlir)?;
     let obj = dir.join("module.o");
-    compile_to_object(mlir, sigs, &obj, opts)?;
     let so = dir.join("module.so");
-    link_shared(&[obj], &so)?;
+    let Some(cuda) = &opts.cuda else {
+        compile_to_object(mlir, sigs, &obj, opts)?;
+        link_shared(&[obj], &so, false)?;
+        return Ok(so);
+    };
+    // The math library's bitcode lives while the pipeline runs.
+    let scratch = tempfile::Builder::new()
+        .prefix("ppcc-cuda-")
+        .tempdir()
+        .map_err(|source| CompileError::Write {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+    let lib = crate::gpu::write_math_library(scratch.path())?;
+    let copts = CompileOptions {
+        pipeline: crate::gpu::cuda_pipeline(cuda, &lib),
+        ..opts.clone()
+    };
+    compile_to_object_with(mlir, sigs, &obj, &copts, |text| {
+        write_kernels(dir, &crate::gpu::kernels(text))
+    })?;
+    link_shared(&[obj], &so, true)?;
     Ok(so)
+}
+
+/// Write each kernel module's PTX to `dir/<name>.ptx` (removing those of an earlier build),
+/// refusing kernels that call a math function nothing provides.
+fn write_kernels(dir: &Path, kernels: &[crate::gpu::Kernel]) -> Result<(), CompileError> {
+    for k in kernels {
+        let missing = crate::gpu::unresolved(&k.ptx);
+        if !missing.is_empty() {
+            let what: Vec<String> = missing
+                .iter()
+                .map(|m| crate::gpu::describe_unresolved(m))
+                .collect();
+            return Err(CompileError::Unsupported(format!(
+                "kernel `{}` needs {}, which the CUDA target does not provide",
+                k.name,
+                what.join(", ")
+            )));
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "ptx") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    for k in kernels {
+        write_file(&dir.join(format!("{}.ptx", k.name)), &k.ptx)?;
+    }
+    Ok(())
 }

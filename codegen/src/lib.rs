@@ -7,6 +7,7 @@
 //! function (the ABI is described in [`lower`]).
 
 pub mod compile;
+pub mod gpu;
 pub mod lower;
 pub mod package;
 pub mod support_cache;
@@ -14,6 +15,7 @@ pub mod support_cache;
 pub use compile::{
     compile_to_object, compile_to_shared_object, link_shared, CompileError, CompileOptions,
 };
+pub use gpu::CudaOptions;
 pub use lower::{
     lower_function, lower_functions, lower_functions_with, LowerError, LowerOptions, Signature,
 };

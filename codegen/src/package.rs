@@ -7,6 +7,7 @@ use std::time::Instant;
 use ppir::{Function, Module};
 
 use crate::compile::{compile_to_shared_object, CompileError, CompileOptions};
+use crate::gpu::CudaOptions;
 use crate::lower::{lower_functions_with, LowerError, LowerOptions};
 
 /// A failure to build native code, with what was being built.
@@ -37,6 +38,12 @@ pub struct BuildOptions {
     /// Time every op call (see [`LowerOptions::profile_ops`]); for measuring, not for
     /// training runs.
     pub profile_ops: bool,
+    /// Generate a CUDA module (PTX kernels and the host code that launches them).
+    pub cuda: Option<CudaOptions>,
+    /// Generate CPU code from the loops the CUDA target turns into kernels (every op kept
+    /// in `linalg`, tiled and mapped as for the GPU, then run as host loops): how CI checks
+    /// the GPU lowering's numerics without a GPU.
+    pub cuda_loops_on_cpu: bool,
 }
 
 /// What [`build_module`] wrote.
@@ -67,16 +74,21 @@ pub fn build_module(
     };
     let lopts = LowerOptions {
         profile_ops: opts.profile_ops,
+        library_calls: opts.cuda.is_none() && !opts.cuda_loops_on_cpu,
     };
     let (mlir, sigs) = lower_functions_with(&fs, &lopts).map_err(|source| CodegenError::Lower {
         what: what.to_string(),
         source: Box::new(source),
     })?;
-    let copts = CompileOptions {
+    let mut copts = CompileOptions {
         keep_intermediates: opts.keep_mlir,
         keep_passes: opts.keep_mlir.then(|| dir.join("mlir")),
+        cuda: opts.cuda.clone(),
         ..Default::default()
     };
+    if opts.cuda_loops_on_cpu {
+        copts.pipeline = crate::compile::cpu_gpu_loops_pipeline();
+    }
     let so = compile_to_shared_object(&mlir, &sigs, dir, &copts).map_err(|source| {
         CodegenError::Compile {
             what: what.to_string(),

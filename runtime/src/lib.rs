@@ -20,6 +20,7 @@
 //! `grad.<p>` and returns `new.<weight>`. Every `new.<w>` result replaces weight `w`.
 
 pub mod data;
+pub mod gpu;
 pub mod integrity;
 pub mod native;
 pub mod pipeline;

@@ -92,6 +92,9 @@ pub struct NativeModule {
     _lib: libloading::Library,
     path: PathBuf,
     funcs: HashMap<String, NativeFn>,
+    /// The device of a CUDA module (`--target cuda`): its buffers live there and calls
+    /// run with it current.
+    gpu: Option<std::sync::Arc<crate::gpu::GpuDevice>>,
 }
 
 /// The signature text `ppcc-codegen` compiles into `ppcc_sig_<name>`.
@@ -181,11 +184,18 @@ impl NativeModule {
             let nf = bind(&lib, so, f)?;
             funcs.insert(f.name.clone(), nf);
         }
+        let gpu = attach_gpu(&lib, so)?;
         Ok(NativeModule {
             _lib: lib,
             path: so.to_path_buf(),
             funcs,
+            gpu,
         })
+    }
+
+    /// The CUDA device a CUDA module runs on; `None` for a CPU module.
+    pub fn gpu(&self) -> Option<&std::sync::Arc<crate::gpu::GpuDevice>> {
+        self.gpu.as_ref()
     }
 
     pub fn path(&self) -> &Path {
@@ -245,7 +255,7 @@ impl NativeModule {
         })?;
         check_arg(index, t, want).map_err(call_err)?;
         Ok(NativeArg {
-            buf: Buffer::from_tensor(t),
+            buf: Buffer::from_tensor_on(self.gpu.as_ref(), t).map_err(call_err)?,
             ty: want.clone(),
         })
     }
@@ -289,7 +299,7 @@ impl NativeModule {
                 Arg::Tensor(t) => {
                     check_arg(i, t, want).map_err(call_err)?;
                     // The buffer's heap block does not move when the Vec holding it does.
-                    let mut b = Buffer::from_tensor(t);
+                    let mut b = Buffer::from_tensor_on(self.gpu.as_ref(), t).map_err(call_err)?;
                     in_ptrs.push(b.as_mut_ptr());
                     owned.push(b);
                 }
@@ -303,15 +313,21 @@ impl NativeModule {
                     }
                     // The generated code never writes its inputs (they are read-only
                     // buffers to it), so a shared buffer can be passed.
-                    in_ptrs.push(n.buf.words.as_ptr() as *mut u8);
+                    in_ptrs.push(n.buf.as_ptr() as *mut u8);
                 }
             }
         }
         let mut bufs: Vec<Buffer> = f
             .outputs
             .iter()
-            .map(|o| Buffer::zeroed(o.dtype, o.len()))
-            .collect();
+            .map(|o| Buffer::zeroed_on(self.gpu.as_ref(), o.dtype, o.len()))
+            .collect::<Result<_, _>>()
+            .map_err(call_err)?;
+        // A CUDA module's kernels and allocations use the device current on this thread.
+        let entered = match &self.gpu {
+            Some(g) => Some(g.enter().map_err(|e| call_err(e.to_string()))?),
+            None => None,
+        };
         let ptrs_all: Vec<*mut u8> = in_ptrs
             .into_iter()
             .chain(bufs.iter_mut().map(|b| b.as_mut_ptr()))
@@ -348,6 +364,17 @@ impl NativeModule {
         unsafe { (f.entry)(&mut ctx, ptrs.as_ptr()) };
         drop(descs);
         drop(owned);
+        if let Some(g) = &self.gpu {
+            let gpu_error =
+                crate::gpu::take_error().or_else(|| g.synchronize().err().map(|e| e.to_string()));
+            drop(entered);
+            if let Some(e) = gpu_error {
+                return Err(call_err(format!(
+                    "on CUDA device {} ({}): {e}",
+                    g.ordinal, g.name
+                )));
+            }
+        }
         if let Some(e) = state.error {
             return Err(call_err(e));
         }
@@ -357,6 +384,33 @@ impl NativeModule {
             .map(|(buf, o)| NativeArg { buf, ty: o.clone() })
             .collect())
     }
+}
+
+/// A CUDA module exports `ppcc_gpu_set_api` (`codegen/src/gpu_shim.c`): give it the
+/// runtime's GPU table and the next device. A CPU module has no such symbol.
+fn attach_gpu(
+    lib: &libloading::Library,
+    so: &Path,
+) -> Result<Option<std::sync::Arc<crate::gpu::GpuDevice>>, NativeError> {
+    type SetApi = unsafe extern "C" fn(*const crate::gpu::GpuApi) -> i32;
+    // SAFETY: the symbol, when present, has this signature (gpu_shim.c).
+    let set: libloading::Symbol<SetApi> = match unsafe { lib.get(b"ppcc_gpu_set_api\0") } {
+        Ok(f) => f,
+        Err(_) => return Ok(None),
+    };
+    let load_err = |message: String| NativeError::Load {
+        path: so.to_path_buf(),
+        message,
+    };
+    let device = crate::gpu::next_device().map_err(|e| load_err(e.to_string()))?;
+    // SAFETY: `API` is a static of the layout the shim expects (checked by its version).
+    if unsafe { set(&crate::gpu::API) } != 0 {
+        return Err(load_err(format!(
+            "the module's GPU runtime interface is not version {} (built by another ppcc?)",
+            crate::gpu::GPU_API_VERSION
+        )));
+    }
+    Ok(Some(device))
 }
 
 fn call_error(function: &str, message: String) -> NativeError {
@@ -606,11 +660,18 @@ fn descriptor(p: *mut u8, shape: &[usize]) -> Vec<i64> {
     d
 }
 
-/// A dense buffer of one element type, 64-byte aligned.
+/// A dense buffer of one element type, 64-byte aligned: host memory for CPU modules,
+/// managed memory on the module's device for CUDA modules (the device reads and writes it
+/// in place; the host can still address it).
 struct Buffer {
-    words: Vec<Aligned>,
+    storage: Storage,
     dtype: DType,
     len: usize,
+}
+
+enum Storage {
+    Host(Vec<Aligned>),
+    Device(crate::gpu::DeviceBuffer),
 }
 
 #[derive(Clone, Copy)]
@@ -621,33 +682,70 @@ impl Buffer {
     fn zeroed(dtype: DType, len: usize) -> Buffer {
         let bytes = (len * dtype.size_bytes()).max(1);
         Buffer {
-            words: vec![Aligned([0; 64]); bytes.div_ceil(64)],
+            storage: Storage::Host(vec![Aligned([0; 64]); bytes.div_ceil(64)]),
             dtype,
             len,
         }
+    }
+
+    /// [`Buffer::zeroed`] on `gpu` when given (a CUDA module's buffers), else on the host.
+    fn zeroed_on(
+        gpu: Option<&std::sync::Arc<crate::gpu::GpuDevice>>,
+        dtype: DType,
+        len: usize,
+    ) -> Result<Buffer, String> {
+        let Some(g) = gpu else {
+            return Ok(Buffer::zeroed(dtype, len));
+        };
+        let d = crate::gpu::DeviceBuffer::zeroed(g, len * dtype.size_bytes())
+            .map_err(|e| e.to_string())?;
+        Ok(Buffer {
+            storage: Storage::Device(d),
+            dtype,
+            len,
+        })
     }
 
     fn len_bytes(&self) -> usize {
         self.len * self.dtype.size_bytes()
     }
 
+    fn as_ptr(&self) -> *const u8 {
+        match &self.storage {
+            Storage::Host(w) => w.as_ptr() as *const u8,
+            Storage::Device(d) => d.as_ptr(),
+        }
+    }
+
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.words.as_mut_ptr() as *mut u8
+        match &mut self.storage {
+            Storage::Host(w) => w.as_mut_ptr() as *mut u8,
+            Storage::Device(d) => d.as_ptr(),
+        }
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `words` holds at least `len_bytes` initialised bytes.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.len_bytes()) }
+        // SAFETY: the storage holds at least `len_bytes` initialised bytes (device buffers
+        // are zeroed when allocated and addressable from the host).
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len_bytes()) }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         let n = self.len_bytes();
         // SAFETY: as `bytes`, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr() as *mut u8, n) }
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), n) }
     }
 
     fn from_tensor(t: &Tensor) -> Buffer {
-        let mut b = Buffer::zeroed(t.dtype, t.data.len());
+        Buffer::from_tensor_on(None, t).unwrap_or_else(|_| Buffer::zeroed(t.dtype, 0))
+    }
+
+    /// The tensor in its native layout, on `gpu` when given.
+    fn from_tensor_on(
+        gpu: Option<&std::sync::Arc<crate::gpu::GpuDevice>>,
+        t: &Tensor,
+    ) -> Result<Buffer, String> {
+        let mut b = Buffer::zeroed_on(gpu, t.dtype, t.data.len())?;
         let out = b.bytes_mut();
         match (&t.data, t.dtype) {
             (TensorData::Float(v), DType::F32) => {
@@ -690,7 +788,7 @@ impl Buffer {
             // A tensor whose storage disagrees with its dtype (not made by ppir): zeros.
             _ => {}
         }
-        b
+        Ok(b)
     }
 
     /// # Safety

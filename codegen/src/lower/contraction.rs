@@ -497,6 +497,9 @@ fn emit_gemm_call(
     c: Option<(&str, &[u64], f64)>,
     d: DType,
 ) -> String {
+    if !e.library_calls {
+        return emit_gemm_generic(e, a, b, batch, (m, k, n), alpha, c, d);
+    }
     let sym = declare_gemm(e, d);
     let t = elem_type(d);
     let mut out = batch.to_vec();
@@ -592,6 +595,121 @@ fn emit_gemm_call(
         "bufferization.to_tensor {alloc} restrict writable : {mty} to {}",
         tensor_type(&out, d)
     ))
+}
+
+/// [`emit_gemm_call`] as `linalg` on tensors, for targets without the support library
+/// (CUDA, whose kernels come from these loops): one contraction `linalg.generic` over
+/// `[batch.., m, n, k]` into zeros (operands indexed through their transposes and
+/// broadcast batch dimensions), then, when `alpha != 1` or `c` is given, one pointwise
+/// `alpha · p + beta · c` (the interpreter's order).
+#[allow(clippy::too_many_arguments)]
+fn emit_gemm_generic(
+    e: &mut Emitter,
+    a: Mat,
+    b: Mat,
+    batch: &[u64],
+    (m, _k, n): (u64, u64, u64),
+    alpha: f64,
+    c: Option<(&str, &[u64], f64)>,
+    d: DType,
+) -> String {
+    let nb = batch.len();
+    let mut out = batch.to_vec();
+    out.extend([m, n]);
+    let (dm, dn, dk) = (
+        format!("d{nb}"),
+        format!("d{}", nb + 1),
+        format!("d{}", nb + 2),
+    );
+    // The map of a `[own batch.., r, c]` operand: its batch dimensions aligned right
+    // against `batch` (size 1 against a larger one reads index 0), then (row, col).
+    let operand_map = |x: &Mat, row: &str, col: &str| {
+        let r = x.shape.len();
+        let own = &x.shape[..r - 2];
+        let lead = nb - own.len();
+        let mut map: Vec<String> = own
+            .iter()
+            .enumerate()
+            .map(|(j, &s)| {
+                if s == 1 && batch[lead + j] != 1 {
+                    "0".to_string()
+                } else {
+                    format!("d{}", lead + j)
+                }
+            })
+            .collect();
+        if x.trans {
+            map.extend([col.to_string(), row.to_string()]);
+        } else {
+            map.extend([row.to_string(), col.to_string()]);
+        }
+        map
+    };
+    let ma = operand_map(&a, &dm, &dk);
+    let mb = operand_map(&b, &dk, &dn);
+    let mut mo: Vec<String> = (0..nb).map(|i| format!("d{i}")).collect();
+    mo.extend([dm.clone(), dn.clone()]);
+    let acc = e.zeros(&out, d);
+    let mut iters = vec![Iter::Parallel; nb + 2];
+    iters.push(Iter::Reduction);
+    let mut body = Body::default();
+    let y = mul_add(&mut body, d, "%in0", "%in1", "%out0");
+    let p = e
+        .generic(
+            nb + 3,
+            &iters,
+            &[
+                Operand::new(a.name, a.shape, d, ma),
+                Operand::new(b.name, b.shape, d, mb),
+            ],
+            &[Operand::new(acc, &out, d, mo)],
+            &body,
+            &[y],
+        )
+        .remove(0);
+    if alpha == 1.0 && c.is_none() {
+        return p;
+    }
+    let t = elem_type(d);
+    let r = out.len();
+    let mut inputs = vec![Operand::identity(p.as_str(), &out, d)];
+    if let Some((cn, cs, _)) = c {
+        // `c` (rank <= 2) broadcast against the trailing (m, n) dimensions.
+        let lead = r - cs.len();
+        let map = cs
+            .iter()
+            .enumerate()
+            .map(|(j, &s)| {
+                if s == 1 && out[lead + j] != 1 {
+                    "0".to_string()
+                } else {
+                    format!("d{}", lead + j)
+                }
+            })
+            .collect();
+        inputs.push(Operand::new(cn, cs, d, map));
+    }
+    let init = e.empty(&out, d);
+    let mut body = Body::default();
+    let mut y = "%in0".to_string();
+    if alpha != 1.0 {
+        let al = body.constant(d, alpha);
+        y = body.op(format!("arith.mulf {y}, {al} : {t}"));
+    }
+    if let Some((_, _, beta)) = c {
+        let bc = body.constant(d, beta);
+        let bcv = body.op(format!("arith.mulf %in1, {bc} : {t}"));
+        y = body.op(format!("arith.addf {y}, {bcv} : {t}"));
+    }
+    e.generic(
+        r,
+        &vec![Iter::Parallel; r],
+        &inputs,
+        &[Operand::identity(init, &out, d)],
+        &body,
+        &[y],
+    )
+    .remove(0)
 }
 
 /// `a (m×k) · b (k×n)` into a fresh tensor: floats call the support GEMM
@@ -1403,9 +1521,9 @@ fn conv_grad_weight(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> 
 /// A dense constant 1-D tensor of `values` in dtype `d`.
 pub(super) fn dense_1d(e: &mut Emitter, values: &[f64], d: DType) -> String {
     let items: Vec<String> = values.iter().map(|&v| literal(d, v)).collect();
-    e.op(format!(
-        "arith.constant dense<[{}]> : {}",
-        items.join(", "),
-        tensor_type(&[values.len() as u64], d)
-    ))
+    e.constant_tensor(
+        &format!("dense<[{}]>", items.join(", ")),
+        &[values.len() as u64],
+        d,
+    )
 }

@@ -108,13 +108,27 @@ pub fn lower_function(f: &Function) -> Result<(String, Signature), LowerError> {
 }
 
 /// How to lower.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct LowerOptions {
     /// Time every outlined op call: `ppcc_prof_begin`/`ppcc_prof_end` (`support.c`) around
     /// it add its nanoseconds to a per-op-id counter that `ppcc_prof_take` reads (the
     /// runtime's `NativeModule::take_op_profile`). Ops fused into another op count as
     /// part of it; reshapes, constants and send/recv are not timed.
     pub profile_ops: bool,
+    /// Hand matrix products, softmax rows and layer-norm rows to the support library
+    /// (`support.c`) through raw pointers, where it is faster than the loops linalg
+    /// leaves. `false` keeps every op in `linalg` on tensors: what the CUDA target needs
+    /// (its kernels are those loops), and how the CPU can run the same loops.
+    pub library_calls: bool,
+}
+
+impl Default for LowerOptions {
+    fn default() -> Self {
+        LowerOptions {
+            profile_ops: false,
+            library_calls: true,
+        }
+    }
 }
 
 /// Lower several functions into one MLIR module (one stage's `fwd`, `bwd_input`, ...).
@@ -311,6 +325,8 @@ pub struct Emitter<'f> {
     decls: Vec<String>,
     /// Time outlined op calls ([`LowerOptions::profile_ops`]).
     profile_ops: bool,
+    /// [`LowerOptions::library_calls`].
+    pub library_calls: bool,
 }
 
 impl<'f> Emitter<'f> {
@@ -323,6 +339,7 @@ impl<'f> Emitter<'f> {
             outlined: Default::default(),
             decls: Vec::new(),
             profile_ops: false,
+            library_calls: true,
         }
     }
 
@@ -412,6 +429,37 @@ impl<'f> Emitter<'f> {
         self.op(format!(
             "linalg.fill ins({c} : {}) outs({empty} : {ty}) -> {ty}",
             elem_type(d)
+        ))
+    }
+
+    /// A constant tensor from a `dense<...>` literal. Without the support library (the
+    /// CUDA target) kernels cannot read the module's globals, where `arith.constant`
+    /// tensors end up: a splat is filled (in a kernel) and any other constant is copied by
+    /// the host code into a fresh buffer, which kernels can read.
+    pub fn constant_tensor(&mut self, lit: &str, shape: &[u64], d: DType) -> String {
+        let ty = tensor_type(shape, d);
+        if self.library_calls {
+            return self.op(format!("arith.constant {lit} : {ty}"));
+        }
+        let splat = lit
+            .strip_prefix("dense<")
+            .and_then(|s| s.strip_suffix('>'))
+            .filter(|s| !s.starts_with('['));
+        if let Some(v) = splat {
+            let c = match d {
+                DType::Bool => self.op(format!("arith.constant {v}")),
+                _ => self.op(format!("arith.constant {v} : {}", elem_type(d))),
+            };
+            let empty = self.empty(shape, d);
+            return self.op(format!(
+                "linalg.fill ins({c} : {}) outs({empty} : {ty}) -> {ty}",
+                elem_type(d)
+            ));
+        }
+        let c = self.op(format!("arith.constant {lit} : {ty}"));
+        let empty = self.empty(shape, d);
+        self.op(format!(
+            "bufferization.materialize_in_destination {c} in {empty} : ({ty}, {ty}) -> {ty}"
         ))
     }
 
@@ -662,6 +710,7 @@ fn lower_func_op(
 ) -> Result<(String, Signature, Vec<String>), LowerError> {
     let mut e = Emitter::new(f);
     e.profile_ops = opts.profile_ops;
+    e.library_calls = opts.library_calls;
     let mut params = vec!["%ctx: !llvm.ptr".to_string()];
     let mut inputs = Vec::new();
     for (i, v) in f.arg_values().enumerate() {

@@ -393,8 +393,7 @@ fn constant(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     } else {
         dense_literal(&cast_tensor(t, d))
     };
-    let r = e.op(format!("arith.constant {lit} : {}", tensor_type(&shape, d)));
-    Ok(vec![r])
+    Ok(vec![e.constant_tensor(&lit, &shape, d)])
 }
 
 fn concat(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {

@@ -143,7 +143,7 @@ fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
         return Err(op.invalid("softmax needs an operand of rank >= 1"));
     }
     let axis = op.axis(op.int_or("axis", -1)?, rank)?;
-    if d == DType::F32 && axis == rank - 1 {
+    if d == DType::F32 && axis == rank - 1 && e.library_calls {
         return Ok(vec![softmax_rows_call(
             e,
             &src,
@@ -253,7 +253,8 @@ fn layer_norm_rows_call(
                 .eq(inner.iter().filter(|&&s| s != 1))
     };
     let n_out = op.out_shapes.len();
-    if !(1..=3).contains(&op.in_shapes.len())
+    if !e.library_calls
+        || !(1..=3).contains(&op.in_shapes.len())
         || !(2..op.in_shapes.len()).all(dense)
         || !dense(1)
         || op.out_dtypes.iter().any(|&t| t != DType::F32)

@@ -170,6 +170,7 @@ fn keep_mlir_writes_every_pass_and_errors_name_the_module() {
         &BuildOptions {
             keep_mlir: true,
             profile_ops: false,
+            ..Default::default()
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -217,6 +218,7 @@ fn profile_ops_times_each_outlined_op() {
         &BuildOptions {
             keep_mlir: false,
             profile_ops: true,
+            ..Default::default()
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));

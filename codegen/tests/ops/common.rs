@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ppcc_codegen::{compile_to_shared_object, lower_functions, CompileOptions};
+use ppcc_codegen::{
+    compile_to_shared_object, lower_functions, lower_functions_with, CompileOptions, LowerOptions,
+};
 use ppcc_runtime::native::NativeModule;
 use ppir::interp::{run_function, Comm, InterpOptions};
 use ppir::{DType, Function, Module, Tensor, TensorData};
@@ -84,8 +86,64 @@ fn case_dir(name: &str) -> PathBuf {
     ))
 }
 
-/// Lower and compile every function of `m` into one `module.so` and load it.
-pub fn compile(m: &Module) -> (NativeModule, PathBuf) {
+/// A module compiled for the CPU, and the same functions as the loops the CUDA target
+/// turns into kernels (every op in `linalg`, tiled and mapped as for the GPU), run on the
+/// CPU: every call runs both and checks that they agree (the caller checks the first
+/// against the interpreter). Compiling also lowers the module for CUDA (sm_80 and sm_90)
+/// and assembles every kernel with `ptxas` ([`check_cuda`]).
+pub struct Compiled {
+    pub cpu: NativeModule,
+    loops: NativeModule,
+    loops_dir: PathBuf,
+}
+
+impl Compiled {
+    /// [`NativeModule::call`] on the CPU module; without a `comm` (which a second run
+    /// could not replay) also on the GPU loops, whose results must match within 1e-4 (their
+    /// matrix products sum in another order).
+    pub fn call<'c>(
+        &self,
+        function: &str,
+        args: &[&Tensor],
+        comm: Option<&'c mut (dyn Comm + 'c)>,
+    ) -> Result<Vec<Tensor>, ppcc_runtime::native::NativeError> {
+        let replay = comm.is_none();
+        let got = self.cpu.call(function, args, comm)?;
+        if replay {
+            let loops = self
+                .loops
+                .call(function, args, None)
+                .unwrap_or_else(|e| panic!("GPU-mapped loops on the CPU: {e}"));
+            for (i, (l, c)) in loops.iter().zip(&got).enumerate() {
+                assert_close(
+                    l,
+                    c,
+                    1e-4,
+                    &format!("@{function} result {i}, GPU-mapped loops vs CPU code"),
+                );
+            }
+        }
+        Ok(got)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.cpu.path()
+    }
+
+    pub fn take_op_profile(&self, n: usize) -> Option<Vec<f64>> {
+        self.cpu.take_op_profile(n)
+    }
+}
+
+impl Drop for Compiled {
+    fn drop(&mut self) {
+        cleanup(std::mem::take(&mut self.loops_dir));
+    }
+}
+
+/// Lower and compile every function of `m` into one `module.so` and load it (see
+/// [`Compiled`]).
+pub fn compile(m: &Module) -> (Compiled, PathBuf) {
     let fs: Vec<&Function> = m.functions.iter().collect();
     let (mlir, sigs) = lower_functions(&fs).unwrap_or_else(|e| panic!("lower: {e}"));
     let dir = case_dir(&m.functions[0].name);
@@ -95,8 +153,91 @@ pub fn compile(m: &Module) -> (NativeModule, PathBuf) {
     };
     let so = compile_to_shared_object(&mlir, &sigs, &dir, &opts)
         .unwrap_or_else(|e| panic!("compile:\n{e}\n--- MLIR ---\n{mlir}"));
-    let nm = NativeModule::load(&so, m, None).unwrap_or_else(|e| panic!("load: {e}"));
-    (nm, dir)
+    let cpu = NativeModule::load(&so, m, None).unwrap_or_else(|e| panic!("load: {e}"));
+
+    let portable = LowerOptions {
+        library_calls: false,
+        ..Default::default()
+    };
+    let (pmlir, psigs) =
+        lower_functions_with(&fs, &portable).unwrap_or_else(|e| panic!("lower (portable): {e}"));
+    let loops_dir = case_dir(&format!("{}-gpuloops", m.functions[0].name));
+    let lopts = CompileOptions {
+        pipeline: ppcc_codegen::compile::cpu_gpu_loops_pipeline(),
+        ..opts.clone()
+    };
+    let lso = compile_to_shared_object(&pmlir, &psigs, &loops_dir, &lopts).unwrap_or_else(|e| {
+        panic!("compile (GPU-mapped loops on the CPU):\n{e}\n--- MLIR ---\n{pmlir}")
+    });
+    let loops = NativeModule::load(&lso, m, None).unwrap_or_else(|e| panic!("load: {e}"));
+    check_cuda(m, &pmlir, &psigs);
+    (
+        Compiled {
+            cpu,
+            loops,
+            loops_dir,
+        },
+        dir,
+    )
+}
+
+/// `ptxas`: `$PPCC_PTXAS`, else the one of the test venv (PyPI `nvidia-cuda-nvcc-cu12`),
+/// else `ptxas` on PATH. `None` when there is none (then [`check_cuda`] only compiles,
+/// unless `CI` is set: CI must assemble).
+pub fn ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("PPCC_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../.venv/lib/python3.11/site-packages/nvidia/cuda_nvcc/bin/ptxas");
+    if venv.exists() {
+        return Some(venv);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join("ptxas"))
+        .find(|p| p.exists())
+}
+
+/// Compile the portable lowering `mlir` of `m` for CUDA (sm_80 and sm_90) and assemble
+/// every kernel's PTX with `ptxas` for its architecture.
+pub fn check_cuda(m: &Module, mlir: &str, sigs: &[ppcc_codegen::Signature]) {
+    let ptxas = ptxas();
+    if ptxas.is_none() && std::env::var_os("CI").is_some() {
+        panic!("ptxas not found (install nvidia-cuda-nvcc-cu12 in .venv, or set PPCC_PTXAS)");
+    }
+    for arch in ["sm_80", "sm_90"] {
+        let dir = case_dir(&format!("{}-cuda-{arch}", m.functions[0].name));
+        let opts = CompileOptions {
+            cuda: Some(ppcc_codegen::CudaOptions::new(arch).expect("arch")),
+            ..Default::default()
+        };
+        compile_to_shared_object(mlir, sigs, &dir, &opts)
+            .unwrap_or_else(|e| panic!("compile for CUDA {arch}:\n{e}\n--- MLIR ---\n{mlir}"));
+        if let Some(ptxas) = &ptxas {
+            for e in std::fs::read_dir(&dir).expect("build dir").flatten() {
+                let p = e.path();
+                if p.extension().is_none_or(|x| x != "ptx") {
+                    continue;
+                }
+                let out = std::process::Command::new(ptxas)
+                    .arg(format!("-arch={arch}"))
+                    .arg(&p)
+                    .arg("-o")
+                    .arg(p.with_extension("cubin"))
+                    .output()
+                    .unwrap_or_else(|e| panic!("running {}: {e}", ptxas.display()));
+                assert!(
+                    out.status.success(),
+                    "ptxas -arch={arch} {}:\n{}",
+                    p.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            // A module may have no kernel: loops without a parallel dimension (a full
+            // reduction to a scalar) run in the host code, over the same managed memory.
+        }
+        cleanup(dir);
+    }
 }
 
 pub fn cleanup(dir: PathBuf) {

@@ -101,7 +101,7 @@ fn u64_of(v: &Value, path: &str) -> Result<u64, String> {
 }
 
 /// The values of plan.json's `target`.
-pub const PLAN_TARGETS: [&str; 2] = ["cpu", "interp"];
+pub const PLAN_TARGETS: [&str; 3] = ["cpu", "cuda", "interp"];
 
 impl PlanSpec {
     /// The plan.json format this ppcc writes and reads: 2 added `files` (sizes and hashes

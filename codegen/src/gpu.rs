@@ -1,0 +1,293 @@
+//! The CUDA target: the MLIR pipeline from `linalg` on tensors to GPU kernels in PTX and host
+//! code that launches them, ppcc's math library for kernels, and the PTX kept beside the
+//! module.
+//!
+//! A stage's functions are lowered as for the CPU but with every op kept in `linalg`
+//! ([`crate::lower::LowerOptions::library_calls`] off), bufferized the same way, then:
+//! `linalg` → `scf.parallel` loops → tiled (the tile is a thread block) → mapped to blocks
+//! and threads → outlined into `gpu.module` kernels → NVVM → PTX (`format=isa`: no CUDA
+//! toolkit is needed to compile; the driver JIT-compiles the PTX for the card it runs on).
+//! The host part (everything outside the kernels: calls between the op functions,
+//! send/recv, allocation) becomes an x86-64 object that calls MLIR's GPU runtime ABI
+//! (`mgpu*`), which `gpu_shim.c` forwards to the ppcc runtime (`runtime/src/gpu.rs`).
+//!
+//! Memory: the host code's temporaries and the runtime's buffers are allocated by the
+//! runtime as memory the device and the host both address (CUDA managed memory), so the
+//! same host code works unchanged and buffers stay on the device between calls unless the
+//! host touches them.
+
+use std::path::{Path, PathBuf};
+
+use crate::compile::CompileError;
+
+/// ppcc's device math functions (`__nv_*`), see the file's header.
+pub const GPU_MATH_LL: &str = include_str!("gpu_math.ll");
+
+/// The host side of a CUDA module's GPU runtime ABI, see the file's header.
+pub const GPU_SHIM_C: &str = include_str!("gpu_shim.c");
+
+/// The version of the table `gpu_shim.c` takes from the runtime (`PPCC_GPU_API_VERSION`).
+pub const GPU_API_VERSION: u32 = 1;
+
+/// Threads per block of the generated kernels.
+pub const BLOCK_THREADS: u64 = 256;
+
+/// `scf-parallel-loop-tiling`'s tile sizes, which apply to a parallel loop's dimensions in
+/// order (1 beyond the list): the second dimension — the last of the 2-D loops that matrix
+/// products and most ops on matrices make, so neighbouring threads touch neighbouring
+/// elements — is tiled by [`BLOCK_THREADS`] (a thread block), the others by 1 (one block
+/// per index). 1-D loops get one thread per block; choosing the tile per op (the last
+/// dimension, several dimensions for small ones) is the next step.
+pub fn tile_sizes() -> String {
+    format!("1,{BLOCK_THREADS}")
+}
+
+/// What to generate CUDA code for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// The GPU architecture, `sm_<major><minor>` with an optional `a` (`sm_90a`).
+    pub arch: String,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            arch: "sm_90".to_string(),
+        }
+    }
+}
+
+/// A `--cuda-arch` that is not an NVIDIA architecture name.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown CUDA architecture `{0}`: expected sm_<NN> such as sm_80 (A100), sm_89 (L4, RTX 4090), sm_90 (H100, H200) or sm_90a, at least sm_70")]
+pub struct ArchError(pub String);
+
+impl CudaOptions {
+    pub fn new(arch: &str) -> Result<Self, ArchError> {
+        let o = CudaOptions {
+            arch: arch.to_string(),
+        };
+        o.sm().ok_or_else(|| ArchError(arch.to_string()))?;
+        Ok(o)
+    }
+
+    /// The compute capability as a number (`sm_90a` → 90), `None` for a malformed name or
+    /// one older than Volta.
+    pub fn sm(&self) -> Option<u32> {
+        let digits = self.arch.strip_prefix("sm_")?;
+        let digits = digits.strip_suffix('a').unwrap_or(digits);
+        if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok().filter(|&n| (70..=1000).contains(&n))
+    }
+
+    /// The PTX ISA version the kernels declare: the least that the architecture accepts
+    /// (sm_90 needs PTX 8.0) and that LLVM 22's NVPTX backend writes.
+    pub fn ptx_features(&self) -> &'static str {
+        match self.sm().unwrap_or(90) {
+            ..=75 => "+ptx63",
+            76..=86 => "+ptx71",
+            87..=89 => "+ptx78",
+            90..=99 => "+ptx80",
+            100..=119 => "+ptx86",
+            _ => "+ptx87",
+        }
+    }
+}
+
+/// The MLIR pass pipeline of the CUDA target: bufferization as on the CPU (caller-provided
+/// results, every temporary freed), then loops → kernels → PTX with ppcc's math library
+/// `math_lib` linked into every kernel module, and the host code to the LLVM dialect.
+pub fn cuda_pipeline(opts: &CudaOptions, math_lib: &Path) -> String {
+    format!(
+        "builtin.module(\
+cse,\
+one-shot-bufferize{{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}},\
+buffer-results-to-out-params{{hoist-static-allocs modify-public-functions}},\
+buffer-deallocation-pipeline,\
+convert-linalg-to-parallel-loops,\
+func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={tiles} no-min-max-bounds}}),\
+sccp,\
+func.func(gpu-map-parallel-loops),\
+convert-parallel-loops-to-gpu,\
+lower-affine,\
+gpu-kernel-outlining,\
+convert-vector-to-scf,\
+convert-scf-to-cf,\
+convert-nvvm-to-llvm,\
+convert-func-to-llvm,\
+expand-strided-metadata,\
+nvvm-attach-target{{chip={chip} features={features} O=3 l={lib}}},\
+lower-affine,\
+convert-arith-to-llvm,\
+convert-index-to-llvm,\
+canonicalize,\
+cse,\
+gpu.module(convert-gpu-to-nvvm,canonicalize,cse,reconcile-unrealized-casts),\
+gpu-to-llvm,\
+gpu-module-to-binary{{format=isa}},\
+convert-math-to-llvm,\
+convert-math-to-libm,\
+convert-to-llvm,\
+canonicalize,\
+cse,\
+reconcile-unrealized-casts)",
+        tiles = tile_sizes(),
+        chip = opts.arch,
+        features = opts.ptx_features(),
+        lib = math_lib.display(),
+    )
+}
+
+/// Assemble [`GPU_MATH_LL`] into LLVM bitcode at `dir/ppcc_gpu_math.bc`.
+pub fn write_math_library(dir: &Path) -> Result<PathBuf, CompileError> {
+    let ctx = inkwell::context::Context::create();
+    let buf = inkwell::memory_buffer::MemoryBuffer::create_from_memory_range_copy(
+        GPU_MATH_LL.as_bytes(),
+        "ppcc_gpu_math.ll",
+    );
+    let module = ctx
+        .create_module_from_ir(buf)
+        .map_err(|e| CompileError::Llvm(format!("ppcc's GPU math library: {e}")))?;
+    let path = dir.join("ppcc_gpu_math.bc");
+    if !module.write_bitcode_to_path(&path) {
+        return Err(CompileError::Write {
+            path: path.clone(),
+            source: std::io::Error::other("LLVM could not write the bitcode"),
+        });
+    }
+    Ok(path)
+}
+
+/// One kernel module's PTX (`gpu.binary @name`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub name: String,
+    pub ptx: String,
+}
+
+/// The PTX of every `gpu.binary` in a module printed after `gpu-module-to-binary{format=isa}`
+/// (the `assembly = "..."` of its `#gpu.object`, with MLIR's `\XX` escapes undone).
+pub fn kernels(module_text: &str) -> Vec<Kernel> {
+    let mut out = Vec::new();
+    for line in module_text.lines() {
+        let Some(rest) = line.trim_start().strip_prefix("gpu.binary @") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let Some(start) = rest.find("assembly = \"") else {
+            continue;
+        };
+        let body = &rest[start + "assembly = \"".len()..];
+        out.push(Kernel {
+            name,
+            ptx: unescape(body),
+        });
+    }
+    out
+}
+
+/// MLIR's string escapes up to the closing quote: `\XX` is a byte in hex, `\\` and `\"`
+/// themselves.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => break,
+            b'\\' if i + 1 < b.len() && (b[i + 1] == b'\\' || b[i + 1] == b'"') => {
+                out.push(b[i + 1]);
+                i += 2;
+            }
+            b'\\' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'\\');
+                        i += 1;
+                    }
+                }
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Functions a PTX module declares but does not define (`.extern .func ... name(`): a math
+/// function neither ppcc's library nor the PTX instruction set provides.
+pub fn unresolved(ptx: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in ptx.lines() {
+        let l = line.trim_start();
+        if !l.starts_with(".extern .func") {
+            continue;
+        }
+        // `.extern .func  (.param .b32 func_retval0) __nv_expf(` (the parameter list may
+        // start on the next line) or `.extern .func f(`: the name after the return value.
+        let rest = l[".extern .func".len()..].trim_start();
+        let rest = match rest.strip_prefix('(') {
+            Some(r) => r.find(')').map_or("", |p| &r[p + 1..]),
+            None => rest,
+        };
+        let name: String = rest
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.'))
+            .collect();
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// What an unresolved `__nv_*` function computes, for the error message.
+pub fn describe_unresolved(name: &str) -> String {
+    let base = name.strip_prefix("__nv_").unwrap_or(name);
+    let (f, ty) = match base.strip_suffix('f') {
+        Some(f) if !["erf"].contains(&base) => (f, "f32"),
+        _ => (base, "f64"),
+    };
+    format!("{ty} `{f}` ({name})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_names() {
+        assert_eq!(CudaOptions::new("sm_90").unwrap().sm(), Some(90));
+        assert_eq!(CudaOptions::new("sm_90a").unwrap().ptx_features(), "+ptx80");
+        assert_eq!(CudaOptions::new("sm_80").unwrap().ptx_features(), "+ptx71");
+        for bad in ["sm90", "sm_", "sm_6", "sm_60", "compute_90", "sm_9x"] {
+            assert!(CudaOptions::new(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ptx_is_unescaped_and_unresolved_functions_are_found() {
+        let text = "  gpu.binary @k_0  [#gpu.object<#nvvm.target<chip = \"sm_90\">, assembly = \"//\\0A.version 8.0\\0A.extern .func  (.param .b64 func_retval0) __nv_exp\\0A(\\0A\\22q\\22 \\5C\"]\n";
+        let ks = kernels(text);
+        assert_eq!(ks.len(), 1);
+        assert_eq!(ks[0].name, "k_0");
+        assert!(ks[0].ptx.starts_with("//\n.version 8.0\n"));
+        assert!(ks[0].ptx.ends_with("\"q\" \\"));
+        assert_eq!(unresolved(&ks[0].ptx), vec!["__nv_exp".to_string()]);
+        assert_eq!(describe_unresolved("__nv_exp"), "f64 `exp` (__nv_exp)");
+        assert_eq!(describe_unresolved("__nv_logf"), "f32 `log` (__nv_logf)");
+    }
+}

@@ -1,0 +1,705 @@
+//! CUDA devices for the stage modules of `--target cuda`: the GPU runtime ABI that the
+//! modules' host code calls (installed into each module as a table of functions, see
+//! `codegen/src/gpu_shim.c`), over the CUDA driver API loaded at run time (cudarc with
+//! dynamic loading: ppcc builds, and runs CPU plans, on machines without CUDA).
+//!
+//! - One [`GpuDevice`] per CUDA device, on its primary context, with one stream; a thread
+//!   that calls a module's function first makes its device current ([`GpuDevice::enter`]).
+//! - Kernel images (PTX) are loaded into the device's context on first use and cached.
+//! - Every buffer (the module's temporaries and the runtime's arguments and results) is
+//!   managed memory: addressed by kernels and by host code alike, resident on the device
+//!   while only kernels touch it. Allocated bytes are counted per device (now and peak).
+//! - The ABI's functions return nothing, so a failure is recorded for the calling thread;
+//!   later launches of that call are skipped, and the runtime turns the first failure into
+//!   the call's error ([`take_error`]).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr, CString};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys;
+
+/// What went wrong setting up a CUDA device.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GpuError {
+    #[error("this plan runs on CUDA GPUs, and the CUDA driver library (libcuda.so.1) cannot be loaded on this machine: run it on a machine with an NVIDIA GPU and its driver, or compile the model again with --target cpu")]
+    NoDriver,
+    #[error("this plan runs on CUDA GPUs, and the CUDA driver reports no device{0}")]
+    NoDevice(String),
+    #[error("CUDA {call}: {message}")]
+    Driver { call: &'static str, message: String },
+}
+
+/// The table a CUDA module takes (`ppcc_gpu_api` in `gpu_shim.c`; same layout).
+#[repr(C)]
+pub struct GpuApi {
+    version: u32,
+    size: u32,
+    get_function: extern "C" fn(*const c_void, *const std::ffi::c_char) -> *mut c_void,
+    #[allow(clippy::type_complexity)]
+    launch: extern "C" fn(
+        *mut c_void,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i32,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+        i64,
+    ),
+    stream_create: extern "C" fn() -> *mut c_void,
+    stream_destroy: extern "C" fn(*mut c_void),
+    stream_synchronize: extern "C" fn(*mut c_void),
+    alloc: extern "C" fn(u64) -> *mut c_void,
+    free: extern "C" fn(*mut c_void),
+    memcpy: extern "C" fn(*mut c_void, *const c_void, u64, *mut c_void),
+    memset32: extern "C" fn(*mut c_void, u32, u64, *mut c_void),
+    memset16: extern "C" fn(*mut c_void, u16, u64, *mut c_void),
+}
+
+/// The version of [`GpuApi`] (`PPCC_GPU_API_VERSION`).
+pub const GPU_API_VERSION: u32 = 1;
+
+/// The table every CUDA module gets.
+pub static API: GpuApi = GpuApi {
+    version: GPU_API_VERSION,
+    size: std::mem::size_of::<GpuApi>() as u32,
+    get_function: abi_get_function,
+    launch: abi_launch,
+    stream_create: abi_stream_create,
+    stream_destroy: abi_stream_destroy,
+    stream_synchronize: abi_stream_synchronize,
+    alloc: abi_alloc,
+    free: abi_free,
+    memcpy: abi_memcpy,
+    memset32: abi_memset32,
+    memset16: abi_memset16,
+};
+
+/// The driver, once per process.
+struct Driver {
+    devices: Vec<OnceLock<Result<Arc<GpuDevice>, GpuError>>>,
+}
+
+/// The message of a driver result (`CUDA_ERROR_OUT_OF_MEMORY: out of memory`).
+fn describe(r: sys::CUresult) -> String {
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: both calls write a pointer to a static string (or leave it null).
+    unsafe {
+        sys::cuGetErrorName(r, &mut name);
+        sys::cuGetErrorString(r, &mut text);
+    }
+    let s = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: the driver's strings are NUL-terminated and static.
+            Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        }
+    };
+    match (s(name), s(text)) {
+        (Some(n), Some(t)) => format!("{n}: {t}"),
+        (Some(n), None) => n,
+        _ => format!("error {}", r as i32),
+    }
+}
+
+fn check(call: &'static str, r: sys::CUresult) -> Result<(), GpuError> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(GpuError::Driver {
+            call,
+            message: describe(r),
+        })
+    }
+}
+
+fn driver() -> Result<&'static Driver, GpuError> {
+    static DRIVER: OnceLock<Result<Driver, GpuError>> = OnceLock::new();
+    DRIVER
+        .get_or_init(|| {
+            // SAFETY: only probes for the library (no symbol is called).
+            if !unsafe { sys::is_culib_present() } {
+                return Err(GpuError::NoDriver);
+            }
+            // SAFETY: plain driver calls with valid out-pointers.
+            unsafe {
+                check("cuInit", sys::cuInit(0))?;
+                let mut n = 0;
+                check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut n))?;
+                if n <= 0 {
+                    return Err(GpuError::NoDevice(String::new()));
+                }
+                Ok(Driver {
+                    devices: (0..n).map(|_| OnceLock::new()).collect(),
+                })
+            }
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The number of CUDA devices, or why there are none.
+pub fn device_count() -> Result<usize, GpuError> {
+    Ok(driver()?.devices.len())
+}
+
+/// Device `ordinal` (its primary context and stream), set up on first use.
+pub fn device(ordinal: usize) -> Result<Arc<GpuDevice>, GpuError> {
+    let d = driver()?;
+    let n = d.devices.len();
+    let slot = d.devices.get(ordinal).ok_or_else(|| {
+        GpuError::NoDevice(format!(
+            " with ordinal {ordinal} (it has {n}: 0..{})",
+            n.saturating_sub(1)
+        ))
+    })?;
+    slot.get_or_init(|| GpuDevice::open(ordinal).map(Arc::new))
+        .clone()
+}
+
+/// The next device in turn (0, 1, ..., wrapping): stage modules loaded in stage order
+/// land on devices stage mod count.
+pub fn next_device() -> Result<Arc<GpuDevice>, GpuError> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = device_count()?;
+    device(NEXT.fetch_add(1, Ordering::Relaxed) % n)
+}
+
+/// One CUDA device as the runtime uses it.
+pub struct GpuDevice {
+    pub ordinal: usize,
+    pub name: String,
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+    /// Loaded kernel images by the address of their PTX, and kernels by image and name.
+    modules: Mutex<HashMap<usize, sys::CUmodule>>,
+    functions: Mutex<HashMap<(usize, CString), usize>>,
+    /// Bytes of each live allocation, and the totals.
+    sizes: Mutex<HashMap<u64, u64>>,
+    allocated: AtomicU64,
+    peak: AtomicU64,
+}
+
+// SAFETY: the context, stream, modules and functions are driver handles, usable from any
+// thread once the context is current there (`enter`); the maps are behind mutexes.
+unsafe impl Send for GpuDevice {}
+unsafe impl Sync for GpuDevice {}
+
+thread_local! {
+    /// The device whose module the thread is calling.
+    static CURRENT: RefCell<Option<Arc<GpuDevice>>> = const { RefCell::new(None) };
+    /// The first failure of the current call.
+    static ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
+    static FAILED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn fail(message: String) {
+    FAILED.with(|f| f.set(true));
+    ERROR.with(|e| {
+        let mut e = e.borrow_mut();
+        if e.is_none() {
+            *e = Some(message);
+        }
+    });
+}
+
+/// The first failure recorded on this thread since the last take.
+pub fn take_error() -> Option<String> {
+    FAILED.with(|f| f.set(false));
+    ERROR.with(|e| e.borrow_mut().take())
+}
+
+fn current() -> Option<Arc<GpuDevice>> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// Makes a device current on this thread while alive.
+pub struct Entered {
+    previous: Option<Arc<GpuDevice>>,
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        let prev = self.previous.take();
+        CURRENT.with(|c| *c.borrow_mut() = prev);
+    }
+}
+
+impl GpuDevice {
+    fn open(ordinal: usize) -> Result<GpuDevice, GpuError> {
+        // SAFETY: driver calls with valid out-pointers on an initialised driver.
+        unsafe {
+            let mut dev = 0;
+            check("cuDeviceGet", sys::cuDeviceGet(&mut dev, ordinal as i32))?;
+            let mut name = [0 as std::ffi::c_char; 256];
+            check(
+                "cuDeviceGetName",
+                sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev),
+            )?;
+            let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+            let mut ctx = std::ptr::null_mut();
+            check(
+                "cuDevicePrimaryCtxRetain",
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+            )?;
+            check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
+            let mut stream = std::ptr::null_mut();
+            // CU_STREAM_NON_BLOCKING: no implicit synchronisation with the legacy stream.
+            check("cuStreamCreate", sys::cuStreamCreate(&mut stream, 1))?;
+            Ok(GpuDevice {
+                ordinal,
+                name,
+                ctx,
+                stream,
+                modules: Mutex::default(),
+                functions: Mutex::default(),
+                sizes: Mutex::default(),
+                allocated: AtomicU64::new(0),
+                peak: AtomicU64::new(0),
+            })
+        }
+    }
+
+    /// Make this device current on the calling thread (its context for the driver, and the
+    /// device the module ABI's functions use) until the guard drops.
+    pub fn enter(self: &Arc<Self>) -> Result<Entered, GpuError> {
+        // SAFETY: the context is retained for the life of the process.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
+        let previous = CURRENT.with(|c| c.borrow_mut().replace(self.clone()));
+        Ok(Entered { previous })
+    }
+
+    /// Bytes allocated on the device now and at most so far.
+    pub fn memory(&self) -> (u64, u64) {
+        (
+            self.allocated.load(Ordering::Relaxed),
+            self.peak.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Make the device's context current on this thread for the driver (allocations and
+    /// frees happen on whichever thread owns a buffer).
+    fn bind(&self) -> Result<(), GpuError> {
+        // SAFETY: the context is retained for the life of the process.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
+    }
+
+    /// `bytes` of managed memory (at least one byte is allocated).
+    pub fn alloc(&self, bytes: u64) -> Result<*mut u8, GpuError> {
+        self.bind()?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; CU_MEM_ATTACH_GLOBAL = 1 (any stream may use it).
+        check("cuMemAllocManaged", unsafe {
+            sys::cuMemAllocManaged(&mut p, bytes.max(1) as usize, 1)
+        })
+        .map_err(|e| match e {
+            GpuError::Driver { call, message } => GpuError::Driver {
+                call,
+                message: format!(
+                    "{message} (allocating {bytes} bytes on device {} `{}`, {} bytes in use)",
+                    self.ordinal,
+                    self.name,
+                    self.allocated.load(Ordering::Relaxed)
+                ),
+            },
+            e => e,
+        })?;
+        if let Ok(mut s) = self.sizes.lock() {
+            s.insert(p, bytes);
+        }
+        let now = self.allocated.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(p as *mut u8)
+    }
+
+    /// Free what [`GpuDevice::alloc`] returned.
+    pub fn free(&self, p: *mut u8) {
+        if p.is_null() {
+            return;
+        }
+        if let Some(bytes) = self
+            .sizes
+            .lock()
+            .ok()
+            .and_then(|mut s| s.remove(&(p as u64)))
+        {
+            self.allocated.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        if let Err(e) = self.bind() {
+            fail(e.to_string());
+            return;
+        }
+        // SAFETY: `p` came from cuMemAllocManaged and is freed once.
+        let r = unsafe { sys::cuMemFree_v2(p as sys::CUdeviceptr) };
+        if let Err(e) = check("cuMemFree", r) {
+            fail(e.to_string());
+        }
+    }
+
+    /// Wait for the device's stream.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.bind()?;
+        // SAFETY: the stream belongs to this device's context.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.stream)
+        })
+    }
+
+    fn function(&self, image: *const c_void, name: &CStr) -> Result<*mut c_void, String> {
+        let key = (image as usize, name.to_owned());
+        if let Some(&f) = self.functions.lock().map_err(|e| e.to_string())?.get(&key) {
+            return Ok(f as *mut c_void);
+        }
+        let module = {
+            let mut modules = self.modules.lock().map_err(|e| e.to_string())?;
+            match modules.get(&(image as usize)) {
+                Some(&m) => m,
+                None => {
+                    let m = load_image(image)?;
+                    modules.insert(image as usize, m);
+                    m
+                }
+            }
+        };
+        let mut f = std::ptr::null_mut();
+        // SAFETY: `module` is loaded in this device's (current) context.
+        let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+        check("cuModuleGetFunction", r)
+            .map_err(|e| format!("kernel `{}`: {e}", name.to_string_lossy()))?;
+        if let Ok(mut fs) = self.functions.lock() {
+            fs.insert(key, f as usize);
+        }
+        Ok(f as *mut c_void)
+    }
+}
+
+/// JIT-compile a NUL-terminated PTX image in the current context; the error names what
+/// the JIT compiler said.
+fn load_image(image: *const c_void) -> Result<sys::CUmodule, String> {
+    let mut log = vec![0u8; 8192];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut values = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
+    let mut m = std::ptr::null_mut();
+    // SAFETY: `image` is the NUL-terminated PTX embedded in a loaded module; the options
+    // point at live buffers of the sizes given.
+    let r = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut m,
+            image,
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    check("cuModuleLoadDataEx", r).map_err(|e| {
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        let text = String::from_utf8_lossy(&log[..end]);
+        format!(
+            "loading a kernel image (PTX): {e}{}",
+            if text.trim().is_empty() {
+                String::new()
+            } else {
+                format!("\n{}", text.trim())
+            }
+        )
+    })?;
+    Ok(m)
+}
+
+// ---- the module ABI (called from generated host code; never unwinds) ----
+
+fn guarded<T>(default: T, body: impl FnOnce() -> T) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or_else(|_| {
+        fail("a panic in the GPU runtime".to_string());
+        default
+    })
+}
+
+extern "C" fn abi_get_function(image: *const c_void, name: *const std::ffi::c_char) -> *mut c_void {
+    guarded(std::ptr::null_mut(), || {
+        let Some(d) = current() else {
+            fail("loading a kernel outside a call of a CUDA module".into());
+            return std::ptr::null_mut();
+        };
+        if image.is_null() || name.is_null() {
+            fail("the module asked for a kernel of a null image or name".into());
+            return std::ptr::null_mut();
+        }
+        // SAFETY: generated code passes a NUL-terminated kernel name.
+        let name = unsafe { CStr::from_ptr(name) };
+        match d.function(image, name) {
+            Ok(f) => f,
+            Err(e) => {
+                fail(e);
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+extern "C" fn abi_launch(
+    function: *mut c_void,
+    gx: i64,
+    gy: i64,
+    gz: i64,
+    bx: i64,
+    by: i64,
+    bz: i64,
+    shared: i32,
+    stream: *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    _nparams: i64,
+) {
+    guarded((), || {
+        if FAILED.with(|f| f.get()) || function.is_null() {
+            return; // an earlier failure of this call is reported instead
+        }
+        let dims = [gx, gy, gz, bx, by, bz];
+        if dims.iter().any(|&x| x <= 0 || x > u32::MAX as i64) {
+            if dims.contains(&0) {
+                return; // nothing to do (an empty tensor)
+            }
+            fail(format!(
+                "a kernel launch with grid {gx}×{gy}×{gz} and block {bx}×{by}×{bz}"
+            ));
+            return;
+        }
+        let stream = if stream.is_null() {
+            match current() {
+                Some(d) => d.stream,
+                None => std::ptr::null_mut(),
+            }
+        } else {
+            stream as sys::CUstream
+        };
+        // SAFETY: `function` came from cuModuleGetFunction in this context; params are
+        // what the generated code packed for this kernel.
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                function as sys::CUfunction,
+                gx as u32,
+                gy as u32,
+                gz as u32,
+                bx as u32,
+                by as u32,
+                bz as u32,
+                shared.max(0) as u32,
+                stream,
+                params,
+                extra,
+            )
+        };
+        if let Err(e) = check("cuLaunchKernel", r) {
+            fail(format!(
+                "launching a kernel (grid {gx}×{gy}×{gz}, block {bx}×{by}×{bz}): {e}"
+            ));
+        }
+    })
+}
+
+extern "C" fn abi_stream_create() -> *mut c_void {
+    guarded(std::ptr::null_mut(), || match current() {
+        Some(d) => d.stream as *mut c_void,
+        None => {
+            fail("a stream outside a call of a CUDA module".into());
+            std::ptr::null_mut()
+        }
+    })
+}
+
+extern "C" fn abi_stream_destroy(_stream: *mut c_void) {}
+
+extern "C" fn abi_stream_synchronize(stream: *mut c_void) {
+    guarded((), || {
+        if stream.is_null() {
+            return;
+        }
+        // SAFETY: the stream is the device's (abi_stream_create).
+        let r = unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) };
+        if let Err(e) = check("cuStreamSynchronize", r) {
+            fail(format!("running a kernel: {e}"));
+        }
+    })
+}
+
+/// Host memory handed out when a device allocation fails: the generated host code goes on
+/// (its kernels are skipped once the call has failed) and the call returns the error,
+/// instead of the host code writing through a null pointer.
+fn fallback_alloc(bytes: u64) -> *mut c_void {
+    // SAFETY: calloc of at least one byte; freed by `abi_free` through `FALLBACK`.
+    let p = unsafe { libc_calloc(bytes.max(1) as usize) };
+    if !p.is_null() {
+        if let Ok(mut f) = FALLBACK.lock() {
+            f.push(p as usize);
+        }
+    }
+    p
+}
+
+static FALLBACK: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+unsafe fn libc_calloc(n: usize) -> *mut c_void {
+    extern "C" {
+        fn calloc(n: usize, size: usize) -> *mut c_void;
+    }
+    // SAFETY: plain C allocation.
+    unsafe { calloc(n, 1) }
+}
+
+unsafe fn libc_free(p: *mut c_void) {
+    extern "C" {
+        fn free(p: *mut c_void);
+    }
+    // SAFETY: `p` came from `libc_calloc`.
+    unsafe { free(p) }
+}
+
+extern "C" fn abi_alloc(bytes: u64) -> *mut c_void {
+    let p = guarded(std::ptr::null_mut(), || match current() {
+        Some(d) => match d.alloc(bytes) {
+            Ok(p) => p as *mut c_void,
+            Err(e) => {
+                fail(e.to_string());
+                std::ptr::null_mut()
+            }
+        },
+        None => {
+            fail("an allocation outside a call of a CUDA module".into());
+            std::ptr::null_mut()
+        }
+    });
+    if p.is_null() {
+        fallback_alloc(bytes)
+    } else {
+        p
+    }
+}
+
+extern "C" fn abi_free(p: *mut c_void) {
+    guarded((), || {
+        if p.is_null() {
+            return;
+        }
+        let was_fallback = FALLBACK.lock().ok().is_some_and(|mut f| {
+            match f.iter().position(|&x| x == p as usize) {
+                Some(i) => {
+                    f.swap_remove(i);
+                    true
+                }
+                None => false,
+            }
+        });
+        if was_fallback {
+            // SAFETY: handed out by `fallback_alloc`.
+            unsafe { libc_free(p) };
+            return;
+        }
+        if let Some(d) = current() {
+            d.free(p as *mut u8);
+        }
+    })
+}
+
+extern "C" fn abi_memcpy(dst: *mut c_void, src: *const c_void, bytes: u64, _stream: *mut c_void) {
+    guarded((), || {
+        if bytes == 0 {
+            return;
+        }
+        // SAFETY: both pointers address managed (unified) memory of at least `bytes`.
+        let r = unsafe {
+            sys::cuMemcpy(
+                dst as sys::CUdeviceptr,
+                src as sys::CUdeviceptr,
+                bytes as usize,
+            )
+        };
+        if let Err(e) = check("cuMemcpy", r) {
+            fail(e.to_string());
+        }
+    })
+}
+
+extern "C" fn abi_memset32(dst: *mut c_void, value: u32, count: u64, _stream: *mut c_void) {
+    guarded((), || {
+        // SAFETY: `dst` addresses at least `count` 32-bit words of device memory.
+        let r = unsafe { sys::cuMemsetD32_v2(dst as sys::CUdeviceptr, value, count as usize) };
+        if let Err(e) = check("cuMemsetD32", r) {
+            fail(e.to_string());
+        }
+    })
+}
+
+extern "C" fn abi_memset16(dst: *mut c_void, value: u16, count: u64, _stream: *mut c_void) {
+    guarded((), || {
+        // SAFETY: `dst` addresses at least `count` 16-bit words of device memory.
+        let r = unsafe { sys::cuMemsetD16_v2(dst as sys::CUdeviceptr, value, count as usize) };
+        if let Err(e) = check("cuMemsetD16", r) {
+            fail(e.to_string());
+        }
+    })
+}
+
+/// A buffer of managed memory on one device, freed when dropped.
+pub struct DeviceBuffer {
+    ptr: *mut u8,
+    bytes: usize,
+    device: Arc<GpuDevice>,
+}
+
+// SAFETY: managed memory is addressable from every thread of the process; the buffer is
+// uniquely owned.
+unsafe impl Send for DeviceBuffer {}
+unsafe impl Sync for DeviceBuffer {}
+
+impl DeviceBuffer {
+    /// `bytes` of zeroed managed memory on `device`.
+    pub fn zeroed(device: &Arc<GpuDevice>, bytes: usize) -> Result<DeviceBuffer, GpuError> {
+        let ptr = device.alloc(bytes as u64)?;
+        // SAFETY: `ptr` addresses at least max(bytes, 1) bytes of managed memory, and
+        // `alloc` made the device's context current on this thread.
+        check("cuMemsetD8", unsafe {
+            sys::cuMemsetD8_v2(ptr as sys::CUdeviceptr, 0, bytes.max(1))
+        })?;
+        Ok(DeviceBuffer {
+            ptr,
+            bytes,
+            device: device.clone(),
+        })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    pub fn device(&self) -> &Arc<GpuDevice> {
+        &self.device
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        self.device.free(self.ptr);
+    }
+}
