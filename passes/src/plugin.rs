@@ -509,15 +509,27 @@ impl FromStr for PassAtPoint {
     }
 }
 
+/// A pass to run at a point of the compile pipeline.
+pub struct PlacedPass {
+    /// The pipeline point it runs after.
+    pub point: String,
+    pub pass: Box<dyn Pass>,
+}
+
 /// Build the passes of `--plugin-pass NAME@POINT` specs from `registry` (after
-/// [`load_pass_plugins`]), each with its point, in the order given.
+/// [`load_pass_plugins`]), in the order given. Any registered pass may be placed so.
 pub fn passes_at_points(
     registry: &PassRegistry,
     specs: &[PassAtPoint],
-) -> Result<Vec<(String, Box<dyn Pass>)>, PassError> {
+) -> Result<Vec<PlacedPass>, PassError> {
     specs
         .iter()
-        .map(|s| Ok((s.point.clone(), registry.create(&s.pass)?)))
+        .map(|s| {
+            Ok(PlacedPass {
+                point: s.point.clone(),
+                pass: registry.create(&s.pass)?,
+            })
+        })
         .collect()
 }
 

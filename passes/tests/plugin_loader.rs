@@ -1,10 +1,12 @@
 //! The pass-plugin loader on descriptors built in this process (so every defect can be
 //! produced without compiling a library) and on files that are not plugins.
 
-use std::os::raw::c_char;
 use std::path::{Path, PathBuf};
 
-use ppcc_passes::plugin::{DescriptorDefect, PassOrigin, PassPlugin, PluginError, ABI_VERSION};
+use ppcc_passes::plugin::{
+    load_pass_plugins, passes_at_points, DescriptorDefect, PassAtPoint, PassOrigin, PassPlugin,
+    PluginError, ABI_VERSION,
+};
 use ppcc_passes::{PassError, PassManager, PassRegistry};
 use ppcc_plugin::abi::PluginDescriptor;
 use ppcc_plugin::{pass_entry, Descriptor, Options, OptionsError};
@@ -229,7 +231,7 @@ fn invalid_descriptors_are_refused() {
     d.name = c"".as_ptr();
     assert_eq!(defect(&d), DescriptorDefect::EmptyName);
     let mut d = raw(ABI_VERSION);
-    d.version = b"\xff\0".as_ptr() as *const c_char;
+    d.version = c"\xff".as_ptr();
     assert_eq!(
         defect(&d),
         DescriptorDefect::NotUtf8 {
@@ -335,4 +337,31 @@ fn files_that_are_not_plugins_are_refused_with_their_path() {
         );
     }
     let _ = std::fs::remove_dir_all(garbage.parent().unwrap());
+}
+
+#[test]
+fn plugin_passes_can_be_placed_at_pipeline_points() {
+    let (registry, _) = load_test_plugin();
+    let specs: Vec<PassAtPoint> = ["rename{to=a}@autodiff", "canonicalize@partition"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let placed = passes_at_points(&registry, &specs).unwrap();
+    let got: Vec<(&str, &str)> = placed
+        .iter()
+        .map(|p| (p.point.as_str(), p.pass.name()))
+        .collect();
+    assert_eq!(got, [("autodiff", "rename"), ("partition", "canonicalize")]);
+    let mut m = parse_module(MODULE).unwrap();
+    placed[0].pass.run(&mut m).unwrap();
+    assert_eq!(m.functions[0].name, "a");
+
+    let bad = ["nope@partition".parse().unwrap()];
+    let e = passes_at_points(&registry, &bad).err().unwrap().to_string();
+    assert!(e.starts_with("unknown pass `nope`"), "{e}");
+
+    let mut registry = PassRegistry::builtin();
+    let e =
+        load_pass_plugins(&mut registry, &[PathBuf::from("/nonexistent/absent.so")]).unwrap_err();
+    assert!(matches!(e, PluginError::Unreadable { .. }), "{e:?}");
 }

@@ -204,8 +204,9 @@ macro_rules! pass_entry {
             options: $crate::abi::Bytes,
             out: *mut $crate::abi::Buffer,
         ) -> i32 {
+            let pass = $run;
             // SAFETY: ppcc passes readable bytes and a writable `out` (the ABI's contract).
-            unsafe { $crate::run_pass($run, module, options, out) }
+            unsafe { $crate::run_pass(pass, module, options, out) }
         }
         $crate::PassEntry {
             name: $name,

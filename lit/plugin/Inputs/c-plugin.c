@@ -50,6 +50,13 @@ static int32_t unverified(PpccBytes module, PpccBytes options, PpccBuffer *out) 
   return reply(out, text, sizeof text - 1, PPCC_STATUS_OK);
 }
 
+/* c-panicked: reports what a caught panic (or C++ exception) reports. */
+static int32_t panicked(PpccBytes module, PpccBytes options, PpccBuffer *out) {
+  (void)module, (void)options;
+  static const char text[] = "caught: index 3 out of range\n";
+  return reply(out, text, sizeof text - 1, PPCC_STATUS_PANICKED);
+}
+
 /* c-status: returns a status the ABI does not define. */
 static int32_t status(PpccBytes module, PpccBytes options, PpccBuffer *out) {
   (void)module, (void)options;
@@ -65,6 +72,7 @@ static const PpccPassDescriptor passes[] = {
     {"c-fail", "always fail", fail},
     {"c-garbage", "return text that is not ppir", garbage},
     {"c-unverified", "return a module that does not verify", unverified},
+    {"c-panicked", "report a caught panic", panicked},
     {"c-status", "return status 7", status},
 #ifdef DEFECT_DUPLICATE
     {"c-fail", "a second c-fail", fail},
