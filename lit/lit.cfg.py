@@ -23,3 +23,29 @@ for tool in ("ppcc-opt", "ppcc"):
 
 config.environment["PATH"] = os.pathsep.join([llvm_bin, config.environment.get("PATH", "")])
 config.substitutions.append(("%examples", os.path.join(repo, "examples")))
+
+# Pass plugins (lit/plugin/): the example plugin from the same build, the ABI's C header and
+# a C compiler for the misbehaving test plugins, and a system library that is not a plugin.
+import shutil
+
+plugin = os.path.join(bin_dir, "libppcc_example_plugin.so")
+if not os.path.exists(plugin):
+    lit_config.fatal(f"{plugin} not found: build with `cargo build` (the workspace builds it)")
+config.substitutions.append(("%plugin", plugin))
+config.substitutions.append(("%abi-include", os.path.join(repo, "plugin", "include")))
+cc = shutil.which("cc") or shutil.which("clang", path=llvm_bin)
+if cc:
+    config.available_features.add("cc")
+    config.substitutions.append(("%cc", cc))
+for lib in (
+    "/lib/x86_64-linux-gnu/libz.so.1",
+    "/usr/lib/x86_64-linux-gnu/libz.so.1",
+    "/lib/aarch64-linux-gnu/libz.so.1",
+    "/usr/lib64/libz.so.1",
+    "/lib64/libz.so.1",
+    "/usr/lib/libz.so.1",
+):
+    if os.path.exists(lib):
+        config.available_features.add("system-lib")
+        config.substitutions.append(("%system-lib", lib))
+        break

@@ -32,6 +32,7 @@ check fmt cargo fmt --all --check
 check clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "==> cargo test --workspace"
+# Also builds what lit runs: ppcc, ppcc-opt and the example pass plugin (a workspace member).
 cargo build --workspace --locked 2>&1 | tail -n 3
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
 test_rc=${PIPESTATUS[0]}

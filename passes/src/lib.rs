@@ -3,7 +3,8 @@
 //! Every transformation of ppcc is a [`Pass`] over a [`ppir::Module`]: it reads the IR and
 //! rewrites it in place. Passes are found by name in a [`PassRegistry`] (so `ppcc-opt
 //! --pass NAME` can run any of them alone) and run in order by a [`PassManager`], which
-//! verifies the IR after each pass and names the pass that broke it.
+//! verifies the IR after each pass and names the pass that broke it. Passes may also come
+//! from shared libraries loaded at run time ([`plugin`]); they implement the same trait.
 //!
 //! ```
 //! use ppcc_passes::{PassManager, PassRegistry};
@@ -20,6 +21,7 @@ pub mod cost;
 pub mod optim;
 pub mod partition;
 pub mod planner;
+pub mod plugin;
 mod registry;
 pub mod schedule;
 pub mod simulate;
@@ -45,6 +47,15 @@ pub enum PassError {
     /// Unknown pass name or bad pass options.
     #[error("{0}")]
     Usage(String),
+    /// A plugin could not be loaded, or a plugin's pass failed or returned a bad module.
+    #[error(transparent)]
+    Plugin(Box<plugin::PluginError>),
+}
+
+impl From<plugin::PluginError> for PassError {
+    fn from(e: plugin::PluginError) -> Self {
+        PassError::Plugin(Box::new(e))
+    }
 }
 
 fn format_verify(context: &str, errors: &[VerifyError]) -> String {

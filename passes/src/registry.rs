@@ -1,10 +1,15 @@
 //! The pass registry: pass names, one-line descriptions, and constructors that take options.
 //!
 //! A pass is named on the command line as `NAME` or `NAME{key=value,key=value}` (the MLIR
-//! spelling), e.g. `--pass bind-batch{size=8}`.
+//! spelling), e.g. `--pass bind-batch{size=8}`. Built-in passes register in
+//! [`PassRegistry::builtin`]; a plugin's passes join with [`PassRegistry::load_plugin`].
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
 
+use crate::plugin::{PassOrigin, PassPlugin, PluginError};
 use crate::{BindBatch, InferShapes, Pass, PassError, VerifyPass};
 
 /// Options given to a pass as `NAME{key=value,...}`.
@@ -53,6 +58,19 @@ impl PassOptions {
     }
 }
 
+/// `key=value,key=value`, sorted by key: what a plugin pass receives.
+impl fmt::Display for PassOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (k, v)) in self.values.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{k}={v}")?;
+        }
+        Ok(())
+    }
+}
+
 /// Split `NAME{k=v,...}` into the name and its options.
 pub fn parse_pass_spec(spec: &str) -> Result<(String, PassOptions), PassError> {
     let spec = spec.trim();
@@ -89,13 +107,15 @@ pub fn parse_pass_spec(spec: &str) -> Result<(String, PassOptions), PassError> {
     Ok((name.to_string(), options))
 }
 
-type Constructor = fn(&PassOptions) -> Result<Box<dyn Pass>, PassError>;
+type Constructor = Arc<dyn Fn(&PassOptions) -> Result<Box<dyn Pass>, PassError> + Send + Sync>;
 
 /// A registered pass.
 #[derive(Clone)]
 pub struct PassInfo {
     pub name: &'static str,
     pub description: &'static str,
+    /// Built in, or which plugin it came from (`ppcc-opt --list-passes` shows it).
+    pub origin: PassOrigin,
     create: Constructor,
 }
 
@@ -175,15 +195,59 @@ impl PassRegistry {
         r
     }
 
-    pub fn register(&mut self, name: &'static str, description: &'static str, create: Constructor) {
+    /// Register a built-in pass (replacing one of the same name).
+    pub fn register(
+        &mut self,
+        name: &'static str,
+        description: &'static str,
+        create: fn(&PassOptions) -> Result<Box<dyn Pass>, PassError>,
+    ) {
         self.passes.insert(
             name,
             PassInfo {
                 name,
                 description,
-                create,
+                origin: PassOrigin::Builtin,
+                create: Arc::new(create),
             },
         );
+    }
+
+    /// Add every pass of `plugin`. A name that is already registered (built in, or by
+    /// another plugin) is an error, and then nothing of the plugin is added.
+    pub fn add_plugin(&mut self, plugin: &PassPlugin) -> Result<(), PluginError> {
+        for p in plugin.passes() {
+            if let Some(existing) = self.passes.get(p.name) {
+                return Err(PluginError::NameTaken {
+                    path: plugin.path().to_path_buf(),
+                    pass: p.name.to_string(),
+                    existing: existing.origin.clone(),
+                });
+            }
+        }
+        let origin = plugin.origin();
+        for p in plugin.passes() {
+            let info = p.clone();
+            self.passes.insert(
+                p.name,
+                PassInfo {
+                    name: p.name,
+                    description: p.description,
+                    origin: origin.clone(),
+                    create: Arc::new(move |o: &PassOptions| {
+                        Ok(Box::new(info.instantiate(o.to_string())) as Box<dyn Pass>)
+                    }),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Load the plugin at `path` ([`PassPlugin::load`]) and add its passes.
+    pub fn load_plugin(&mut self, path: impl AsRef<Path>) -> Result<PassPlugin, PluginError> {
+        let plugin = PassPlugin::load(path)?;
+        self.add_plugin(&plugin)?;
+        Ok(plugin)
     }
 
     pub fn get(&self, name: &str) -> Option<&PassInfo> {

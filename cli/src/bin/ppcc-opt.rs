@@ -2,13 +2,15 @@
 //!
 //! Reads a `.ppir` file, verifies it, runs the passes named by `--pass` in order (verifying
 //! after each), and prints the result. Every pass of the compiler is usable alone this way,
-//! which is how the lit tests under `lit/` exercise them.
+//! which is how the lit tests under `lit/` exercise them. `--load-pass-plugin LIB.so` adds
+//! the passes of a plugin (see `docs/plugins.md`) to those `--pass` can name.
 
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use ppcc_passes::plugin::PassOrigin;
 use ppcc_passes::{PassManager, PassRegistry};
 use ppir::text::{parse_module, print_module, PrintOptions};
 
@@ -20,7 +22,7 @@ const LOWER_TO_MLIR: &str = "lower-to-mlir";
     name = "ppcc-opt",
     version,
     about = "Run ppcc passes on textual IR (.ppir) and print the result",
-    after_help = "Examples:\n  ppcc-opt model.ppir --pass canonicalize\n  ppcc-opt stage.ppir --pass lower-to-mlir\n  ppcc-opt model.ppir --pass bind-batch{size=8} --pass infer-shapes\n  ppcc-opt model.ppir --verify-only\n  ppcc-opt --list-passes"
+    after_help = "Examples:\n  ppcc-opt model.ppir --pass canonicalize\n  ppcc-opt stage.ppir --pass lower-to-mlir\n  ppcc-opt model.ppir --pass bind-batch{size=8} --pass infer-shapes\n  ppcc-opt model.ppir --verify-only\n  ppcc-opt --list-passes\n  ppcc-opt model.ppir --load-pass-plugin target/debug/libppcc_example_plugin.so --pass op-stats"
 )]
 struct Args {
     /// Input file in ppir text form; `-` reads standard input.
@@ -47,9 +49,14 @@ struct Args {
     #[arg(long, value_name = "N")]
     elide_weights: Option<usize>,
 
-    /// List the registered passes and exit.
+    /// List the registered passes (with those of loaded plugins) and exit.
     #[arg(long)]
     list_passes: bool,
+
+    /// Load a pass plugin (a shared library exporting `ppcc_pass_plugin`); its passes can
+    /// then be named in --pass. Repeatable.
+    #[arg(long = "load-pass-plugin", value_name = "LIB")]
+    plugins: Vec<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -64,10 +71,20 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let registry = PassRegistry::builtin();
+    let mut registry = PassRegistry::builtin();
+    for plugin in &args.plugins {
+        registry
+            .load_plugin(plugin)
+            .map_err(|e| format!("error: {e}"))?;
+    }
     if args.list_passes {
         for p in registry.list() {
-            println!("{:<16} {}", p.name, p.description);
+            match &p.origin {
+                PassOrigin::Builtin => println!("{:<16} {}", p.name, p.description),
+                PassOrigin::Plugin { name, .. } => {
+                    println!("{:<16} [plugin {name}] {}", p.name, p.description)
+                }
+            }
         }
         println!(
             "{:<16} lower every function to MLIR (func/linalg/tensor/arith/math) and print it; must be the last pass",
