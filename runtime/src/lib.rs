@@ -21,6 +21,7 @@
 
 pub mod data;
 pub mod integrity;
+pub mod npz;
 pub mod native;
 pub mod pipeline;
 pub mod trainer;
