@@ -5,12 +5,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod compile_cmd;
-mod npz;
 mod onnx_cmds;
 mod program;
 mod run_cmd;
 mod simulate_cmd;
-mod target;
 mod train_cmd;
 
 /// ppcc — a pipeline-parallel training compiler.
