@@ -294,4 +294,3 @@ fn print_table(c: &Compiled) {
         Err(e) => println!("sequential baseline: {e}"),
     }
 }
-

@@ -17,15 +17,13 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use ppcc_passes::autodiff::LossKind;
 use ppcc_runtime::data::{default_specs, index_limits_of, with_batch};
-use ppcc_runtime::{
-    BatchSource, SyntheticSource, Trainer, TrainerOptions,
-};
+use ppcc_runtime::{BatchSource, SyntheticSource, Trainer, TrainerOptions};
 use ppir::{Dim, Tensor, TensorType};
 
-use ppcc_runtime::npz::read_npz;
 use crate::program::{step_bar, ProgramArgs};
 use ppcc_driver::data::{label_spec, npz_source};
 use ppcc_driver::program::{build_training, prepare, Prepared, Training};
+use ppcc_runtime::npz::read_npz;
 
 /// Train a model on one device (native code by default, or the reference interpreter).
 ///
@@ -254,6 +252,7 @@ pub(crate) fn step_line(step: u64, loss: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ppir::DType;
 
     #[test]
     fn step_lines_round_trip() {
@@ -274,7 +273,9 @@ mod tests {
         assert_eq!(c.dtype, DType::F32);
         let i = Tensor::from_i64(DType::I32, vec![1], vec![5]);
         assert_eq!(
-            ppcc_driver::data::convert("i", i.clone(), DType::I64).unwrap().dtype,
+            ppcc_driver::data::convert("i", i.clone(), DType::I64)
+                .unwrap()
+                .dtype,
             DType::I64
         );
         assert!(ppcc_driver::data::convert("i", i, DType::F32).is_err());

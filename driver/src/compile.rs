@@ -253,13 +253,13 @@ pub enum Event {
     Dump { point: Point, text: String },
 }
 
+/// A closure run as a module pass.
+pub type PassFn<'a> = Box<dyn FnMut(&mut Module) -> Result<(), PassError> + 'a>;
+
 /// An extra pass at a point: a registered [`Pass`] or a closure.
 enum Inserted<'a> {
     Pass(Box<dyn Pass + 'a>),
-    Fn {
-        name: String,
-        f: Box<dyn FnMut(&mut Module) -> Result<(), PassError> + 'a>,
-    },
+    Fn { name: String, f: PassFn<'a> },
 }
 
 impl Inserted<'_> {
@@ -446,7 +446,6 @@ impl<'a> Compiler<'a> {
         }
         Ok(())
     }
-
 }
 
 fn load_profile(spec: &str) -> Result<DeviceProfile> {
@@ -651,9 +650,8 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         )
     };
 
-    let notes: Vec<String> = std::mem::take(
-        &mut *timer_notes.lock().unwrap_or_else(|p| p.into_inner()),
-    );
+    let notes: Vec<String> =
+        std::mem::take(&mut *timer_notes.lock().unwrap_or_else(|p| p.into_inner()));
     for n in notes {
         (c.events)(Event::Note(n));
     }
@@ -1016,44 +1014,44 @@ fn prediction(p: &Plan) -> doc::Prediction {
 fn plan_doc(d: &PlanDoc) -> doc::Plan {
     let p = d.plan;
     let layout = &p.layout;
-    let stages: Vec<doc::StageDoc> = p
-        .partition
-        .stages
-        .iter()
-        .enumerate()
-        .map(|(s, st)| {
-            let split = d.program.map(|(_, split, _)| &split.stages[s]);
-            doc::StageDoc {
-                stage: s,
-                device: layout.rank_of(s),
-                chunk: layout.chunk_of(s),
-                ops: st.ops.len(),
-                first_op: st.first.clone(),
-                last_op: st.last.clone(),
-                forward_seconds: st.cost.f,
-                backward_input_seconds: st.cost.b,
-                backward_weight_seconds: st.cost.w,
-                activation_bytes_per_microbatch: st.cost.act_bytes,
-                param_bytes: st.cost.param_bytes,
-                native_seconds: d.native_times.and_then(|t| t.get(s)).map(|t| {
-                    doc::NativeSeconds {
-                        fwd: t[0],
-                        bwd_input: t[1],
-                        bwd_weight: t[2],
-                        optim: t[3],
-                    }
-                }),
-                functions: split.map(|sf| doc::StageFunctions {
-                    fwd: sf.fwd.clone(),
-                    bwd_input: sf.bwd_input.clone(),
-                    bwd_weight: sf.bwd_weight.clone(),
-                    optim: sf.optim.clone(),
-                }),
-                params: split.map(|sf| sf.params.clone()),
-                dir: split.map(|_| format!("stage{s}")),
-            }
-        })
-        .collect();
+    let stages: Vec<doc::StageDoc> =
+        p.partition
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(s, st)| {
+                let split = d.program.map(|(_, split, _)| &split.stages[s]);
+                doc::StageDoc {
+                    stage: s,
+                    device: layout.rank_of(s),
+                    chunk: layout.chunk_of(s),
+                    ops: st.ops.len(),
+                    first_op: st.first.clone(),
+                    last_op: st.last.clone(),
+                    forward_seconds: st.cost.f,
+                    backward_input_seconds: st.cost.b,
+                    backward_weight_seconds: st.cost.w,
+                    activation_bytes_per_microbatch: st.cost.act_bytes,
+                    param_bytes: st.cost.param_bytes,
+                    native_seconds: d.native_times.and_then(|t| t.get(s)).map(|t| {
+                        doc::NativeSeconds {
+                            fwd: t[0],
+                            bwd_input: t[1],
+                            bwd_weight: t[2],
+                            optim: t[3],
+                        }
+                    }),
+                    functions: split.map(|sf| doc::StageFunctions {
+                        fwd: sf.fwd.clone(),
+                        bwd_input: sf.bwd_input.clone(),
+                        bwd_weight: sf.bwd_weight.clone(),
+                        optim: sf.optim.clone(),
+                    }),
+                    params: split.map(|sf| sf.params.clone()),
+                    dir: split.map(|_| format!("stage{s}")),
+                }
+            })
+            .collect();
     let mut predicted = prediction(p);
     predicted.stage_times = Some(
         if d.native_times.is_some() {
@@ -1084,7 +1082,9 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
                 .map(|r| r.iter().map(|a| a.to_string()).collect())
                 .collect(),
             layout: match layout {
-                Layout::Interleaved { chunks, .. } => doc::LayoutDoc::Interleaved { chunks: *chunks },
+                Layout::Interleaved { chunks, .. } => {
+                    doc::LayoutDoc::Interleaved { chunks: *chunks }
+                }
                 Layout::VShape { .. } => doc::LayoutDoc::V,
                 Layout::Dag { rank_of, edges, .. } => doc::LayoutDoc::Dag {
                     rank_of: rank_of.clone(),

@@ -90,4 +90,3 @@ pub fn convert(name: &str, t: Tensor, dtype: DType) -> Result<Tensor> {
         ),
     }
 }
-

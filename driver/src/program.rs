@@ -161,7 +161,11 @@ pub struct Training {
 }
 
 /// Add `@grad`, `@optim` and `@accumulate` to `module` (stage tags on `@main` carry over).
-pub fn build_training(module: &mut Module, a: &ProgramOptions, microbatches: u64) -> Result<Training> {
+pub fn build_training(
+    module: &mut Module,
+    a: &ProgramOptions,
+    microbatches: u64,
+) -> Result<Training> {
     let info =
         build_gradient_function(module, &a.autodiff()).context("building the gradient function")?;
     let grad_f = module

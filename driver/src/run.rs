@@ -555,8 +555,12 @@ fn parse_fault(f: &str) -> Result<Fault> {
         }
     };
     Ok(Fault {
-        stage: s.parse().context("--inject-fault S:K: S is a stage number")?,
-        step: k.parse().context("--inject-fault S:K: K is a step number")?,
+        stage: s
+            .parse()
+            .context("--inject-fault S:K: S is a stage number")?,
+        step: k
+            .parse()
+            .context("--inject-fault S:K: K is a step number")?,
         stall,
     })
 }
@@ -684,7 +688,7 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
     validate_schedule(&plan)?;
     let specs = input_specs(&plan);
     let limits = data_limits(&plan)?;
-    let mut source = data_source(&a, &plan, &specs, &limits)?;
+    let mut source = data_source(a, &plan, &specs, &limits)?;
     let (start_step, resume_dir) = match &a.resume {
         Some(d) => {
             let (k, dir) = checkpoint_latest(d)?;

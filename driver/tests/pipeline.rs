@@ -32,10 +32,7 @@ fn options(out: &std::path::Path) -> CompileOptions {
 #[test]
 fn points_are_named_and_ordered() {
     let names: Vec<&str> = Point::ALL.iter().map(|p| p.name()).collect();
-    assert_eq!(
-        names,
-        ["import", "partition", "training-program", "split"]
-    );
+    assert_eq!(names, ["import", "partition", "training-program", "split"]);
     for w in Point::ALL.windows(2) {
         assert!(w[0].number() < w[1].number());
     }
@@ -47,7 +44,9 @@ fn points_are_named_and_ordered() {
         msg.contains("`codegen`") && msg.contains("import, partition, training-program, split"),
         "{msg}"
     );
-    assert!(STEPS.iter().any(|s| s.name == "codegen" && s.point.is_none()));
+    assert!(STEPS
+        .iter()
+        .any(|s| s.name == "codegen" && s.point.is_none()));
 }
 
 #[test]
@@ -56,15 +55,24 @@ fn the_pipeline_prints_with_inserted_passes() {
     c.insert_fn(Point::Partition, "count-ops", |_| Ok(()));
     let text = c.print_pipeline();
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines[0].starts_with("import") && lines[0].contains("[point]"), "{text}");
-    let partition = lines.iter().position(|l| l.starts_with("partition")).unwrap();
+    assert!(
+        lines[0].starts_with("import") && lines[0].contains("[point]"),
+        "{text}"
+    );
+    let partition = lines
+        .iter()
+        .position(|l| l.starts_with("partition"))
+        .unwrap();
     assert_eq!(lines[partition + 1], "  + pass count-ops", "{text}");
     // --target interp generates no code; --plan-only stops after the plan.
     assert!(!text.contains("codegen"), "{text}");
     let mut o = options(&tmp("print"));
     o.plan_only = true;
     let text = Compiler::new(o).print_pipeline();
-    assert!(!text.contains("split") && text.contains("write-plan"), "{text}");
+    assert!(
+        !text.contains("split") && text.contains("write-plan"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -86,17 +94,29 @@ fn compile_dumps_runs_inserted_passes_and_trains() {
     c.on_event(|e| events.borrow_mut().push(e));
     let compiled = c.run().expect("compiles");
     assert_eq!(compiled.plan.partition.stages.len(), 2);
-    assert!(seen.borrow().iter().any(|f| f == "grad"), "{:?}", seen.borrow());
+    assert!(
+        seen.borrow().iter().any(|f| f == "grad"),
+        "{:?}",
+        seen.borrow()
+    );
     assert!(events
         .borrow()
         .iter()
         .any(|e| matches!(e, Event::Progress(_))));
-    let import = std::fs::read_to_string(dumps.join(format!("{}-import.ppir", Point::Import.number())))
-        .expect("import dump");
-    assert!(import.contains("func @main") && !import.contains("pp.send"), "{import}");
-    let split = std::fs::read_to_string(dumps.join(format!("{}-split.ppir", Point::Split.number())))
-        .expect("split dump");
-    assert!(split.contains("pp.send") && split.contains("pp.recv"), "{split}");
+    let import =
+        std::fs::read_to_string(dumps.join(format!("{}-import.ppir", Point::Import.number())))
+            .expect("import dump");
+    assert!(
+        import.contains("func @main") && !import.contains("pp.send"),
+        "{import}"
+    );
+    let split =
+        std::fs::read_to_string(dumps.join(format!("{}-split.ppir", Point::Split.number())))
+            .expect("split dump");
+    assert!(
+        split.contains("pp.send") && split.contains("pp.recv"),
+        "{split}"
+    );
     ppir::text::parse_module(&split).expect("a dump parses back");
 
     // The plan on disk is the typed one returned.
@@ -166,9 +186,12 @@ fn option_errors_are_typed() {
     o.schedule = "no-such-schedule".into();
     let e = Compiler::new(o).run().err().expect("fails");
     assert!(matches!(e, DriverError::Invalid(_)));
-    assert!(e.to_string().contains("unknown schedule `no-such-schedule`"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("unknown schedule `no-such-schedule`"),
+        "{e}"
+    );
     let e = ppcc_driver::run::run(&RunOptions::new("/nonexistent-ppcc-dir"), &mut |_| {})
-        .err()
-        .expect("fails");
+        .expect_err("fails");
     assert!(ppcc_driver::error_chain(&e).contains("plan.json"), "{e}");
 }

@@ -242,15 +242,27 @@ pub struct Baseline {
     pub bubble_fraction: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lower_bound_seconds: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "finite_or_null::opt_vec")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "finite_or_null::opt_vec"
+    )]
     pub busy_seconds: Option<Vec<f64>>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "finite_or_null::opt_vec")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "finite_or_null::opt_vec"
+    )]
     pub peak_memory_bytes: Option<Vec<f64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_stash_microbatches: Option<Vec<usize>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_graph_is_chain: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "finite_or_null::opt_vec")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "finite_or_null::opt_vec"
+    )]
     pub stage_seconds: Option<Vec<f64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edges: Option<Vec<EdgeBytes>>,

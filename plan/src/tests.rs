@@ -147,7 +147,10 @@ fn a_plan_round_trips_with_today_s_field_names() {
     assert_eq!(v["training"]["inputs"][0]["type"], "tensor<2x4xf32>");
     assert_eq!(v["training"]["inputs"][0]["synthetic"], "normal");
     assert_eq!(v["files"]["stage0/stage.ppir"]["bytes"], 3);
-    assert_eq!(v["stages"][0]["functions"]["optim"], serde_json::Value::Null);
+    assert_eq!(
+        v["stages"][0]["functions"]["optim"],
+        serde_json::Value::Null
+    );
     // An infinite candidate is written as null and reads back as NaN.
     assert!(v["candidates"][0]["iteration_seconds"].is_null());
     let back = Plan::from_json(&text).unwrap();
@@ -185,7 +188,13 @@ fn older_and_newer_versions_are_refused_naming_both() {
     let mut v = sample_value();
     v["version"] = 2.into();
     let e = read(&v).unwrap_err();
-    assert!(matches!(e, PlanError::Older { found: Some(2), supported: VERSION }));
+    assert!(matches!(
+        e,
+        PlanError::Older {
+            found: Some(2),
+            supported: VERSION
+        }
+    ));
     let msg = e.to_string();
     assert!(
         msg.contains("format version 2") && msg.contains(&format!("version {VERSION}")),
@@ -200,10 +209,16 @@ fn older_and_newer_versions_are_refused_naming_both() {
         "{msg}"
     );
     v.as_object_mut().unwrap().remove("version");
-    assert!(matches!(read(&v), Err(PlanError::Older { found: None, .. })));
+    assert!(matches!(
+        read(&v),
+        Err(PlanError::Older { found: None, .. })
+    ));
     v["format"] = "something-else".into();
     assert!(matches!(read(&v), Err(PlanError::NotAPlan)));
-    assert!(matches!(Plan::from_json("[1, 2]"), Err(PlanError::NotAPlan)));
+    assert!(matches!(
+        Plan::from_json("[1, 2]"),
+        Err(PlanError::NotAPlan)
+    ));
     assert!(matches!(Plan::from_json("{"), Err(PlanError::Json(_))));
 }
 
@@ -253,7 +268,10 @@ fn a_field_of_the_wrong_type_is_refused_with_its_path() {
         other => panic!("{other:?}"),
     }
     assert!(
-        Plan::from_value(&v).unwrap_err().to_string().contains("schedule.actions[1][0]"),
+        Plan::from_value(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("schedule.actions[1][0]"),
         "{e}"
     );
 }

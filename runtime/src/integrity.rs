@@ -50,60 +50,60 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// The record of `bytes`.
 pub fn record_of(bytes: &[u8]) -> FileRecord {
-        FileRecord {
-            bytes: bytes.len() as u64,
-            sha256: sha256_hex(bytes),
-        }
+    FileRecord {
+        bytes: bytes.len() as u64,
+        sha256: sha256_hex(bytes),
     }
+}
 
 /// The record of the file at `path` as it is now.
 pub fn record_of_file(path: &Path) -> Result<FileRecord, IntegrityError> {
-        let bytes = std::fs::read(path).map_err(|source| IntegrityError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(record_of(&bytes))
-    }
+    let bytes = std::fs::read(path).map_err(|source| IntegrityError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(record_of(&bytes))
+}
 
 /// The contents of `path` if they are what `record` describes. The size is compared
 /// before anything is read (a huge or truncated file fails at once) and the hash over the
 /// bytes returned, so the caller uses exactly what was checked.
 pub fn read_verified(record: &FileRecord, path: &Path) -> Result<Vec<u8>, IntegrityError> {
-            let read_err = |source| IntegrityError::Read {
+    let read_err = |source| IntegrityError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let f = std::fs::File::open(path).map_err(read_err)?;
+    let found = f.metadata().map_err(read_err)?.len();
+    if found != record.bytes {
+        return Err(IntegrityError::Size {
             path: path.to_path_buf(),
-            source,
-        };
-        let f = std::fs::File::open(path).map_err(read_err)?;
-        let found = f.metadata().map_err(read_err)?.len();
-        if found != record.bytes {
-            return Err(IntegrityError::Size {
-                path: path.to_path_buf(),
-                expected: record.bytes,
-                found,
-            });
-        }
-        let mut bytes = Vec::with_capacity(record.bytes as usize);
-        // One byte more than recorded: a file growing meanwhile is caught below.
-        f.take(record.bytes + 1)
-            .read_to_end(&mut bytes)
-            .map_err(read_err)?;
-        if bytes.len() as u64 != record.bytes {
-            return Err(IntegrityError::Size {
-                path: path.to_path_buf(),
-                expected: record.bytes,
-                found: bytes.len() as u64,
-            });
-        }
-        let found = sha256_hex(&bytes);
-        if found != record.sha256 {
-            return Err(IntegrityError::Hash {
-                path: path.to_path_buf(),
-                expected: record.sha256.clone(),
-                found,
-            });
-        }
-        Ok(bytes)
+            expected: record.bytes,
+            found,
+        });
     }
+    let mut bytes = Vec::with_capacity(record.bytes as usize);
+    // One byte more than recorded: a file growing meanwhile is caught below.
+    f.take(record.bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 != record.bytes {
+        return Err(IntegrityError::Size {
+            path: path.to_path_buf(),
+            expected: record.bytes,
+            found: bytes.len() as u64,
+        });
+    }
+    let found = sha256_hex(&bytes);
+    if found != record.sha256 {
+        return Err(IntegrityError::Hash {
+            path: path.to_path_buf(),
+            expected: record.sha256.clone(),
+            found,
+        });
+    }
+    Ok(bytes)
+}
 
 /// Whether `rel` is a path below a directory: relative, no `..`, no `.`, not empty.
 pub fn is_plain_relative(rel: &str) -> bool {

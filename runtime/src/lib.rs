@@ -21,8 +21,8 @@
 
 pub mod data;
 pub mod integrity;
-pub mod npz;
 pub mod native;
+pub mod npz;
 pub mod pipeline;
 pub mod trainer;
 pub mod transport;

@@ -222,9 +222,8 @@ impl PlanSpec {
             inputs.push(DataInput {
                 name: i.name.clone(),
                 onnx_name: i.onnx_name.clone(),
-                ty: ppir::text::parse_type(&i.ty).map_err(|e| {
-                    PlanSpecError::Invalid(format!("input type `{}`: {e}", i.ty))
-                })?,
+                ty: ppir::text::parse_type(&i.ty)
+                    .map_err(|e| PlanSpecError::Invalid(format!("input type `{}`: {e}", i.ty)))?,
                 synthetic: match i.synthetic {
                     Synthetic::Normal => Distribution::Normal,
                     Synthetic::Uniform([low, high]) => Distribution::Uniform { low, high },
