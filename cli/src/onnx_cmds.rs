@@ -1,6 +1,6 @@
 //! `ppcc import`, `ppcc eval`, `ppcc conform`: the ONNX frontend on the command line.
 
-use crate::npz;
+use ppcc_runtime::npz;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,7 +17,7 @@ use ppcc_runtime::native::{Arg as NativeArgRef, NativeModule};
 use ppir::interp::{run_function, InterpOptions, Precision};
 use ppir::{Function, Module};
 
-use crate::target::{build_native, ScratchDir, Target};
+use ppcc_driver::target::{build_native, ScratchDir, Target};
 use ppir::text::{print_module, PrintOptions};
 use ppir::ArgKind;
 

@@ -8,22 +8,22 @@
 //! scientific notation below 1e-4 (`2.765547752380371`, `1.4511585504806135e-5`).
 //! Everything else goes to standard error.
 
-use crate::target::{build_native, ScratchDir, Target};
+use ppcc_driver::target::{build_native, ScratchDir, Target};
 use ppcc_runtime::native::NativeExecutor;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use ppcc_passes::autodiff::LossKind;
 use ppcc_runtime::data::{default_specs, index_limits_of, with_batch};
-use ppcc_runtime::{
-    ArraySource, BatchSource, Distribution, InputSpec, SyntheticSource, Trainer, TrainerOptions,
-};
-use ppir::{DType, Dim, Tensor, TensorData, TensorType};
+use ppcc_runtime::{BatchSource, SyntheticSource, Trainer, TrainerOptions};
+use ppir::{Dim, Tensor, TensorType};
 
-use crate::npz::read_npz;
-use crate::program::{build_training, prepare, step_bar, Prepared, ProgramArgs, Training};
+use crate::program::{step_bar, ProgramArgs};
+use ppcc_driver::data::{label_spec, npz_source};
+use ppcc_driver::program::{build_training, prepare, Prepared, Training};
+use ppcc_runtime::npz::read_npz;
 
 /// Train a model on one device (native code by default, or the reference interpreter).
 ///
@@ -102,12 +102,12 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
         first_output,
         global,
         micro,
-    } = prepare(&a.model, &a.program, a.microbatches)?;
+    } = prepare(&a.model, &a.program.options(), a.microbatches)?;
     let Training {
         info,
         params,
         optimizer: opt,
-    } = build_training(&mut module, &a.program, a.microbatches)?;
+    } = build_training(&mut module, &a.program.options(), a.microbatches)?;
     let (kind, lr) = (opt.kind, opt.lr);
     let trainer_opts = TrainerOptions {
         grad: info.function.clone(),
@@ -203,7 +203,7 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
         bar.inc(1);
         if !report.loss.is_finite() && !a.allow_nonfinite_loss {
             bar.finish_and_clear();
-            bail!(crate::run_cmd::nonfinite_loss(k, report.loss));
+            bail!(ppcc_driver::run::nonfinite_loss(k, report.loss));
         }
     }
     bar.finish_and_clear();
@@ -256,92 +256,10 @@ pub(crate) fn step_line(step: u64, loss: f64) -> String {
     format!("step {step} loss {loss:?}")
 }
 
-/// Synthetic labels: class ids below the logits' last dimension, or N(0,1) targets.
-pub(crate) fn label_spec(ty: &TensorType, first_output: Option<&TensorType>) -> Result<InputSpec> {
-    let dist = if ty.dtype.is_float() {
-        Distribution::Normal
-    } else {
-        let classes = first_output
-            .and_then(|t| t.dims.last())
-            .and_then(|d| d.known())
-            .context(
-                "cannot tell the number of classes: the first output has no static last axis",
-            )?;
-        Distribution::Uniform {
-            low: 0,
-            high: classes as i64,
-        }
-    };
-    Ok(InputSpec {
-        name: "labels".into(),
-        ty: ty.clone(),
-        dist,
-    })
-}
-
-/// The arrays `wanted` (IR name → global-batch type) from an `.npz`'s arrays (by ONNX
-/// name), converted to the wanted element types where that loses nothing meaningful.
-pub(crate) fn npz_source(
-    path: &str,
-    arrays: Vec<(String, Tensor)>,
-    wanted: &[(String, TensorType)],
-    onnx_name: &HashMap<String, String>,
-    global: usize,
-) -> Result<ArraySource> {
-    let mut by_name: HashMap<String, Tensor> = arrays.into_iter().collect();
-    let mut selected = vec![];
-    for (ir, ty) in wanted {
-        let key = onnx_name.get(ir).cloned().unwrap_or_else(|| ir.clone());
-        let t = by_name.remove(&key).with_context(|| {
-            let mut have: Vec<&String> = by_name.keys().collect();
-            have.sort();
-            format!(
-                "{path} has no array `{key}` (it has: {})",
-                have.iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?;
-        let t = convert(&key, t, ty.dtype)?;
-        if t.shape.len() != ty.rank()
-            || t.shape[1..]
-                .iter()
-                .zip(&ty.dims[1..])
-                .any(|(&n, d)| d.known() != Some(n as u64))
-        {
-            let want: Vec<String> = std::iter::once("N".to_string())
-                .chain(ty.dims[1..].iter().map(|d| d.to_string()))
-                .collect();
-            bail!(
-                "array `{key}` in {path} has shape {:?}; the model wants [{}] (N rows)",
-                t.shape,
-                want.join(", ")
-            );
-        }
-        selected.push((ir.clone(), t));
-    }
-    Ok(ArraySource::new(selected, global)?)
-}
-
-/// `t` as `dtype`: floats to floats (rounded), integers to integers; never float ↔ integer.
-pub(crate) fn convert(name: &str, t: Tensor, dtype: DType) -> Result<Tensor> {
-    if t.dtype == dtype {
-        return Ok(t);
-    }
-    match (&t.data, dtype.is_float()) {
-        (TensorData::Float(v), true) => Ok(Tensor::from_f64(dtype, t.shape.clone(), v.clone())),
-        (TensorData::Int(v), false) => Ok(Tensor::from_i64(dtype, t.shape.clone(), v.clone())),
-        _ => bail!(
-            "array `{name}` has element type {}, the model wants {dtype}",
-            t.dtype
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ppir::DType;
 
     #[test]
     fn step_lines_round_trip() {
@@ -358,14 +276,16 @@ mod tests {
     #[test]
     fn conversions() {
         let t = Tensor::from_f64(DType::F64, vec![2], vec![0.1, 2.0]);
-        let c = convert("x", t, DType::F32).unwrap();
+        let c = ppcc_driver::data::convert("x", t, DType::F32).unwrap();
         assert_eq!(c.dtype, DType::F32);
         let i = Tensor::from_i64(DType::I32, vec![1], vec![5]);
         assert_eq!(
-            convert("i", i.clone(), DType::I64).unwrap().dtype,
+            ppcc_driver::data::convert("i", i.clone(), DType::I64)
+                .unwrap()
+                .dtype,
             DType::I64
         );
-        assert!(convert("i", i, DType::F32).is_err());
+        assert!(ppcc_driver::data::convert("i", i, DType::F32).is_err());
     }
 
     #[test]
@@ -380,8 +300,8 @@ module {
 }
 "#;
         let mut m = ppir::text::parse_module(src).unwrap();
-        assert_eq!(crate::program::model_batch(&m).unwrap(), Some(8));
-        crate::program::set_batch(&mut m, Some(8), 2).unwrap();
+        assert_eq!(ppcc_driver::program::model_batch(&m).unwrap(), Some(8));
+        ppcc_driver::program::set_batch(&mut m, Some(8), 2).unwrap();
         let f = m.function("main").unwrap();
         assert_eq!(f.result_types()[0], TensorType::of(DType::F32, &[2, 2]));
 
@@ -394,7 +314,7 @@ module {
 }
 "#;
         let mut m = ppir::text::parse_module(fixed).unwrap();
-        let e = crate::program::set_batch(&mut m, Some(4), 1)
+        let e = ppcc_driver::program::set_batch(&mut m, Some(4), 1)
             .unwrap_err()
             .to_string();
         assert!(e.contains("fixed at 4"), "{e}");

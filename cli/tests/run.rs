@@ -645,7 +645,7 @@ fn damaged_build_directories_are_refused_with_the_file_named() {
     let d = dir.to_str().unwrap();
     let plan: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
-    assert_eq!(plan["version"], 2);
+    assert_eq!(plan["version"], 3);
     for s in 0..2 {
         for f in ["module.so", "params.npz", "stage.ppir"] {
             let rec = &plan["files"][format!("stage{s}/{f}")];

@@ -13,12 +13,8 @@ use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-/// Size and SHA-256 (lowercase hex) of one file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileRecord {
-    pub bytes: u64,
-    pub sha256: String,
-}
+/// Size and SHA-256 (lowercase hex) of one file, as plan.json records it.
+pub use ppcc_plan::FileRecord;
 
 /// Why a recorded file may not be used.
 #[derive(Debug, thiserror::Error)]
@@ -52,63 +48,61 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-impl FileRecord {
-    /// The record of `bytes`.
-    pub fn of(bytes: &[u8]) -> FileRecord {
-        FileRecord {
-            bytes: bytes.len() as u64,
-            sha256: sha256_hex(bytes),
-        }
+/// The record of `bytes`.
+pub fn record_of(bytes: &[u8]) -> FileRecord {
+    FileRecord {
+        bytes: bytes.len() as u64,
+        sha256: sha256_hex(bytes),
     }
+}
 
-    /// The record of the file at `path` as it is now.
-    pub fn of_file(path: &Path) -> Result<FileRecord, IntegrityError> {
-        let bytes = std::fs::read(path).map_err(|source| IntegrityError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(FileRecord::of(&bytes))
-    }
+/// The record of the file at `path` as it is now.
+pub fn record_of_file(path: &Path) -> Result<FileRecord, IntegrityError> {
+    let bytes = std::fs::read(path).map_err(|source| IntegrityError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(record_of(&bytes))
+}
 
-    /// The contents of `path` if they are what this record describes. The size is
-    /// compared before anything is read (a huge or truncated file fails at once) and the
-    /// hash over the bytes returned, so the caller uses exactly what was checked.
-    pub fn read_verified(&self, path: &Path) -> Result<Vec<u8>, IntegrityError> {
-        let read_err = |source| IntegrityError::Read {
+/// The contents of `path` if they are what `record` describes. The size is compared
+/// before anything is read (a huge or truncated file fails at once) and the hash over the
+/// bytes returned, so the caller uses exactly what was checked.
+pub fn read_verified(record: &FileRecord, path: &Path) -> Result<Vec<u8>, IntegrityError> {
+    let read_err = |source| IntegrityError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let f = std::fs::File::open(path).map_err(read_err)?;
+    let found = f.metadata().map_err(read_err)?.len();
+    if found != record.bytes {
+        return Err(IntegrityError::Size {
             path: path.to_path_buf(),
-            source,
-        };
-        let f = std::fs::File::open(path).map_err(read_err)?;
-        let found = f.metadata().map_err(read_err)?.len();
-        if found != self.bytes {
-            return Err(IntegrityError::Size {
-                path: path.to_path_buf(),
-                expected: self.bytes,
-                found,
-            });
-        }
-        let mut bytes = Vec::with_capacity(self.bytes as usize);
-        // One byte more than recorded: a file growing meanwhile is caught below.
-        f.take(self.bytes + 1)
-            .read_to_end(&mut bytes)
-            .map_err(read_err)?;
-        if bytes.len() as u64 != self.bytes {
-            return Err(IntegrityError::Size {
-                path: path.to_path_buf(),
-                expected: self.bytes,
-                found: bytes.len() as u64,
-            });
-        }
-        let found = sha256_hex(&bytes);
-        if found != self.sha256 {
-            return Err(IntegrityError::Hash {
-                path: path.to_path_buf(),
-                expected: self.sha256.clone(),
-                found,
-            });
-        }
-        Ok(bytes)
+            expected: record.bytes,
+            found,
+        });
     }
+    let mut bytes = Vec::with_capacity(record.bytes as usize);
+    // One byte more than recorded: a file growing meanwhile is caught below.
+    f.take(record.bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 != record.bytes {
+        return Err(IntegrityError::Size {
+            path: path.to_path_buf(),
+            expected: record.bytes,
+            found: bytes.len() as u64,
+        });
+    }
+    let found = sha256_hex(&bytes);
+    if found != record.sha256 {
+        return Err(IntegrityError::Hash {
+            path: path.to_path_buf(),
+            expected: record.sha256.clone(),
+            found,
+        });
+    }
+    Ok(bytes)
 }
 
 /// Whether `rel` is a path below a directory: relative, no `..`, no `.`, not empty.
@@ -127,21 +121,21 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("module.so");
         std::fs::write(&p, b"0123456789").unwrap();
-        let rec = FileRecord::of_file(&p).unwrap();
+        let rec = record_of_file(&p).unwrap();
         assert_eq!(rec.bytes, 10);
-        assert_eq!(rec.read_verified(&p).unwrap(), b"0123456789");
+        assert_eq!(read_verified(&rec, &p).unwrap(), b"0123456789");
         std::fs::write(&p, b"01234").unwrap();
-        let e = rec.read_verified(&p).unwrap_err().to_string();
+        let e = read_verified(&rec, &p).unwrap_err().to_string();
         assert!(
             e.contains("module.so has 5 bytes but plan.json records 10"),
             "{e}"
         );
         std::fs::write(&p, b"0123456780").unwrap();
-        let e = rec.read_verified(&p).unwrap_err();
+        let e = read_verified(&rec, &p).unwrap_err();
         assert!(matches!(e, IntegrityError::Hash { .. }), "{e}");
         assert!(e.to_string().contains(&p.display().to_string()));
         std::fs::remove_file(&p).unwrap();
-        let e = rec.read_verified(&p).unwrap_err().to_string();
+        let e = read_verified(&rec, &p).unwrap_err().to_string();
         assert!(
             e.starts_with(&format!("cannot read {}", p.display())),
             "{e}"

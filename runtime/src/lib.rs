@@ -23,6 +23,7 @@ pub mod data;
 pub mod gpu;
 pub mod integrity;
 pub mod native;
+pub mod npz;
 pub mod pipeline;
 pub mod trainer;
 pub mod transport;

@@ -281,3 +281,18 @@ pub fn signal_name(sig: i32) -> &'static str {
 pub fn onnx_external_file() -> &'static str {
     onnx::EXTERNAL_FILE
 }
+
+/// An error and its causes joined by `: `, as `ppcc` prints them.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !s.ends_with(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cur = c.source();
+    }
+    s
+}

@@ -1,6 +1,5 @@
-//! `npz`: the `.npz` reader of the `ppcc` CLI (`cli/src/npz.rs`, compiled into this crate
-//! because the CLI is binary-only), in-process, on a file as `ppcc eval`/`train`/`run`
-//! read it.
+//! `npz`: ppcc's `.npz` reader (`ppcc_runtime::npz`), in-process, on a file as `ppcc
+//! eval`/`train`/`run` read it.
 //!
 //! Format-aware mutations keep a valid zip and craft the `.npy` inside: huge or negative
 //! shapes (`(2^62, 4)` with no data), wrong or exotic dtypes, Fortran order, truncated
@@ -13,9 +12,7 @@ use super::{files_with_ext, read_all, Env, Target, Verdict};
 use crate::mutate::{interesting, number_text};
 use crate::rng::Rng;
 
-#[allow(dead_code)] // the writer half is not fuzzed
-#[path = "../../../cli/src/npz.rs"]
-mod reader;
+use ppcc_runtime::npz as reader;
 
 pub struct Npz;
 
@@ -24,7 +21,7 @@ impl Target for Npz {
         "npz"
     }
     fn describe(&self) -> &'static str {
-        "the ppcc CLI's .npz reader (cli/src/npz.rs read_npz)"
+        "ppcc's .npz reader (ppcc_runtime::npz::read_npz)"
     }
     fn ext(&self) -> &'static str {
         "npz"
@@ -108,7 +105,7 @@ impl Target for Npz {
                 }
                 Verdict::Accepted
             }
-            Err(e) => Verdict::Rejected(format!("{e:#}")),
+            Err(e) => Verdict::Rejected(crate::targets::error_chain(&e)),
         }
     }
 }

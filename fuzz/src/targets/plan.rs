@@ -20,7 +20,7 @@ impl Target for Plan {
         "plan"
     }
     fn describe(&self) -> &'static str {
-        "plan.json (ppcc_runtime::pipeline::PlanSpec::from_json)"
+        "plan.json (ppcc_plan::Plan, then ppcc_runtime::pipeline::PlanSpec::from_doc)"
     }
     fn ext(&self) -> &'static str {
         "json"
@@ -56,7 +56,7 @@ impl Target for Plan {
             .map_or(Path::new("."), |d| d.as_path());
         match PlanSpec::from_json(&v, dir) {
             Ok(_) => Verdict::Accepted,
-            Err(e) => Verdict::Rejected(e),
+            Err(e) => Verdict::Rejected(super::error_chain(&e)),
         }
     }
 }

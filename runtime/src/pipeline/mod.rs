@@ -29,7 +29,7 @@
 
 mod plan;
 
-pub use plan::{PlanSpec, StageSpec};
+pub use plan::{DataInput, PlanSpec, PlanSpecError, StageSpec, PLAN_TARGETS};
 pub use ppir::schedule::{Action, ActionKind};
 
 use std::borrow::Cow;

@@ -7,9 +7,59 @@ use std::fs::File;
 use std::io::{Cursor, Read, Write};
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
 use npyz::WriterBuilder;
 use ppir::{DType, Tensor, TensorData};
+
+/// Why an `.npz` cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum NpzError {
+    /// The archive or an array in it is not what ppcc reads, explained.
+    #[error("{0}")]
+    Invalid(String),
+    /// What was being read or written when `source` failed.
+    #[error("{context}")]
+    Context {
+        context: String,
+        #[source]
+        source: Box<NpzError>,
+    },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Zip(#[from] zip::result::ZipError),
+    #[error(transparent)]
+    Size(#[from] ppir::size::SizeError),
+    #[error(transparent)]
+    Npyz(#[from] npyz::DTypeError),
+}
+
+type Result<T, E = NpzError> = std::result::Result<T, E>;
+
+macro_rules! bail {
+    ($($t:tt)*) => {
+        return Err(NpzError::Invalid(format!($($t)*)))
+    };
+}
+
+/// `anyhow`-style context for this module's errors.
+trait Context<T> {
+    fn with_context<C: std::fmt::Display>(self, f: impl FnOnce() -> C) -> Result<T>;
+}
+
+impl<T, E: Into<NpzError>> Context<T> for Result<T, E> {
+    fn with_context<C: std::fmt::Display>(self, f: impl FnOnce() -> C) -> Result<T> {
+        self.map_err(|e| NpzError::Context {
+            context: f().to_string(),
+            source: Box::new(e.into()),
+        })
+    }
+}
+
+impl<T> Context<T> for Option<T> {
+    fn with_context<C: std::fmt::Display>(self, f: impl FnOnce() -> C) -> Result<T> {
+        self.ok_or_else(|| NpzError::Invalid(f().to_string()))
+    }
+}
 
 /// numpy writes headers of a few hundred bytes and refuses to read ones over 10,000 by
 /// default; a 4 GB header length is an attack, not an array.
@@ -131,11 +181,11 @@ fn read_array(name: &str, mut r: impl Read) -> Result<Tensor> {
     })?;
     let mut data = Vec::new();
     data.try_reserve_exact(data_bytes).map_err(|_| {
-        anyhow::anyhow!(
+        NpzError::Invalid(format!(
             "array `{name}` (shape {:?}): cannot allocate {} for its data",
             head.shape,
             ppir::size::Bytes(data_bytes as u64)
-        )
+        ))
     })?;
     r.take(data_bytes as u64)
         .read_to_end(&mut data)
@@ -173,10 +223,10 @@ fn read_array(name: &str, mut r: impl Read) -> Result<Tensor> {
 fn collect_exact<T>(name: &str, n: usize, items: impl Iterator<Item = T>) -> Result<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| {
-        anyhow::anyhow!(
+        NpzError::Invalid(format!(
             "array `{name}`: cannot allocate {} for its {n} elements",
             ppir::size::Bytes((n as u64).saturating_mul(8))
-        )
+        ))
     })?;
     v.extend(items);
     Ok(v)
@@ -318,6 +368,17 @@ pub fn write_npz(path: &Path, arrays: &[(String, Tensor)]) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The error and its causes, as `ppcc` prints them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            s.push_str(&format!(": {c}"));
+            cur = c.source();
+        }
+        s
+    }
+
     #[test]
     fn round_trip() {
         let dir = std::env::temp_dir().join(format!("ppcc-npz-{}", std::process::id()));
@@ -397,7 +458,7 @@ mod tests {
         let path = dir.join("big.npz");
         for shape in ["(4611686018427387904, 4)", "(2147483648, 2147483648, 4)"] {
             write_entry(&path, &npy_header("<f4", shape), 0);
-            let e = format!("{:#}", read_npz(&path).unwrap_err());
+            let e = chain(&read_npz(&path).unwrap_err());
             assert!(
                 e.contains("array `x`: shape [") && e.contains("is too large"),
                 "{e}"
@@ -405,12 +466,12 @@ mod tests {
         }
         // A size numpy cannot write either, and a header past any real one.
         write_entry(&path, &npy_header("<f4", "(99999999999999999999999,)"), 0);
-        let e = format!("{:#}", read_npz(&path).unwrap_err());
+        let e = chain(&read_npz(&path).unwrap_err());
         assert!(e.contains("shape is not a tuple of sizes"), "{e}");
         let mut huge = b"\x93NUMPY\x02\x00".to_vec();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         write_entry(&path, &huge, 0);
-        let e = format!("{:#}", read_npz(&path).unwrap_err());
+        let e = chain(&read_npz(&path).unwrap_err());
         assert!(e.contains("header claims 4294967295 bytes"), "{e}");
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -423,7 +484,7 @@ mod tests {
         let dir = scratch("bomb");
         let path = dir.join("bomb.npz");
         write_entry(&path, &npy_header("<f4", "(1099511627776,)"), 64 << 20);
-        let e = format!("{:#}", read_npz(&path).unwrap_err());
+        let e = chain(&read_npz(&path).unwrap_err());
         if ppir::size::available_memory().is_some() {
             assert!(
                 e.contains("array `x` (shape [1099511627776], dtype f4) needs"),
@@ -436,7 +497,7 @@ mod tests {
         assert_eq!(back[0].1.shape, vec![8, 64]);
         // Data that ends early is an error naming the array.
         write_entry(&path, &npy_header("<f4", "(8, 64)"), 100);
-        let e = format!("{:#}", read_npz(&path).unwrap_err());
+        let e = chain(&read_npz(&path).unwrap_err());
         assert!(
             e.contains("array `x`: 100 bytes of data for shape [8, 64]"),
             "{e}"

@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use ppcc_codegen::{build_module, BuildOptions};
 use ppcc_runtime::native::NativeModule;
 use ppir::Module;
 
 /// Where model code runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Target {
     /// The reference interpreter (slow, obviously right).
     Interp,
