@@ -8,12 +8,13 @@
 ;   exact:   sqrt, rsqrt (1/sqrt), fabs, floor, ceil, trunc, rint, round, fma, copysign,
 ;            fmin, fmax (f32 and f64);
 ;   approx:  f32 exp2/log2 (`ex2.approx`, `lg2.approx`, about 2 ulp), and from them exp,
-;            log, pow, tanh, sin and cos (`sin.approx`/`cos.approx`) as CUDA's fast-math
-;            intrinsics compute them (`__expf`, `__logf`, `__powf`). f32 `exp`, `erf` and
+;            log, pow and tanh as CUDA's fast-math intrinsics compute them (`__expf`,
+;            `__logf`, `__powf`); f32 sin and cos through the f64 ones. f32 `exp`, `erf` and
 ;            `tanh` are normally inlined by ppcc's lowering as accurate polynomials
 ;            (`lower/mathfn.rs`) and never reach these.
-;   f64:     exp, log, tanh and pow (range reduction and series; relative error below
-;            3e-14 against libm): softmax and cross-entropy accumulate in f64, and the
+;   f64:     exp, log, tanh, pow, erf, sin and cos (range reduction, series, a
+;            continued fraction; error below 3e-14 relative, 2e-16 absolute for sin/cos,
+;            against libm): softmax and cross-entropy accumulate in f64, and the
 ;            half types compute these functions in f64.
 ; Other f64 transcendental functions are not provided: a kernel that needs one is refused
 ; when its PTX still declares the function (`codegen/src/gpu.rs`).
@@ -179,14 +180,6 @@ define float @__nv_tanhf(float %x) alwaysinline {
   %r = call float @llvm.copysign.f32(float %m, float %x)
   ret float %r
 }
-define float @__nv_sinf(float %x) alwaysinline {
-  %r = call float @llvm.nvvm.sin.approx.f(float %x)
-  ret float %r
-}
-define float @__nv_cosf(float %x) alwaysinline {
-  %r = call float @llvm.nvvm.cos.approx.f(float %x)
-  ret float %r
-}
 
 ; ---- f64 exp and log (relative error below 3e-14, checked against libm) ----
 ; exp: n = rint(x·log2 e), r = x − n·ln 2 (two-part ln 2, |r| ≤ ln2/2), e^r by its Taylor
@@ -346,6 +339,262 @@ define double @__nv_pow(double %x, double %y) alwaysinline {
   ret double %r3
 }
 
+; erf: |x| ≤ 2.5: (2/√π)·x·Σ (−1)ⁿ x²ⁿ/(n!(2n+1)) to n = 44; beyond, 1 − erfc(|x|) with
+; erfc(x) = e^{−x²}/(√π·t), t = x + ½/(x + 1/(x + (3/2)/(x + ...))) to 50 levels; ±1
+; from |x| = 6 on. Odd; NaN propagates.
+define double @__nv_erf(double %x) alwaysinline {
+  %a0 = call double @llvm.fabs.f64(double %x)
+  %a = call double @llvm.minnum.f64(double %a0, double 6.0)
+  %z = fmul double %a, %a
+  %s44 = fadd double 0.0, 0x343A8830736A5123
+  %s43 = call double @llvm.fma.f64(double %z, double %s44, double 0xB492A8FA59FFEC31)
+  %s42 = call double @llvm.fma.f64(double %z, double %s43, double 0x34E9AA19D4D16643)
+  %s41 = call double @llvm.fma.f64(double %z, double %s42, double 0xB5413F85FC9E143E)
+  %s40 = call double @llvm.fma.f64(double %z, double %s41, double 0x3596A513F56F8A2F)
+  %s39 = call double @llvm.fma.f64(double %z, double %s40, double 0xB5ED05CC9E3507C9)
+  %s38 = call double @llvm.fma.f64(double %z, double %s39, double 0x36422521D98F98A9)
+  %s37 = call double @llvm.fma.f64(double %z, double %s38, double 0xB6961F30BC3ACD1A)
+  %s36 = call double @llvm.fma.f64(double %z, double %s37, double 0x36EA47767F2A3C32)
+  %s35 = call double @llvm.fma.f64(double %z, double %s36, double 0xB73E6597092CCBF0)
+  %s34 = call double @llvm.fma.f64(double %z, double %s35, double 0x37911AE81077A49E)
+  %s33 = call double @llvm.fma.f64(double %z, double %s34, double 0xB7E2B778ACC3DEDF)
+  %s32 = call double @llvm.fma.f64(double %z, double %s33, double 0x3833E53DEFC4E233)
+  %s31 = call double @llvm.fma.f64(double %z, double %s32, double 0xB88486EEA20C2656)
+  %s30 = call double @llvm.fma.f64(double %z, double %s31, double 0x38D4899FCDEF0A8D)
+  %s29 = call double @llvm.fma.f64(double %z, double %s30, double 0xB923E81BB5701AC5)
+  %s28 = call double @llvm.fma.f64(double %z, double %s29, double 0x3972AC65385F79AC)
+  %s27 = call double @llvm.fma.f64(double %z, double %s28, double 0xB9C0EEF30FA10D2C)
+  %s26 = call double @llvm.fma.f64(double %z, double %s27, double 0x3A0DA7460554E5DB)
+  %s25 = call double @llvm.fma.f64(double %z, double %s26, double 0xBA5909C9DE3A31C5)
+  %s24 = call double @llvm.fma.f64(double %z, double %s25, double 0x3AA45C0A838EFE59)
+  %s23 = call double @llvm.fma.f64(double %z, double %s24, double 0xBAEFD6BEBD65107A)
+  %s22 = call double @llvm.fma.f64(double %z, double %s23, double 0x3B37E6B81382CD42)
+  %s21 = call double @llvm.fma.f64(double %z, double %s22, double 0xBB813246ABCE1BDD)
+  %s20 = call double @llvm.fma.f64(double %z, double %s21, double 0x3BC7ABD72258FB6E)
+  %s19 = call double @llvm.fma.f64(double %z, double %s20, double 0xBC0F1B4073B34A68)
+  %s18 = call double @llvm.fma.f64(double %z, double %s19, double 0x3C5377C2110F2083)
+  %s17 = call double @llvm.fma.f64(double %z, double %s18, double 0xBC97271CBE5863EC)
+  %s16 = call double @llvm.fma.f64(double %z, double %s17, double 0x3CDA173A167FBA4D)
+  %s15 = call double @llvm.fma.f64(double %z, double %s16, double 0xBD1BC6250FB14231)
+  %s14 = call double @llvm.fma.f64(double %z, double %s15, double 0x3D5BD577E658D020)
+  %s13 = call double @llvm.fma.f64(double %z, double %s14, double 0xBD9A289EE7E40F74)
+  %s12 = call double @llvm.fma.f64(double %z, double %s13, double 0x3DD6F448E13E85E1)
+  %s11 = call double @llvm.fma.f64(double %z, double %s12, double 0xBE12B67310AA9F3A)
+  %s10 = call double @llvm.fma.f64(double %z, double %s11, double 0x3E4C2E3054870B38)
+  %s9 = call double @llvm.fma.f64(double %z, double %s10, double 0xBE83777C55568CCD)
+  %s8 = call double @llvm.fma.f64(double %z, double %s9, double 0x3EB87A00187A0018)
+  %s7 = call double @llvm.fma.f64(double %z, double %s8, double 0xBEEBBD779334EF0B)
+  %s6 = call double @llvm.fma.f64(double %z, double %s7, double 0x3F1C01C01C01C01C)
+  %s5 = call double @llvm.fma.f64(double %z, double %s6, double 0xBF48D3018D3018D3)
+  %s4 = call double @llvm.fma.f64(double %z, double %s5, double 0x3F72F684BDA12F68)
+  %s3 = call double @llvm.fma.f64(double %z, double %s4, double 0xBF98618618618618)
+  %s2 = call double @llvm.fma.f64(double %z, double %s3, double 0x3FB999999999999A)
+  %s1 = call double @llvm.fma.f64(double %z, double %s2, double 0xBFD5555555555555)
+  %s0 = call double @llvm.fma.f64(double %z, double %s1, double 0x3FF0000000000000)
+  %sx = fmul double %s0, %a
+  %small = fmul double %sx, 0x3FF20DD750429B6D
+  %t50 = fadd double %a, 0.0
+  %q50 = fdiv double 0x4039000000000000, %t50
+  %t49 = fadd double %a, %q50
+  %q49 = fdiv double 0x4038800000000000, %t49
+  %t48 = fadd double %a, %q49
+  %q48 = fdiv double 0x4038000000000000, %t48
+  %t47 = fadd double %a, %q48
+  %q47 = fdiv double 0x4037800000000000, %t47
+  %t46 = fadd double %a, %q47
+  %q46 = fdiv double 0x4037000000000000, %t46
+  %t45 = fadd double %a, %q46
+  %q45 = fdiv double 0x4036800000000000, %t45
+  %t44 = fadd double %a, %q45
+  %q44 = fdiv double 0x4036000000000000, %t44
+  %t43 = fadd double %a, %q44
+  %q43 = fdiv double 0x4035800000000000, %t43
+  %t42 = fadd double %a, %q43
+  %q42 = fdiv double 0x4035000000000000, %t42
+  %t41 = fadd double %a, %q42
+  %q41 = fdiv double 0x4034800000000000, %t41
+  %t40 = fadd double %a, %q41
+  %q40 = fdiv double 0x4034000000000000, %t40
+  %t39 = fadd double %a, %q40
+  %q39 = fdiv double 0x4033800000000000, %t39
+  %t38 = fadd double %a, %q39
+  %q38 = fdiv double 0x4033000000000000, %t38
+  %t37 = fadd double %a, %q38
+  %q37 = fdiv double 0x4032800000000000, %t37
+  %t36 = fadd double %a, %q37
+  %q36 = fdiv double 0x4032000000000000, %t36
+  %t35 = fadd double %a, %q36
+  %q35 = fdiv double 0x4031800000000000, %t35
+  %t34 = fadd double %a, %q35
+  %q34 = fdiv double 0x4031000000000000, %t34
+  %t33 = fadd double %a, %q34
+  %q33 = fdiv double 0x4030800000000000, %t33
+  %t32 = fadd double %a, %q33
+  %q32 = fdiv double 0x4030000000000000, %t32
+  %t31 = fadd double %a, %q32
+  %q31 = fdiv double 0x402F000000000000, %t31
+  %t30 = fadd double %a, %q31
+  %q30 = fdiv double 0x402E000000000000, %t30
+  %t29 = fadd double %a, %q30
+  %q29 = fdiv double 0x402D000000000000, %t29
+  %t28 = fadd double %a, %q29
+  %q28 = fdiv double 0x402C000000000000, %t28
+  %t27 = fadd double %a, %q28
+  %q27 = fdiv double 0x402B000000000000, %t27
+  %t26 = fadd double %a, %q27
+  %q26 = fdiv double 0x402A000000000000, %t26
+  %t25 = fadd double %a, %q26
+  %q25 = fdiv double 0x4029000000000000, %t25
+  %t24 = fadd double %a, %q25
+  %q24 = fdiv double 0x4028000000000000, %t24
+  %t23 = fadd double %a, %q24
+  %q23 = fdiv double 0x4027000000000000, %t23
+  %t22 = fadd double %a, %q23
+  %q22 = fdiv double 0x4026000000000000, %t22
+  %t21 = fadd double %a, %q22
+  %q21 = fdiv double 0x4025000000000000, %t21
+  %t20 = fadd double %a, %q21
+  %q20 = fdiv double 0x4024000000000000, %t20
+  %t19 = fadd double %a, %q20
+  %q19 = fdiv double 0x4023000000000000, %t19
+  %t18 = fadd double %a, %q19
+  %q18 = fdiv double 0x4022000000000000, %t18
+  %t17 = fadd double %a, %q18
+  %q17 = fdiv double 0x4021000000000000, %t17
+  %t16 = fadd double %a, %q17
+  %q16 = fdiv double 0x4020000000000000, %t16
+  %t15 = fadd double %a, %q16
+  %q15 = fdiv double 0x401E000000000000, %t15
+  %t14 = fadd double %a, %q15
+  %q14 = fdiv double 0x401C000000000000, %t14
+  %t13 = fadd double %a, %q14
+  %q13 = fdiv double 0x401A000000000000, %t13
+  %t12 = fadd double %a, %q13
+  %q12 = fdiv double 0x4018000000000000, %t12
+  %t11 = fadd double %a, %q12
+  %q11 = fdiv double 0x4016000000000000, %t11
+  %t10 = fadd double %a, %q11
+  %q10 = fdiv double 0x4014000000000000, %t10
+  %t9 = fadd double %a, %q10
+  %q9 = fdiv double 0x4012000000000000, %t9
+  %t8 = fadd double %a, %q9
+  %q8 = fdiv double 0x4010000000000000, %t8
+  %t7 = fadd double %a, %q8
+  %q7 = fdiv double 0x400C000000000000, %t7
+  %t6 = fadd double %a, %q7
+  %q6 = fdiv double 0x4008000000000000, %t6
+  %t5 = fadd double %a, %q6
+  %q5 = fdiv double 0x4004000000000000, %t5
+  %t4 = fadd double %a, %q5
+  %q4 = fdiv double 0x4000000000000000, %t4
+  %t3 = fadd double %a, %q4
+  %q3 = fdiv double 0x3FF8000000000000, %t3
+  %t2 = fadd double %a, %q3
+  %q2 = fdiv double 0x3FF0000000000000, %t2
+  %t1 = fadd double %a, %q2
+  %q1 = fdiv double 0x3FE0000000000000, %t1
+  %t0 = fadd double %a, %q1
+  %nz = fneg double %z
+  %e = call double @__nv_exp(double %nz)
+  %den = fmul double %t0, 0x3FFC5BF891B4EF6A
+  %erfc = fdiv double %e, %den
+  %big = fsub double 1.0, %erfc
+  %issmall = fcmp olt double %a, 2.5
+  %r = select i1 %issmall, double %small, double %big
+  %s = call double @llvm.copysign.f64(double %r, double %x)
+  %nan = fcmp uno double %x, %x
+  %res = select i1 %nan, double %x, double %s
+  ret double %res
+}
+
+; sin and cos: n = rint(x·2/π), r = x − n·π/2 (π/2 in three parts, each step an fma),
+; |r| ≤ π/4; sin r and cos r by their Taylor series (to r¹⁹ and r¹⁸), chosen and signed
+; by n mod 4. Accurate for |x| up to about 1e9; ±inf and NaN give NaN.
+define internal void @ppcc_sincos(double %x, ptr %sp, ptr %cp) alwaysinline {
+  %t = fmul double %x, 0x3FE45F306DC9C883
+  %n = call double @llvm.roundeven.f64(double %t)
+  %nn = fneg double %n
+  %r1 = call double @llvm.fma.f64(double %nn, double 0x3FF921FB54400000, double %x)
+  %r2 = call double @llvm.fma.f64(double %nn, double 0x3DD0B4611A600000, double %r1)
+  %r = call double @llvm.fma.f64(double %nn, double 0x3BA3198A2E000000, double %r2)
+  %z = fmul double %r, %r
+  %ps9 = fadd double 0.0, 0xBC62F49B46814157
+  %ps8 = call double @llvm.fma.f64(double %z, double %ps9, double 0x3CE952C77030AD4A)
+  %ps7 = call double @llvm.fma.f64(double %z, double %ps8, double 0xBD6AE7F3E733B81F)
+  %ps6 = call double @llvm.fma.f64(double %z, double %ps7, double 0x3DE6124613A86D09)
+  %ps5 = call double @llvm.fma.f64(double %z, double %ps6, double 0xBE5AE64567F544E4)
+  %ps4 = call double @llvm.fma.f64(double %z, double %ps5, double 0x3EC71DE3A556C734)
+  %ps3 = call double @llvm.fma.f64(double %z, double %ps4, double 0xBF2A01A01A01A01A)
+  %ps2 = call double @llvm.fma.f64(double %z, double %ps3, double 0x3F81111111111111)
+  %ps1 = call double @llvm.fma.f64(double %z, double %ps2, double 0xBFC5555555555555)
+  %ps0 = call double @llvm.fma.f64(double %z, double %ps1, double 0x3FF0000000000000)
+  %sr = fmul double %r, %ps0
+  %pc9 = fadd double 0.0, 0xBCA6827863B97D97
+  %pc8 = call double @llvm.fma.f64(double %z, double %pc9, double 0x3D2AE7F3E733B81F)
+  %pc7 = call double @llvm.fma.f64(double %z, double %pc8, double 0xBDA93974A8C07C9D)
+  %pc6 = call double @llvm.fma.f64(double %z, double %pc7, double 0x3E21EED8EFF8D898)
+  %pc5 = call double @llvm.fma.f64(double %z, double %pc6, double 0xBE927E4FB7789F5C)
+  %pc4 = call double @llvm.fma.f64(double %z, double %pc5, double 0x3EFA01A01A01A01A)
+  %pc3 = call double @llvm.fma.f64(double %z, double %pc4, double 0xBF56C16C16C16C17)
+  %pc2 = call double @llvm.fma.f64(double %z, double %pc3, double 0x3FA5555555555555)
+  %pc1 = call double @llvm.fma.f64(double %z, double %pc2, double 0xBFE0000000000000)
+  %pc0 = call double @llvm.fma.f64(double %z, double %pc1, double 0x3FF0000000000000)
+  %cr = fadd double %pc0, 0.0
+  %ni = fptosi double %n to i64
+  %q = and i64 %ni, 3
+  %nsr = fneg double %sr
+  %ncr = fneg double %cr
+  %q1 = icmp eq i64 %q, 1
+  %q2 = icmp eq i64 %q, 2
+  %q3 = icmp eq i64 %q, 3
+  %s_a = select i1 %q1, double %cr, double %sr
+  %s_b = select i1 %q2, double %nsr, double %s_a
+  %s = select i1 %q3, double %ncr, double %s_b
+  %c_a = select i1 %q1, double %nsr, double %cr
+  %c_b = select i1 %q2, double %ncr, double %c_a
+  %c = select i1 %q3, double %sr, double %c_b
+  %ax = call double @llvm.fabs.f64(double %x)
+  %fin = fcmp olt double %ax, 0x7FF0000000000000
+  %so = select i1 %fin, double %s, double 0x7FF8000000000000
+  %co = select i1 %fin, double %c, double 0x7FF8000000000000
+  store double %so, ptr %sp
+  store double %co, ptr %cp
+  ret void
+}
+define double @__nv_sin(double %x) alwaysinline {
+  %s = alloca double
+  %c = alloca double
+  call void @ppcc_sincos(double %x, ptr %s, ptr %c)
+  %r = load double, ptr %s
+  ret double %r
+}
+define float @__nv_sinf(float %x) alwaysinline {
+  %d = fpext float %x to double
+  %r = call double @__nv_sin(double %d)
+  %f = fptrunc double %r to float
+  ret float %f
+}
+define double @__nv_cos(double %x) alwaysinline {
+  %s = alloca double
+  %c = alloca double
+  call void @ppcc_sincos(double %x, ptr %s, ptr %c)
+  %r = load double, ptr %c
+  ret double %r
+}
+define float @__nv_cosf(float %x) alwaysinline {
+  %d = fpext float %x to double
+  %r = call double @__nv_cos(double %d)
+  %f = fptrunc double %r to float
+  ret float %f
+}
+
+define float @__nv_erff(float %x) alwaysinline {
+  %d = fpext float %x to double
+  %r = call double @__nv_erf(double %d)
+  %f = fptrunc double %r to float
+  ret float %f
+}
+
 declare float @llvm.sqrt.f32(float)
 declare double @llvm.sqrt.f64(double)
 declare float @llvm.fabs.f32(float)
@@ -368,5 +617,3 @@ declare float @llvm.maxnum.f32(float, float)
 declare double @llvm.maxnum.f64(double, double)
 declare float @llvm.nvvm.ex2.approx.f(float)
 declare float @llvm.nvvm.lg2.approx.f(float)
-declare float @llvm.nvvm.sin.approx.f(float)
-declare float @llvm.nvvm.cos.approx.f(float)

@@ -476,6 +476,14 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     if a.stages == 0 {
         bail!("--stages must be at least 1");
     }
+    // Refused before anything is read or written.
+    let cuda = match a.target {
+        Target::Cuda => Some(
+            ppcc_codegen::CudaOptions::new(&a.cuda_arch)
+                .map_err(|e| DriverError::Invalid(e.to_string()))?,
+        ),
+        _ => None,
+    };
     check_output_dir(&output, a.force)?;
     let profile = load_profile(&a.device_profile)?;
     let memory_limit = a
@@ -688,13 +696,6 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         for st in &split.stages {
             stage_modules.push(write_stage(&module, st, &output)?);
         }
-        let cuda = match a.target {
-            Target::Cuda => Some(
-                ppcc_codegen::CudaOptions::new(&a.cuda_arch)
-                    .map_err(|e| DriverError::Invalid(e.to_string()))?,
-            ),
-            _ => None,
-        };
         if a.target.is_native() {
             let mut built_so = Vec::new();
             for (st, sm) in split.stages.iter().zip(&stage_modules) {

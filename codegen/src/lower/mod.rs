@@ -457,10 +457,9 @@ impl<'f> Emitter<'f> {
             ));
         }
         let c = self.op(format!("arith.constant {lit} : {ty}"));
-        let empty = self.empty(shape, d);
-        self.op(format!(
-            "bufferization.materialize_in_destination {c} in {empty} : ({ty}, {ty}) -> {ty}"
-        ))
+        // A fresh allocation (never merged with another by `cse`, unlike `tensor.empty`)
+        // that bufferization fills with a copy of the global.
+        self.op(format!("bufferization.alloc_tensor() copy({c}) : {ty}"))
     }
 
     pub fn zeros(&mut self, shape: &[u64], d: DType) -> String {

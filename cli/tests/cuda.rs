@@ -1,0 +1,161 @@
+//! `--target cuda` without a GPU: compiling works anywhere and writes PTX for every stage
+//! that NVIDIA's `ptxas` assembles for the architecture it was written for (sm_80 and
+//! sm_90); `ppcc run` of a CUDA plan on a machine without the CUDA driver stops with an
+//! error naming it; a bad `--cuda-arch` is refused before anything is written.
+//!
+//! `ptxas` comes from the test venv (PyPI `nvidia-cuda-nvcc-cu12`), `$PPCC_PTXAS` or PATH;
+//! without one the assembly step is skipped, except in CI (`CI` set), where it must run.
+//! On a GPU machine, `scripts/gpu-check.sh` runs the plans (see README, GPUs).
+
+mod pipeline_common;
+
+use std::path::{Path, PathBuf};
+
+use pipeline_common::{compile, ppcc, repo};
+
+fn tmp(name: &str) -> PathBuf {
+    pipeline_common::tmp("ppcc-cuda-test", name)
+}
+
+fn ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("PPCC_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let venv = repo().join(".venv/lib/python3.11/site-packages/nvidia/cuda_nvcc/bin/ptxas");
+    if venv.exists() {
+        return Some(venv);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join("ptxas"))
+        .find(|p| p.exists())
+}
+
+/// Every `.ptx` of every stage of `dir`, by stage.
+fn ptx_files(dir: &Path, stages: usize) -> Vec<Vec<PathBuf>> {
+    (0..stages)
+        .map(|s| {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(dir.join(format!("stage{s}")))
+                .expect("stage dir")
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "ptx"))
+                .collect();
+            v.sort();
+            v
+        })
+        .collect()
+}
+
+fn assemble(files: &[PathBuf], arch: &str) {
+    let Some(ptxas) = ptxas() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "ptxas not found (scripts/setup.sh --test installs it into .venv)"
+        );
+        eprintln!("ptxas not found: the PTX is not assembled");
+        return;
+    };
+    for f in files {
+        let out = std::process::Command::new(&ptxas)
+            .arg(format!("-arch={arch}"))
+            .arg(f)
+            .arg("-o")
+            .arg(f.with_extension("cubin"))
+            .output()
+            .expect("ptxas runs");
+        assert!(
+            out.status.success(),
+            "ptxas -arch={arch} {}:\n{}",
+            f.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn cuda_plans_compile_anywhere_and_their_ptx_assembles() {
+    for (model, extra) in [
+        ("examples/gpt.onnx", &[][..]),
+        ("examples/two_tower.onnx", &["--loss", "mse"][..]),
+    ] {
+        for arch in ["sm_80", "sm_90"] {
+            let dir = tmp(&format!(
+                "{}-{arch}",
+                Path::new(model).file_stem().unwrap().to_string_lossy()
+            ));
+            let mut args = vec!["--stages", "2", "--target", "cuda", "--cuda-arch", arch];
+            args.extend_from_slice(extra);
+            compile(model, &dir, &args);
+            let plan = std::fs::read_to_string(dir.join("plan.json")).unwrap();
+            assert!(plan.contains("\"target\": \"cuda\""), "{plan}");
+            let per_stage = ptx_files(&dir, 2);
+            for (s, files) in per_stage.iter().enumerate() {
+                assert!(
+                    !files.is_empty(),
+                    "{model} {arch}: stage {s} has no kernels"
+                );
+                assert!(dir.join(format!("stage{s}/module.so")).exists());
+                for f in files {
+                    let text = std::fs::read_to_string(f).unwrap();
+                    assert!(text.contains(&format!(".target {arch}")), "{}", f.display());
+                    assert!(!text.contains(".extern .func"), "{}", f.display());
+                }
+            }
+            assemble(&per_stage.concat(), arch);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+#[test]
+fn a_cuda_plan_without_a_gpu_stops_with_a_clear_error() {
+    // Only meaningful where there is no CUDA driver (CI, this project's machines).
+    let has_driver = ["libcuda.so.1", "libcuda.so"].iter().any(|l| {
+        // SAFETY: probing for the driver library; loading it runs its initialisers only.
+        unsafe { libloading::Library::new(l) }.is_ok()
+    });
+    if has_driver {
+        eprintln!("a CUDA driver is present: skipped");
+        return;
+    }
+    let dir = tmp("nogpu");
+    compile(
+        "examples/mlp.onnx",
+        &dir,
+        &["--stages", "2", "--target", "cuda"],
+    );
+    let out = ppcc(&["run", dir.to_str().unwrap(), "--steps", "1"]);
+    assert!(!out.ok, "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains("CUDA driver library (libcuda.so.1) cannot be loaded"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_cuda_arch_is_refused() {
+    let dir = tmp("arch");
+    let out = ppcc(&[
+        "examples/mlp.onnx",
+        "-o",
+        dir.to_str().unwrap(),
+        "--target",
+        "cuda",
+        "--cuda-arch",
+        "sm_6",
+    ]);
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("unknown CUDA architecture `sm_6`"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !dir.exists(),
+        "nothing is written for a refused --cuda-arch"
+    );
+}
