@@ -377,7 +377,7 @@ impl<'a> Compiler<'a> {
         STEPS
             .iter()
             .filter(|s| !(self.options.plan_only && s.needs_program))
-            .filter(|s| !(s.name == "codegen" && !self.options.target.is_native()))
+            .filter(|s| s.name != "codegen" || self.options.target.is_native())
             .map(|s| {
                 let passes = self
                     .inserted
