@@ -26,6 +26,31 @@ use crate::gpu::CudaOptions;
 use crate::lower::Signature;
 use crate::support_cache::{load_or_build, private_temp_file, resolve_cache_dir, sha256_hex};
 
+/// The passes every target starts with (see [`CPU_PIPELINE`]): bufferization with
+/// caller-provided results and every temporary freed.
+macro_rules! bufferize_passes {
+    () => {
+        "cse,\
+one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},\
+buffer-results-to-out-params{hoist-static-allocs modify-public-functions},\
+buffer-deallocation-pipeline,"
+    };
+}
+pub(crate) use bufferize_passes;
+
+/// The passes that lower host loops and everything else left to the LLVM dialect.
+macro_rules! host_to_llvm_passes {
+    () => {
+        "expand-strided-metadata,\
+lower-affine,\
+convert-scf-to-cf,\
+convert-math-to-llvm,\
+convert-math-to-libm,\
+convert-to-llvm,\
+reconcile-unrealized-casts"
+    };
+}
+
 /// The default bufferization + lowering pipeline (CPU, scalar loops; matrix products call
 /// the support GEMM, [`SUPPORT_C`]).
 ///
@@ -37,19 +62,13 @@ use crate::support_cache::{load_or_build, private_temp_file, resolve_cache_dir, 
 ///   output buffers (destination-passing style: the caller owns all memory);
 /// - the ownership-based deallocation pipeline frees every temporary;
 /// - linalg → loops → cf → LLVM dialect.
-pub const CPU_PIPELINE: &str = "builtin.module(\
-cse,\
-one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},\
-buffer-results-to-out-params{hoist-static-allocs modify-public-functions},\
-buffer-deallocation-pipeline,\
-convert-linalg-to-loops,\
-expand-strided-metadata,\
-lower-affine,\
-convert-scf-to-cf,\
-convert-math-to-llvm,\
-convert-math-to-libm,\
-convert-to-llvm,\
-reconcile-unrealized-casts)";
+pub const CPU_PIPELINE: &str = concat!(
+    "builtin.module(",
+    bufferize_passes!(),
+    "convert-linalg-to-loops,",
+    host_to_llvm_passes!(),
+    ")"
+);
 
 /// [`CPU_PIPELINE`] on the loops the CUDA target turns into kernels: `linalg` becomes
 /// `scf.parallel` loops tiled by the thread-block size and mapped to blocks and threads as
@@ -58,23 +77,9 @@ reconcile-unrealized-casts)";
 /// the loops the kernels are made of compute what the interpreter does.
 pub fn cpu_gpu_loops_pipeline() -> String {
     format!(
-        "builtin.module(\
-cse,\
-one-shot-bufferize{{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}},\
-buffer-results-to-out-params{{hoist-static-allocs modify-public-functions}},\
-buffer-deallocation-pipeline,\
-convert-linalg-to-parallel-loops,\
-func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={} no-min-max-bounds}}),\
-sccp,\
-func.func(gpu-map-parallel-loops),\
-expand-strided-metadata,\
-lower-affine,\
-convert-scf-to-cf,\
-convert-math-to-llvm,\
-convert-math-to-libm,\
-convert-to-llvm,\
-reconcile-unrealized-casts)",
-        crate::gpu::tile_sizes()
+        "builtin.module({}{})",
+        crate::gpu::gpu_loops_passes(),
+        host_to_llvm_passes!()
     )
 }
 

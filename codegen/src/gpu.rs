@@ -96,20 +96,27 @@ impl CudaOptions {
     }
 }
 
+/// Bufferization, then `linalg` → `scf.parallel` loops tiled into thread blocks
+/// ([`tile_sizes`]) and mapped to blocks and threads: the part of [`cuda_pipeline`] that
+/// [`crate::compile::cpu_gpu_loops_pipeline`] also runs (then as host loops). Ends with a
+/// comma.
+pub fn gpu_loops_passes() -> String {
+    format!(
+        "{}convert-linalg-to-parallel-loops,\
+func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={} no-min-max-bounds}}),\
+sccp,\
+func.func(gpu-map-parallel-loops),",
+        crate::compile::bufferize_passes!(),
+        tile_sizes()
+    )
+}
+
 /// The MLIR pass pipeline of the CUDA target: bufferization as on the CPU (caller-provided
 /// results, every temporary freed), then loops → kernels → PTX with ppcc's math library
 /// `math_lib` linked into every kernel module, and the host code to the LLVM dialect.
 pub fn cuda_pipeline(opts: &CudaOptions, math_lib: &Path) -> String {
     format!(
-        "builtin.module(\
-cse,\
-one-shot-bufferize{{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}},\
-buffer-results-to-out-params{{hoist-static-allocs modify-public-functions}},\
-buffer-deallocation-pipeline,\
-convert-linalg-to-parallel-loops,\
-func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={tiles} no-min-max-bounds}}),\
-sccp,\
-func.func(gpu-map-parallel-loops),\
+        "builtin.module({loops}\
 convert-parallel-loops-to-gpu,\
 lower-affine,\
 gpu-kernel-outlining,\
@@ -133,7 +140,7 @@ convert-to-llvm,\
 canonicalize,\
 cse,\
 reconcile-unrealized-casts)",
-        tiles = tile_sizes(),
+        loops = gpu_loops_passes(),
         chip = opts.arch,
         features = opts.ptx_features(),
         lib = math_lib.display(),

@@ -625,19 +625,7 @@ fn emit_gemm_generic(
     // against `batch` (size 1 against a larger one reads index 0), then (row, col).
     let operand_map = |x: &Mat, row: &str, col: &str| {
         let r = x.shape.len();
-        let own = &x.shape[..r - 2];
-        let lead = nb - own.len();
-        let mut map: Vec<String> = own
-            .iter()
-            .enumerate()
-            .map(|(j, &s)| {
-                if s == 1 && batch[lead + j] != 1 {
-                    "0".to_string()
-                } else {
-                    format!("d{}", lead + j)
-                }
-            })
-            .collect();
+        let mut map = batch_map(&x.shape[..r - 2], batch);
         if x.trans {
             map.extend([col.to_string(), row.to_string()]);
         } else {
@@ -675,18 +663,7 @@ fn emit_gemm_generic(
     let mut inputs = vec![Operand::identity(p.as_str(), &out, d)];
     if let Some((cn, cs, _)) = c {
         // `c` (rank <= 2) broadcast against the trailing (m, n) dimensions.
-        let lead = r - cs.len();
-        let map = cs
-            .iter()
-            .enumerate()
-            .map(|(j, &s)| {
-                if s == 1 && out[lead + j] != 1 {
-                    "0".to_string()
-                } else {
-                    format!("d{}", lead + j)
-                }
-            })
-            .collect();
+        let map = batch_map(cs, &out);
         inputs.push(Operand::new(cn, cs, d, map));
     }
     let init = e.empty(&out, d);
@@ -804,7 +781,7 @@ fn gemm_operand(e: &Emitter, op: &OpView, i: usize) -> (String, Vec<u64>, bool) 
 
 /// The indexing of a batch of `shape` broadcast against `batch` (numpy rules): size-1
 /// dimensions against larger ones index with 0, missing leading dimensions are dropped.
-fn batch_map(shape: &[u64], batch: &[u64]) -> Vec<String> {
+pub(super) fn batch_map(shape: &[u64], batch: &[u64]) -> Vec<String> {
     let lead = batch.len() - shape.len();
     shape
         .iter()

@@ -891,18 +891,7 @@ fn expand(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     if numel(x) == numel(&out) {
         return Ok(vec![e.reshape(&src, x, &out, d)]);
     }
-    let lead = rank - x.len();
-    let map = x
-        .iter()
-        .enumerate()
-        .map(|(j, &s)| {
-            if s == 1 && out[lead + j] != 1 {
-                "0".to_string()
-            } else {
-                format!("d{}", lead + j)
-            }
-        })
-        .collect();
+    let map = super::contraction::batch_map(x, &out);
     let init = e.empty(&out, d);
     Ok(e.generic(
         rank,
