@@ -40,6 +40,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+use petgraph::algo::kosaraju_scc;
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::Dfs;
+
 use ppir::{
     ArgKind, Attr, Attrs, Function, Module, NewOp, OpId, OpKind, Phase, Use, ValueDef, ValueId,
 };
@@ -559,26 +563,30 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
 }
 
 /// `reach[a][b]`: a path of forward edges leads from stage a to stage b (a ≠ b); an error if
-/// the edges form a cycle.
+/// the edges form a cycle, naming its smallest stage.
 fn reachability(n: usize, edges: &BTreeSet<(u32, u32)>) -> Result<Vec<Vec<bool>>, PassError> {
-    let mut reach = vec![vec![false; n]; n];
-    for &(a, b) in edges {
-        reach[a as usize][b as usize] = true;
+    let mut g = DiGraph::<(), ()>::with_capacity(n, edges.len());
+    for _ in 0..n {
+        g.add_node(());
     }
-    for k in 0..n {
-        let via = reach[k].clone();
-        for row in reach.iter_mut() {
-            if row[k] {
-                for (r, &v) in row.iter_mut().zip(&via) {
-                    *r |= v;
-                }
-            }
-        }
-    }
-    if let Some(s) = (0..n).find(|&s| reach[s][s]) {
+    g.extend_with_edges(edges.iter().copied());
+    let on_cycle = kosaraju_scc(&g)
+        .into_iter()
+        .filter(|c| c.len() > 1 || g.contains_edge(c[0], c[0]))
+        .flatten()
+        .map(|s| s.index())
+        .min();
+    if let Some(s) = on_cycle {
         return Err(fail(format!(
             "the stages form a cycle through stage {s}: forward values go from stage {s} back to itself; a partition must make the stage graph acyclic"
         )));
+    }
+    let mut reach = vec![vec![false; n]; n];
+    for (a, row) in reach.iter_mut().enumerate() {
+        let mut dfs = Dfs::new(&g, NodeIndex::new(a));
+        while let Some(b) = dfs.next(&g) {
+            row[b.index()] = b.index() != a;
+        }
     }
     Ok(reach)
 }

@@ -454,6 +454,50 @@ fn builtin_profiles_load() {
     let e = DeviceProfile::from_json(r#"{"name": "x", "peak_flops": {"f32": 1}}"#, "x.json")
         .unwrap_err();
     assert!(e.to_string().contains("memory_bandwidth"), "{e}");
+    // Strict: unknown fields, wrong types (at the field's path) and bad values are refused.
+    let mut v = h.to_value();
+    v["memory_bandwith"] = 1.into();
+    let e = DeviceProfile::from_value(&v, "typo.json").unwrap_err();
+    assert!(
+        e.to_string().contains("unknown field `memory_bandwith`"),
+        "{e}"
+    );
+    let mut v = h.to_value();
+    v["peak_flops"]["bf16"] = "fast".into();
+    let e = DeviceProfile::from_value(&v, "x.json").unwrap_err();
+    assert!(
+        matches!(&e, CostError::Profile { path, .. } if path == "peak_flops.bf16"),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("`peak_flops.bf16`: invalid type"),
+        "{e}"
+    );
+    let mut v = h.to_value();
+    v["link_latency"] = (-1.0).into();
+    let e = DeviceProfile::from_value(&v, "x.json").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("`link_latency`: must be a finite number"),
+        "{e}"
+    );
+    let mut v = h.to_value();
+    v["peak_flops"].as_object_mut().unwrap().remove("f32");
+    let e = DeviceProfile::from_value(&v, "x.json").unwrap_err();
+    assert!(
+        e.to_string().contains("`peak_flops`: needs an `f32` entry"),
+        "{e}"
+    );
+    let e = DeviceProfile::from_json(&format!("{} x", h.to_json()), "x.json").unwrap_err();
+    assert!(e.to_string().contains("trailing characters"), "{e}");
+    // `measure_ops` is optional and written only when set.
+    assert!(h.to_value().get("measure_ops").is_none());
+    let mut host = h.clone();
+    host.measure_ops = true;
+    assert_eq!(
+        DeviceProfile::from_value(&host.to_value(), "x").unwrap(),
+        host
+    );
     assert!(matches!(
         DeviceProfile::from_file("/nonexistent/p.json"),
         Err(CostError::Io { .. })

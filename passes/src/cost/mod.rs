@@ -57,8 +57,13 @@ pub enum CostError {
     #[error("{what}: {message}")]
     Invalid { what: String, message: String },
     /// A device profile that does not parse or has a bad field.
-    #[error("device profile `{origin}`: {message}")]
-    Profile { origin: String, message: String },
+    #[error("device profile `{origin}`: {}{message}", field_prefix(.path))]
+    Profile {
+        origin: String,
+        /// The field at fault (`peak_flops.f32`); empty for the whole object.
+        path: String,
+        message: String,
+    },
     /// A name [`DeviceProfile::builtin`] does not know.
     #[error("unknown device profile `{0}` (known: h100, a100, host)")]
     UnknownProfile(String),
@@ -68,4 +73,13 @@ pub enum CostError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// "`path`: " before a profile error's message, nothing for the whole object.
+fn field_prefix(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!("`{path}`: ")
+    }
 }

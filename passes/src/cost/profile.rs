@@ -13,12 +13,15 @@
 //! Units are FLOP/s, bytes/s, bytes and seconds. `peak_flops` is keyed by the IR's dtype
 //! names (`f64 f32 f16 bf16 i64 i32 i8`, plus `tf32`, which no IR dtype selects by
 //! itself: codegen lowers f32 matmuls as plain f32); a dtype without an entry uses `f32`'s.
+//! `description`, `source` and `measure_ops` are optional; any other field is required and
+//! an unknown field is an error, reported with the path of the field at fault.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use ppir::DType;
-use serde_json::{Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::op::OpCost;
 use super::CostError;
@@ -29,13 +32,17 @@ pub const BUILTIN_PROFILES: [&str; 3] = ["h100", "a100", "host"];
 const H100: &str = include_str!("../../profiles/h100.json");
 const A100: &str = include_str!("../../profiles/a100.json");
 
-/// What one device can do.
-#[derive(Clone, Debug, PartialEq)]
+/// What one device can do; also the profile file's format (field for field, strict: an
+/// unknown or missing field is an error naming its path).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeviceProfile {
     pub name: String,
     /// The device in words.
+    #[serde(default)]
     pub description: String,
     /// Where the numbers come from (spec sheet, measurement).
+    #[serde(default)]
     pub source: String,
     /// Peak FLOP/s by dtype name; see the module documentation.
     pub peak_flops: BTreeMap<String, f64>,
@@ -52,7 +59,19 @@ pub struct DeviceProfile {
     /// Time each op by running it with the reference interpreter on this machine
     /// ([`super::op_time_in`]) instead of the roofline (the `host` profile: predictions of
     /// what `ppcc run` will measure here).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub measure_ops: bool,
+}
+
+/// A profile that does not deserialize, with the path of the field at fault.
+fn schema_error<E: std::fmt::Display>(origin: &str, e: serde_path_to_error::Error<E>) -> CostError {
+    let path = e.path().to_string();
+    CostError::Profile {
+        origin: origin.to_string(),
+        // `.`: the top-level object (a missing or unknown field, which the message names).
+        path: if path == "." { String::new() } else { path },
+        message: e.into_inner().to_string(),
+    }
 }
 
 impl DeviceProfile {
@@ -79,109 +98,70 @@ impl DeviceProfile {
 
     /// Parse a profile; `origin` names it in errors (a file name or builtin name).
     pub fn from_json(text: &str, origin: &str) -> Result<DeviceProfile, CostError> {
-        let v: Value = serde_json::from_str(text).map_err(|e| CostError::Profile {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let p: DeviceProfile =
+            serde_path_to_error::deserialize(&mut de).map_err(|e| schema_error(origin, e))?;
+        // Nothing but whitespace after the object.
+        de.end().map_err(|e| CostError::Profile {
             origin: origin.to_string(),
+            path: String::new(),
             message: e.to_string(),
         })?;
-        DeviceProfile::from_value(&v, origin)
+        p.validate(origin)?;
+        Ok(p)
     }
 
     /// Build from an already parsed JSON object.
     pub fn from_value(v: &Value, origin: &str) -> Result<DeviceProfile, CostError> {
-        let bad = |message: String| CostError::Profile {
+        let p: DeviceProfile =
+            serde_path_to_error::deserialize(v).map_err(|e| schema_error(origin, e))?;
+        p.validate(origin)?;
+        Ok(p)
+    }
+
+    /// What the types cannot say: a name, finite non-negative numbers, positive peaks and
+    /// bandwidths (they divide), an `f32` peak (the fallback).
+    fn validate(&self, origin: &str) -> Result<(), CostError> {
+        let bad = |path: String, message: String| CostError::Profile {
             origin: origin.to_string(),
+            path,
             message,
         };
-        let obj = v
-            .as_object()
-            .ok_or_else(|| bad("expected a JSON object".into()))?;
-        let text = |key: &str| -> Result<String, CostError> {
-            match obj.get(key) {
-                None => Ok(String::new()),
-                Some(Value::String(s)) => Ok(s.clone()),
-                Some(_) => Err(bad(format!("`{key}` must be a string"))),
-            }
-        };
-        let positive = |key: &str, x: Option<&Value>| -> Result<f64, CostError> {
-            let x = x
-                .ok_or_else(|| bad(format!("missing `{key}`")))?
-                .as_f64()
-                .ok_or_else(|| bad(format!("`{key}` must be a number")))?;
+        if self.name.is_empty() {
+            return Err(bad("name".into(), "must not be empty".into()));
+        }
+        let peaks = self
+            .peak_flops
+            .iter()
+            .map(|(k, &x)| (format!("peak_flops.{k}"), x, true));
+        let numbers = [
+            ("memory_bandwidth", self.memory_bandwidth, true),
+            ("memory_bytes", self.memory_bytes, false),
+            ("link_bandwidth", self.link_bandwidth, true),
+            ("link_latency", self.link_latency, false),
+            ("op_overhead", self.op_overhead, false),
+        ]
+        .map(|(k, x, nonzero)| (k.to_string(), x, nonzero));
+        for (path, x, nonzero) in peaks.chain(numbers) {
             if !x.is_finite() || x < 0.0 {
-                return Err(bad(format!("`{key}` must be a finite number ≥ 0, got {x}")));
+                return Err(bad(path, format!("must be a finite number ≥ 0, got {x}")));
             }
-            Ok(x)
-        };
-        let num = |key: &str| positive(key, obj.get(key));
-        let name = text("name")?;
-        if name.is_empty() {
-            return Err(bad("missing `name`".into()));
-        }
-        let mut peak_flops = BTreeMap::new();
-        let peaks = obj
-            .get("peak_flops")
-            .and_then(Value::as_object)
-            .ok_or_else(|| bad("missing `peak_flops` (an object of dtype → FLOP/s)".into()))?;
-        for (k, x) in peaks {
-            let p = positive(&format!("peak_flops.{k}"), Some(x))?;
-            if p == 0.0 {
-                return Err(bad(format!("`peak_flops.{k}` must be > 0")));
+            if nonzero && x == 0.0 {
+                return Err(bad(path, "must be > 0".into()));
             }
-            peak_flops.insert(k.clone(), p);
         }
-        if !peak_flops.contains_key("f32") {
+        if !self.peak_flops.contains_key("f32") {
             return Err(bad(
-                "`peak_flops` needs an `f32` entry (the fallback)".into()
+                "peak_flops".into(),
+                "needs an `f32` entry (the fallback)".into(),
             ));
         }
-        let profile = DeviceProfile {
-            name,
-            description: text("description")?,
-            source: text("source")?,
-            peak_flops,
-            memory_bandwidth: num("memory_bandwidth")?,
-            memory_bytes: num("memory_bytes")?,
-            link_bandwidth: num("link_bandwidth")?,
-            link_latency: num("link_latency")?,
-            op_overhead: num("op_overhead")?,
-            measure_ops: match obj.get("measure_ops") {
-                None => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(bad("`measure_ops` must be true or false".into())),
-            },
-        };
-        for (key, x) in [
-            ("memory_bandwidth", profile.memory_bandwidth),
-            ("link_bandwidth", profile.link_bandwidth),
-        ] {
-            if x == 0.0 {
-                return Err(bad(format!("`{key}` must be > 0")));
-            }
-        }
-        Ok(profile)
+        Ok(())
     }
 
     /// The profile as a JSON object (what [`DeviceProfile::from_value`] reads).
     pub fn to_value(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("name".into(), self.name.clone().into());
-        m.insert("description".into(), self.description.clone().into());
-        m.insert("source".into(), self.source.clone().into());
-        let peaks: Map<String, Value> = self
-            .peak_flops
-            .iter()
-            .map(|(k, &v)| (k.clone(), v.into()))
-            .collect();
-        m.insert("peak_flops".into(), Value::Object(peaks));
-        m.insert("memory_bandwidth".into(), self.memory_bandwidth.into());
-        m.insert("memory_bytes".into(), self.memory_bytes.into());
-        m.insert("link_bandwidth".into(), self.link_bandwidth.into());
-        m.insert("link_latency".into(), self.link_latency.into());
-        m.insert("op_overhead".into(), self.op_overhead.into());
-        if self.measure_ops {
-            m.insert("measure_ops".into(), true.into());
-        }
-        Value::Object(m)
+        serde_json::to_value(self).expect("a profile always serializes")
     }
 
     /// The profile as pretty JSON text.

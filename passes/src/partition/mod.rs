@@ -453,7 +453,8 @@ fn materialize(
             n, g.nodes[n].name
         )));
     }
-    // Topological numbering (Kahn, smallest first node first).
+    // Topological numbering (Kahn, smallest first node first). Hand-written: petgraph's
+    // toposort has no tie-break, and stage numbers show in plans, lit tests and outputs.
     let mut succ: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); k];
     let mut indeg = vec![0usize; k];
     for e in &g.edges {

@@ -13,6 +13,8 @@
 
 use std::collections::HashMap;
 
+use petgraph::unionfind::UnionFind;
+
 use super::graph::NodeGraph;
 
 /// A series-parallel tree over node ids.
@@ -75,28 +77,18 @@ pub fn decompose(g: &NodeGraph, nodes: &[usize]) -> Sp {
     }
     let index: HashMap<usize, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     // Weakly connected components inside the set.
-    let mut parent: Vec<usize> = (0..nodes.len()).collect();
-    fn find(p: &mut [usize], mut x: usize) -> usize {
-        while p[x] != x {
-            p[x] = p[p[x]];
-            x = p[x];
-        }
-        x
-    }
+    let mut parts = UnionFind::<usize>::new(nodes.len());
     for (i, &n) in nodes.iter().enumerate() {
         for s in &g.succs[n] {
             if let Some(&j) = index.get(s) {
-                let (a, b) = (find(&mut parent, i), find(&mut parent, j));
-                if a != b {
-                    parent[a] = b;
-                }
+                parts.union(i, j);
             }
         }
     }
     let mut comps: Vec<Vec<usize>> = vec![];
     let mut comp_of: HashMap<usize, usize> = HashMap::new();
     for (i, &n) in nodes.iter().enumerate() {
-        let r = find(&mut parent, i);
+        let r = parts.find_mut(i);
         let c = *comp_of.entry(r).or_insert_with(|| {
             comps.push(vec![]);
             comps.len() - 1

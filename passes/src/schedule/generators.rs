@@ -8,6 +8,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use petgraph::algo::toposort;
+use petgraph::graph::DiGraph;
+
 use super::{Action, ActionKind, Layout, Schedule, ScheduleError};
 
 use ActionKind::{BackwardInput as Bi, BackwardWeight as Bw, Forward as Fw, FullBackward as Bf};
@@ -181,25 +184,21 @@ fn stage_heights(layout: &Layout) -> Result<Vec<usize>, ScheduleError> {
             e.0, e.1
         )));
     }
-    // Longest path to a sink, by Kahn's algorithm on the reversed graph.
-    let mut outdeg: Vec<usize> = (0..n).map(|s| layout.succs(s).len()).collect();
-    let mut height = vec![0usize; n];
-    let mut queue: VecDeque<usize> = (0..n).filter(|&s| outdeg[s] == 0).collect();
-    let mut seen = 0;
-    while let Some(x) = queue.pop_front() {
-        seen += 1;
-        for q in layout.preds(x) {
-            height[q] = height[q].max(height[x] + 1);
-            outdeg[q] -= 1;
-            if outdeg[q] == 0 {
-                queue.push_back(q);
-            }
-        }
+    let mut g = DiGraph::<(), ()>::with_capacity(n, edges.len());
+    for _ in 0..n {
+        g.add_node(());
     }
-    if seen != n {
-        return Err(ScheduleError::Invalid(
-            "the stage graph has a cycle".to_string(),
-        ));
+    g.extend_with_edges(edges.iter().map(|&(a, b)| (a as u32, b as u32)));
+    let order = toposort(&g, None)
+        .map_err(|_| ScheduleError::Invalid("the stage graph has a cycle".to_string()))?;
+    // Longest path to a sink: a stage's successors come after it in the order.
+    let mut height = vec![0usize; n];
+    for x in order.into_iter().rev() {
+        height[x.index()] = g
+            .neighbors(x)
+            .map(|y| height[y.index()] + 1)
+            .max()
+            .unwrap_or(0);
     }
     Ok(height)
 }
