@@ -30,6 +30,12 @@ pub enum GpuError {
     NoDevice(String),
     #[error("CUDA {call}: {message}")]
     Driver { call: &'static str, message: String },
+    /// A kernel image the driver could not load (its JIT log), or a kernel not in it.
+    #[error("kernel `{kernel}`: {message}")]
+    Kernel { kernel: String, message: String },
+    /// The runtime's own bookkeeping failed (a poisoned lock after a panic).
+    #[error("the GPU runtime's state is unusable after an earlier panic")]
+    Poisoned,
 }
 
 /// The table a CUDA module takes (`ppcc_gpu_api` in `gpu_shim.c`; same layout).
@@ -354,17 +360,23 @@ impl GpuDevice {
         })
     }
 
-    fn function(&self, image: *const c_void, name: &CStr) -> Result<*mut c_void, String> {
+    fn function(&self, image: *const c_void, name: &CStr) -> Result<*mut c_void, GpuError> {
         let key = (image as usize, name.to_owned());
-        if let Some(&f) = self.functions.lock().map_err(|e| e.to_string())?.get(&key) {
+        let kernel = || name.to_string_lossy().into_owned();
+        if let Some(&f) = self
+            .functions
+            .lock()
+            .map_err(|_| GpuError::Poisoned)?
+            .get(&key)
+        {
             return Ok(f as *mut c_void);
         }
         let module = {
-            let mut modules = self.modules.lock().map_err(|e| e.to_string())?;
+            let mut modules = self.modules.lock().map_err(|_| GpuError::Poisoned)?;
             match modules.get(&(image as usize)) {
                 Some(&m) => m,
                 None => {
-                    let m = load_image(image)?;
+                    let m = load_image(image, &kernel())?;
                     modules.insert(image as usize, m);
                     m
                 }
@@ -373,8 +385,10 @@ impl GpuDevice {
         let mut f = std::ptr::null_mut();
         // SAFETY: `module` is loaded in this device's (current) context.
         let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
-        check("cuModuleGetFunction", r)
-            .map_err(|e| format!("kernel `{}`: {e}", name.to_string_lossy()))?;
+        check("cuModuleGetFunction", r).map_err(|e| GpuError::Kernel {
+            kernel: kernel(),
+            message: e.to_string(),
+        })?;
         if let Ok(mut fs) = self.functions.lock() {
             fs.insert(key, f as usize);
         }
@@ -382,9 +396,9 @@ impl GpuDevice {
     }
 }
 
-/// JIT-compile a NUL-terminated PTX image in the current context; the error names what
-/// the JIT compiler said.
-fn load_image(image: *const c_void) -> Result<sys::CUmodule, String> {
+/// JIT-compile a NUL-terminated PTX image (that holds `kernel`) in the current context; the
+/// error holds what the JIT compiler said.
+fn load_image(image: *const c_void, kernel: &str) -> Result<sys::CUmodule, GpuError> {
     let mut log = vec![0u8; 8192];
     let mut options = [
         sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
@@ -403,19 +417,23 @@ fn load_image(image: *const c_void) -> Result<sys::CUmodule, String> {
             values.as_mut_ptr(),
         )
     };
-    check("cuModuleLoadDataEx", r).map_err(|e| {
-        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-        let text = String::from_utf8_lossy(&log[..end]);
-        format!(
-            "loading a kernel image (PTX): {e}{}",
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(m);
+    }
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    let text = String::from_utf8_lossy(&log[..end]);
+    Err(GpuError::Kernel {
+        kernel: kernel.to_string(),
+        message: format!(
+            "loading its image (PTX): {}{}",
+            describe(r),
             if text.trim().is_empty() {
                 String::new()
             } else {
                 format!("\n{}", text.trim())
             }
-        )
-    })?;
-    Ok(m)
+        ),
+    })
 }
 
 // ---- the module ABI (called from generated host code; never unwinds) ----
@@ -442,7 +460,7 @@ extern "C" fn abi_get_function(image: *const c_void, name: *const std::ffi::c_ch
         match d.function(image, name) {
             Ok(f) => f,
             Err(e) => {
-                fail(e);
+                fail(e.to_string());
                 std::ptr::null_mut()
             }
         }
