@@ -275,6 +275,158 @@ pub fn describe_unresolved(name: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The f64 functions of [`GPU_MATH_LL`] (plain LLVM, no NVVM intrinsics) compiled for
+    /// this CPU and compared with Rust's (the platform libm's) over wide sweeps.
+    #[test]
+    fn device_math_f64_matches_libm() {
+        use inkwell::execution_engine::JitFunction;
+        // Keep the f64 functions (and their helper), which use no NVVM intrinsic.
+        let mut text = String::new();
+        let mut keep = true;
+        let mut body = String::new();
+        for line in GPU_MATH_LL.lines() {
+            if line.starts_with("target ") {
+                continue;
+            }
+            if line.starts_with("define ") {
+                body.clear();
+                keep = line.starts_with("define double") || line.starts_with("define internal");
+            }
+            if line.starts_with("define ") || !body.is_empty() {
+                body.push_str(line);
+                body.push('\n');
+                if line == "}" {
+                    if keep {
+                        text.push_str(&body);
+                    }
+                    body.clear();
+                }
+                continue;
+            }
+            if line.starts_with("declare ") && line.contains("llvm.nvvm") {
+                continue;
+            }
+            text.push_str(line);
+            text.push('\n');
+        }
+        inkwell::targets::Target::initialize_native(&Default::default()).unwrap();
+        let ctx = inkwell::context::Context::create();
+        let buf = inkwell::memory_buffer::MemoryBuffer::create_from_memory_range_copy(
+            text.as_bytes(),
+            "f64",
+        );
+        let module = ctx.create_module_from_ir(buf).expect("the f64 part parses");
+        let ee = module
+            .create_jit_execution_engine(inkwell::OptimizationLevel::Default)
+            .expect("a JIT");
+        type F1 = unsafe extern "C" fn(f64) -> f64;
+        type F2 = unsafe extern "C" fn(f64, f64) -> f64;
+        let f1 = |name: &str| -> JitFunction<F1> {
+            // SAFETY: the function has this signature in gpu_math.ll.
+            unsafe { ee.get_function(name) }.unwrap_or_else(|e| panic!("{name}: {e}"))
+        };
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let rel = |a: f64, b: f64| {
+            if a == b || (a.is_nan() && b.is_nan()) {
+                0.0
+            } else {
+                (a - b).abs() / b.abs().max(1e-300)
+            }
+        };
+        // (function, reference, lowest, highest argument, tolerance)
+        type Check = (&'static str, fn(f64) -> f64, f64, f64, f64);
+        let checks: [Check; 6] = [
+            ("__nv_exp", f64::exp, -700.0, 700.0, 3e-14),
+            ("__nv_log", f64::ln, 1e-300, 1e300, 1e-15),
+            ("__nv_tanh", f64::tanh, -25.0, 25.0, 2e-15),
+            // erf: the series reference itself loses ~1e-13 near |x| = 3 (against glibc's
+            // erf the library is within 4e-15).
+            ("__nv_erf", erf_ref, -7.0, 7.0, 2e-13),
+            ("__nv_sin", f64::sin, -1e3, 1e3, 1e-13),
+            ("__nv_cos", f64::cos, -1e3, 1e3, 1e-13),
+        ];
+        for (name, reference, lo, hi, tol) in checks {
+            let f = f1(name);
+            let mut worst = 0.0f64;
+            for i in 0..20000 {
+                let u = next();
+                let x = if name == "__nv_log" {
+                    // log-uniform over [lo, hi]
+                    (lo.ln() + u * (hi.ln() - lo.ln())).exp()
+                } else {
+                    lo + u * (hi - lo) * if i % 2 == 0 { 1.0 } else { 1e-3 }
+                };
+                // SAFETY: a pure function of one f64.
+                let got = unsafe { f.call(x) };
+                let want = reference(x);
+                // sin/cos near their zeros: compare absolutely.
+                let e = if name == "__nv_sin" || name == "__nv_cos" {
+                    (got - want).abs()
+                } else {
+                    rel(got, want)
+                };
+                worst = worst.max(e);
+            }
+            assert!(worst <= tol, "{name}: worst error {worst:e} > {tol:e}");
+            // SAFETY: as above.
+            assert!(unsafe { f.call(f64::NAN) }.is_nan(), "{name}(NaN)");
+        }
+        // SAFETY: the function has this signature in gpu_math.ll.
+        let pow: JitFunction<F2> = unsafe { ee.get_function("__nv_pow") }.unwrap();
+        for (x, y) in [
+            (2.0, 10.0),
+            (-2.0, 3.0),
+            (-2.0, 2.0),
+            (0.5, -3.5),
+            (0.0, -1.0),
+            (7.0, 0.0),
+        ] {
+            // SAFETY: as above.
+            let got = unsafe { pow.call(x, y) };
+            let want: f64 = f64::powf(x, y);
+            assert!(
+                rel(got, want) <= 1e-14,
+                "pow({x}, {y}) = {got}, libm {want}"
+            );
+        }
+        // SAFETY: as above.
+        assert!(unsafe { pow.call(-2.0, 0.5) }.is_nan());
+    }
+
+    /// erf by its Taylor series (|x| < 3) and continued fraction (beyond), in plain f64
+    /// (Rust's std has no erf).
+    fn erf_ref(x: f64) -> f64 {
+        let a = x.abs();
+        let r = if a < 3.0 {
+            // Σ (−1)ⁿ x²ⁿ⁺¹ / (n! (2n+1)), summed until the terms vanish.
+            let mut term = a;
+            let mut sum = a;
+            let z = a * a;
+            for n in 1..200 {
+                term *= -z / n as f64;
+                let t = term / (2 * n + 1) as f64;
+                sum += t;
+                if t.abs() < 1e-18 * sum.abs() {
+                    break;
+                }
+            }
+            sum * 2.0 / std::f64::consts::PI.sqrt()
+        } else {
+            let mut t = a;
+            for k in (1..=200).rev() {
+                t = a + (k as f64 / 2.0) / t;
+            }
+            1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * t)
+        };
+        r.copysign(x)
+    }
+
     #[test]
     fn arch_names() {
         assert_eq!(CudaOptions::new("sm_90").unwrap().sm(), Some(90));
