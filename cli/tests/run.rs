@@ -718,8 +718,9 @@ fn unknown_targets_and_unchecked_plans_are_refused() {
     let out = ppcc(&["run", d, "--steps", "1"]);
     assert!(!out.ok);
     assert!(
-        out.stderr
-            .contains("plan.json: `target` is \"gpu\"; expected one of \"cpu\", \"interp\""),
+        out.stderr.contains(
+            "plan.json: `target` is \"gpu\"; expected one of \"cpu\", \"cuda\", \"interp\""
+        ),
         "{}",
         out.stderr
     );
