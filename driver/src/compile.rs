@@ -806,7 +806,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
             a.target.is_native(),
         )?);
     }
-    write("plan.json", plan_doc.to_json())?;
+    write("plan.json", plan_doc.to_json()?)?;
     Ok(Compiled {
         model,
         output,

@@ -41,6 +41,17 @@ pub struct AttrError {
     pub found: String,
 }
 
+impl AttrError {
+    /// A required attribute that is absent.
+    pub fn missing(name: &str, expected: &'static str) -> AttrError {
+        AttrError {
+            name: name.to_string(),
+            expected,
+            found: "nothing (it is required)".to_string(),
+        }
+    }
+}
+
 /// Attribute dictionary of an op or function, sorted by name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Attrs(pub BTreeMap<String, Attr>);

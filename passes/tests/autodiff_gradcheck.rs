@@ -14,7 +14,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::*;
-use ppcc_passes::autodiff::{gradient_support, GradSupport, LossKind};
+use ppcc_passes::autodiff::{GradSupport, LossKind};
 use ppir::{ArgKind, Attr, Attrs, DType, OpKind, Tensor};
 
 use Dist::{Away, Uniform};
@@ -852,7 +852,7 @@ fn every_differentiable_kind_has_a_case() {
         .copied()
         .filter(|&k| {
             matches!(
-                gradient_support(k),
+                k.gradient_support(),
                 GradSupport::Rule | GradSupport::Decomposed
             ) && !covered.contains(&k)
         })

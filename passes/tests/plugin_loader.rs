@@ -55,17 +55,20 @@ fn breaks(mut m: Module, _: &str) -> Result<Module, OptionsError> {
 }
 
 fn test_plugin() -> &'static Descriptor {
-    Box::leak(Box::new(Descriptor::new(
-        "test",
-        "9.9",
-        vec![
-            pass_entry!("rename", "rename @main: rename{to=NAME}", rename),
-            pass_entry!("echo-options", "name @main after the options", echo_options),
-            pass_entry!("fails", "always fails", fails),
-            pass_entry!("panics", "always panics", panics),
-            pass_entry!("breaks", "returns an invalid module", breaks),
-        ],
-    )))
+    Box::leak(Box::new(
+        Descriptor::new(
+            "test",
+            "9.9",
+            vec![
+                pass_entry!("rename", "rename @main: rename{to=NAME}", rename),
+                pass_entry!("echo-options", "name @main after the options", echo_options),
+                pass_entry!("fails", "always fails", fails),
+                pass_entry!("panics", "always panics", panics),
+                pass_entry!("breaks", "returns an invalid module", breaks),
+            ],
+        )
+        .unwrap(),
+    ))
 }
 
 fn load_test_plugin() -> (PassRegistry, PassPlugin) {
@@ -261,14 +264,15 @@ fn duplicate_and_clashing_pass_names_are_refused() {
             pass_entry!("rename", "one", rename),
             pass_entry!("rename", "two", rename),
         ],
-    );
+    )
+    .unwrap();
     let e = unsafe { PassPlugin::from_descriptor("dup.so", dup.as_ptr()) }.unwrap_err();
     assert_eq!(
         e.to_string(),
         "pass plugin dup.so: defines pass `rename` twice"
     );
 
-    let builtin = Descriptor::new("b", "1", vec![pass_entry!("verify", "mine", rename)]);
+    let builtin = Descriptor::new("b", "1", vec![pass_entry!("verify", "mine", rename)]).unwrap();
     let plugin = unsafe { PassPlugin::from_descriptor("b.so", builtin.as_ptr()) }.unwrap();
     let e = PassRegistry::builtin().add_plugin(&plugin).unwrap_err();
     assert_eq!(
@@ -283,7 +287,7 @@ fn duplicate_and_clashing_pass_names_are_refused() {
         "pass plugin libtest_plugin.so: pass `rename` is already registered (by plugin `test` (libtest_plugin.so))"
     );
 
-    let bad = Descriptor::new("bad", "1", vec![pass_entry!("a{b}", "braces", rename)]);
+    let bad = Descriptor::new("bad", "1", vec![pass_entry!("a{b}", "braces", rename)]).unwrap();
     let e = unsafe { PassPlugin::from_descriptor("bad.so", bad.as_ptr()) }.unwrap_err();
     assert!(
         e.to_string().contains("pass name `a{b}` is not one of"),

@@ -126,7 +126,7 @@ pub(crate) fn sample() -> Plan {
 }
 
 fn sample_value() -> serde_json::Value {
-    serde_json::from_str(&sample().to_json()).unwrap()
+    serde_json::from_str(&sample().to_json().unwrap()).unwrap()
 }
 
 fn read(v: &serde_json::Value) -> Result<Plan, PlanError> {
@@ -135,7 +135,7 @@ fn read(v: &serde_json::Value) -> Result<Plan, PlanError> {
 
 #[test]
 fn a_plan_round_trips_with_today_s_field_names() {
-    let text = sample().to_json();
+    let text = sample().to_json().unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["prediction"]["iteration_seconds"], 0.5);
     assert_eq!(v["prediction"]["lower_bound_seconds"], 0.4);
@@ -165,7 +165,7 @@ fn uniform_synthetic_inputs_and_other_layouts_round_trip() {
     let mut p = sample();
     p.schedule.layout = LayoutDoc::Interleaved { chunks: 2 };
     p.training.as_mut().unwrap().inputs[0].synthetic = Synthetic::Uniform([0, 10]);
-    let v: serde_json::Value = serde_json::from_str(&p.to_json()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&p.to_json().unwrap()).unwrap();
     assert_eq!(
         v["schedule"]["layout"],
         serde_json::json!({"kind": "interleaved", "chunks": 2})
@@ -178,7 +178,10 @@ fn uniform_synthetic_inputs_and_other_layouts_round_trip() {
     assert_eq!(back.schedule.layout, LayoutDoc::Interleaved { chunks: 2 });
     p.schedule.layout = LayoutDoc::V;
     assert_eq!(
-        Plan::from_json(&p.to_json()).unwrap().schedule.layout,
+        Plan::from_json(&p.to_json().unwrap())
+            .unwrap()
+            .schedule
+            .layout,
         LayoutDoc::V
     );
 }

@@ -81,18 +81,19 @@ pub struct Descriptor {
 }
 
 impl Descriptor {
-    /// Build a descriptor of the current [`ABI_VERSION`].
-    ///
-    /// # Panics
-    /// If a string contains a NUL byte (the entry point catches this and returns null, which
-    /// ppcc reports as an invalid descriptor).
-    pub fn new(name: &str, version: &str, passes: Vec<PassEntry>) -> Descriptor {
-        let cstr = |s: &str| CString::new(s).expect("plugin strings contain no NUL byte");
-        let mut strings = vec![cstr(name), cstr(version)];
+    /// Build a descriptor of the current [`ABI_VERSION`]; a name, version or description
+    /// with a NUL byte is refused (the generated entry point then returns null, which ppcc
+    /// reports as an invalid descriptor).
+    pub fn new(
+        name: &str,
+        version: &str,
+        passes: Vec<PassEntry>,
+    ) -> Result<Descriptor, std::ffi::NulError> {
+        let mut strings = vec![CString::new(name)?, CString::new(version)?];
         let mut table = Vec::with_capacity(passes.len());
         for p in &passes {
-            strings.push(cstr(p.name));
-            strings.push(cstr(p.description));
+            strings.push(CString::new(p.name)?);
+            strings.push(CString::new(p.description)?);
             let n = strings.len();
             // A CString's bytes live on the heap: moving the Vec does not move them.
             table.push(PassDescriptor {
@@ -109,11 +110,11 @@ impl Descriptor {
             passes: table.as_ptr(),
             num_passes: table.len(),
         };
-        Descriptor {
+        Ok(Descriptor {
             _strings: strings,
             _passes: table,
             plugin,
-        }
+        })
     }
 
     /// The C descriptor (valid while `self` lives).
@@ -125,10 +126,14 @@ impl Descriptor {
 /// What the generated entry point does: build the descriptor once, never unwind.
 #[doc(hidden)]
 pub fn __entry_point(
-    cell: &'static OnceLock<Descriptor>,
-    build: fn() -> Descriptor,
+    cell: &'static OnceLock<Option<Descriptor>>,
+    build: fn() -> Option<Descriptor>,
 ) -> *const PluginDescriptor {
-    catch_unwind(|| cell.get_or_init(build).as_ptr()).unwrap_or(std::ptr::null())
+    catch_unwind(|| match cell.get_or_init(build) {
+        Some(d) => d.as_ptr(),
+        None => std::ptr::null(),
+    })
+    .unwrap_or(std::ptr::null())
 }
 
 /// The [`abi::FreeBufferFn`] of every plugin built with this crate.
@@ -228,14 +233,15 @@ macro_rules! declare_plugin {
         /// The ppcc pass-plugin entry point (see `ppcc_plugin::abi`).
         #[unsafe(no_mangle)]
         pub extern "C" fn ppcc_pass_plugin() -> *const $crate::abi::PluginDescriptor {
-            static DESCRIPTOR: ::std::sync::OnceLock<$crate::Descriptor> =
+            static DESCRIPTOR: ::std::sync::OnceLock<::std::option::Option<$crate::Descriptor>> =
                 ::std::sync::OnceLock::new();
-            fn build() -> $crate::Descriptor {
+            fn build() -> ::std::option::Option<$crate::Descriptor> {
                 $crate::Descriptor::new(
                     $name,
                     $version,
                     ::std::vec![ $( $crate::pass_entry!($pname, $pdesc, $run) ),* ],
                 )
+                .ok()
             }
             $crate::__entry_point(&DESCRIPTOR, build)
         }

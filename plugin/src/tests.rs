@@ -88,9 +88,11 @@ fn the_descriptor_describes_the_passes() {
             pass_entry!("keep", "keep the module", keep),
             pass_entry!("explode", "panic", explode),
         ],
-    );
+    )
+    .unwrap();
     let p = unsafe { &*d.as_ptr() };
     assert_eq!(p.abi_version, ABI_VERSION);
+    assert!(Descriptor::new("te\0st", "1", vec![]).is_err());
     assert_eq!(unsafe { c_str(p.name) }, Some(&b"test"[..]));
     assert_eq!(unsafe { c_str(p.version) }, Some(&b"1.2.3"[..]));
     assert_eq!(p.num_passes, 2);

@@ -6,14 +6,13 @@
 //! @main: %3 = "pp.matmul" (loc "fc1/MatMul"): inner dimensions differ: 784 vs 512
 //! ```
 //!
-//! Checked: operand and result counts, type sizes ([`crate::size`]), attribute kinds ([`attrs::attr_schema`]), declared
+//! Checked: operand and result counts, type sizes ([`crate::size`]), attribute kinds ([`crate::OpKind::attr_spec`]), declared
 //! result types against [`crate::shape::infer`], SSA order (operands and returned values
 //! defined earlier, never by a removed op), unique value and function names, weights
 //! against `param`/`state` arguments, and `send`/`recv` pairing across the module. It never
 //! panics on a module built through the public API, however broken. Errors come in module
 //! order: by function, then arguments, body position, and the return.
 
-pub mod attrs;
 mod comm;
 #[cfg(test)]
 mod tests;
@@ -26,7 +25,7 @@ use crate::ops::OpKind;
 use crate::shape;
 use crate::types::Dim;
 
-pub use attrs::{attr_schema, check_attrs, AttrIssue, AttrKind, AttrSpec};
+pub use crate::ops::{check_attrs, AttrIssue, AttrKind, AttrSpec};
 
 /// What kind of problem a [`VerifyError`] reports; one message shape per kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -446,7 +445,7 @@ impl<'a> FnCheck<'a> {
         }
 
         // Attributes.
-        let issues = check_attrs(data.kind, &data.attrs);
+        let issues = check_attrs(data.kind.attr_spec(), &data.attrs);
         for issue in &issues {
             let kind = match issue {
                 AttrIssue::WrongKind(_) => VerifyErrorKind::AttributeKind,

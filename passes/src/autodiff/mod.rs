@@ -59,9 +59,9 @@ use ppir::{
 use crate::registry::PassOptions;
 use crate::{Pass, PassError};
 use emit::{Emitter, Name, Names};
-use rules::{differentiable_operand, vjp, FwdOp};
+use rules::{vjp, FwdOp};
 
-pub use rules::{gradient_support, GradSupport};
+pub use ppir::ops::GradSupport;
 
 const PASS: &str = "autodiff";
 
@@ -661,7 +661,7 @@ impl Gradients {
                 .operands()
                 .iter()
                 .enumerate()
-                .any(|(i, v)| dep[v.index()] && differentiable_operand(d.kind, i));
+                .any(|(i, v)| dep[v.index()] && d.kind.differentiable_operand(i));
             if flows {
                 for &r in d.results() {
                     dep[r.index()] = f.ty(r).dtype.is_float();
@@ -674,7 +674,7 @@ impl Gradients {
             let d = f.op(op);
             if d.results().iter().any(|r| needed[r.index()]) {
                 for (i, v) in d.operands().iter().enumerate() {
-                    if dep[v.index()] && differentiable_operand(d.kind, i) {
+                    if dep[v.index()] && d.kind.differentiable_operand(i) {
                         needed[v.index()] = true;
                     }
                 }
@@ -742,7 +742,7 @@ impl Gradients {
             .operands
             .iter()
             .enumerate()
-            .map(|(i, &v)| self.active(v) && differentiable_operand(fwd.kind, i))
+            .map(|(i, &v)| self.active(v) && fwd.kind.differentiable_operand(i))
             .collect();
         if !wants.iter().any(|&w| w) {
             return Ok(());

@@ -13,68 +13,6 @@ use ppir::{Attr, Attrs, OpKind, TensorType, ValueId};
 use super::emit::{ints, Emitter};
 use super::{unsupported, Res};
 
-/// How autodiff treats an op kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GradSupport {
-    /// A gradient rule is implemented.
-    Rule,
-    /// Rewritten into primitive ops before differentiating (layer/instance norm, lrn; and
-    /// batch norm in training mode, which otherwise has a rule).
-    Decomposed,
-    /// Piecewise constant (`sign floor ceil`): the gradient is zero almost everywhere, so
-    /// nothing flows through it.
-    Zero,
-    /// Results are not differentiable: integer/bool results (comparisons, logic), constants
-    /// and communication.
-    None,
-    /// Differentiable, but no rule (second derivatives of the gradient helper ops): an
-    /// error if a gradient has to flow through it.
-    Unsupported,
-}
-
-/// How autodiff treats `kind`.
-pub fn gradient_support(kind: OpKind) -> GradSupport {
-    use OpKind::*;
-    match kind {
-        Relu | LeakyRelu | Elu | Selu | Sigmoid | HardSigmoid | Tanh | Gelu | Erf | Exp | Log
-        | Sqrt | Abs | Neg | Reciprocal | Softplus | Softsign | Sin | Cos | Identity | Shrink
-        | Clip | Cast | Dropout => GradSupport::Rule,
-        Add | Sub | Mul | Div | Pow | Max | Min | PRelu | Where => GradSupport::Rule,
-        MatMul | Gemm | Conv | ConvTranspose => GradSupport::Rule,
-        MaxPool | AvgPool | GlobalAvgPool | GlobalMaxPool => GradSupport::Rule,
-        BatchNorm | Softmax | LogSoftmax => GradSupport::Rule,
-        InstanceNorm | LayerNorm | Lrn => GradSupport::Decomposed,
-        ReduceSum | ReduceMean | ReduceMax | ReduceMin => GradSupport::Rule,
-        Reshape | Transpose | Concat | Split | Slice | Gather | Expand | Pad | Tile | Squeeze
-        | Unsqueeze | Flatten => GradSupport::Rule,
-        SoftmaxCrossEntropy => GradSupport::Rule,
-        Sign | Floor | Ceil => GradSupport::Zero,
-        Not | Equal | Less | Greater | LessEqual | GreaterEqual | And | Or | Constant | Send
-        | Recv => GradSupport::None,
-        SoftmaxCrossEntropyGrad
-        | MaxPoolGrad
-        | AvgPoolGrad
-        | ConvGradWeight
-        | GatherGrad
-        | SliceGrad => GradSupport::Unsupported,
-    }
-}
-
-/// Whether a gradient can flow into operand `index` of a `kind` op (indices, conditions,
-/// labels, keys and inference-mode batch-norm statistics get none).
-pub(super) fn differentiable_operand(kind: OpKind, index: usize) -> bool {
-    use OpKind::*;
-    match gradient_support(kind) {
-        GradSupport::Zero | GradSupport::None => false,
-        _ => match kind {
-            Gather | SoftmaxCrossEntropy | Dropout => index == 0,
-            Where => index != 0,
-            BatchNorm => index < 3,
-            _ => true,
-        },
-    }
-}
-
 /// The forward op being differentiated.
 pub(super) struct FwdOp {
     pub kind: OpKind,

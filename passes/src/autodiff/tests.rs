@@ -435,8 +435,8 @@ fn pass_options() {
 #[test]
 fn support_table_is_consistent() {
     for &k in OpKind::ALL {
-        let any = (0..3).any(|i| differentiable_operand(k, i));
-        match gradient_support(k) {
+        let any = (0..3).any(|i| k.differentiable_operand(i));
+        match k.gradient_support() {
             GradSupport::Zero | GradSupport::None => assert!(!any, "{k}"),
             _ => assert!(any, "{k}"),
         }

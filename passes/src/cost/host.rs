@@ -93,17 +93,21 @@ pub fn host_profile_cached_at(
         }
     }
     let profile = measure_host(quick);
-    let mut m = Map::new();
-    m.insert("hostname".into(), hostname.into());
-    m.insert("cpu_model".into(), cpu.into());
-    m.insert("method".into(), METHOD.into());
-    m.insert("profile".into(), profile.to_value());
-    let text = serde_json::to_string_pretty(&Value::Object(m)).expect("JSON prints");
-    // Best effort: a read-only home must not stop compilation.
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
+    // Best effort: a read-only home (or a profile that cannot be cached) must not stop
+    // compilation.
+    if let Ok(value) = profile.to_value() {
+        let mut m = Map::new();
+        m.insert("hostname".into(), hostname.into());
+        m.insert("cpu_model".into(), cpu.into());
+        m.insert("method".into(), METHOD.into());
+        m.insert("profile".into(), value);
+        if let Ok(text) = serde_json::to_string_pretty(&Value::Object(m)) {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let _ = std::fs::write(path, text);
+        }
     }
-    let _ = std::fs::write(path, text);
     Ok(profile)
 }
 

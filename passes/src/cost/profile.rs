@@ -160,13 +160,13 @@ impl DeviceProfile {
     }
 
     /// The profile as a JSON object (what [`DeviceProfile::from_value`] reads).
-    pub fn to_value(&self) -> Value {
-        serde_json::to_value(self).expect("a profile always serializes")
+    pub fn to_value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::to_value(self)
     }
 
     /// The profile as pretty JSON text.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(&self.to_value()).expect("a JSON value always prints")
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string_pretty(self)
     }
 
     /// Peak FLOP/s for ops computing in `dtype` (bool counts as `i8`; a dtype without an
