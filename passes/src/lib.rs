@@ -23,6 +23,7 @@ pub mod partition;
 pub mod planner;
 pub mod plugin;
 mod registry;
+pub mod rewrite;
 pub mod schedule;
 pub mod simulate;
 pub mod split;

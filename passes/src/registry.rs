@@ -183,6 +183,11 @@ impl PassRegistry {
             |o| Ok(Box::new(crate::optim::OptimizerPass::from_options(o)?)),
         );
         r.register(
+            "rewrite",
+            "rewrite a function with e-graphs (egg): split ops into independent pieces: rewrite{split=NODE:K;NODE:K,function=main,iter-limit=16,node-limit=50000,time-limit-ms=5000,report=1}",
+            |o| Ok(Box::new(crate::rewrite::RewritePass::from_options(o)?)),
+        );
+        r.register(
             "partition",
             "set the stage of every op of @main (GraphPipe DAG, PipeDream chain or uniform layers): partition{stages=N,kind=graph|sequential|uniform,microbatches=M,profile=h100|a100,loss=auto,pin=NAME;NAME,memory-limit=BYTES}",
             |o| Ok(Box::new(crate::partition::PartitionPass::from_options(o)?)),

@@ -1,0 +1,436 @@
+//! Rewriting with e-graphs (the `egg` crate): fine-grained op splitting.
+//!
+//! A function's ops enter an e-graph ([`egraph`]: the language is ppir's op table itself,
+//! with an analysis that types every e-class by shape inference), the [`rules`] add
+//! equivalent forms, and extraction builds the function back:
+//!
+//! 1. **split rules** give an op chosen for splitting (by its source location, e.g. the
+//!    ONNX node name: `split=lm_head:4`) K independent pieces and the op that combines them
+//!    (`concat` along a cut of the result, or a sum along a cut of the contraction);
+//! 2. **propagation rules** carry the pieces through what follows (elementwise ops, slices
+//!    of a concat, matmuls of a concat), so that later ops can work on the pieces too;
+//! 3. **extraction** picks, in every e-class, the node of least cost (FLOPs plus bytes
+//!    moved, by the cost model); the class of a split op is forced to its cheapest split
+//!    variant with the requested number of pieces.
+//!
+//! The result is verified and its returned types checked against the original's. Limits:
+//! only `matmul` and `gemm` can be split today (the issue lists attention heads, layer
+//! norm and the LM head with a log-sum-exp merged cross-entropy as next); the extraction is
+//! greedy (per e-class, tree cost), which is exact for the forced splits but can miss a
+//! cheaper sharing of subterms elsewhere; functions with `send`/`recv` are refused (the
+//! rewriter runs on the forward function, before the training program is built).
+
+pub mod egraph;
+pub mod rules;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egg::{Id, Language, Runner, StopReason};
+use ppir::{Function, Module};
+
+use crate::{Pass, PassError, PassOptions};
+use egraph::{from_egraph, node_cost, to_egraph, PpEGraph, PpNode};
+use rules::{all_rules, rewrites, Axis, RuleCtx, SplitTarget, Targets};
+
+/// What the rewriter does and within which limits.
+#[derive(Clone, Debug)]
+pub struct RewriteOptions {
+    /// Ops to split.
+    pub split: Vec<SplitTarget>,
+    /// Saturation rounds at most.
+    pub iter_limit: usize,
+    /// E-nodes at most.
+    pub node_limit: usize,
+    /// Wall-clock time at most.
+    pub time_limit: Duration,
+}
+
+impl Default for RewriteOptions {
+    fn default() -> Self {
+        RewriteOptions {
+            split: vec![],
+            iter_limit: 16,
+            node_limit: 50_000,
+            time_limit: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a rewrite did.
+#[derive(Clone, Debug, Default)]
+pub struct RewriteReport {
+    pub nodes: usize,
+    pub classes: usize,
+    pub iterations: usize,
+    /// Why saturation stopped (`saturated`, `node limit`...).
+    pub stop: String,
+    pub seconds: f64,
+    /// The splits applied: (source location, what).
+    pub splits: Vec<(String, String)>,
+    pub ops_before: usize,
+    pub ops_after: usize,
+}
+
+impl std::fmt::Display for RewriteReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rewrite: e-graph {} nodes in {} classes after {} iteration(s) ({}), {:.3} s; {} ops -> {}",
+            self.nodes,
+            self.classes,
+            self.iterations,
+            self.stop,
+            self.seconds,
+            self.ops_before,
+            self.ops_after
+        )?;
+        for (loc, what) in &self.splits {
+            write!(f, "\n  split {loc}: {what}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a rewrite failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RewriteError {
+    #[error(transparent)]
+    Convert(#[from] egraph::ConvertError),
+    #[error("@{function}: no op has the location `{loc}` (ops are named by their ONNX node; e.g. {examples})")]
+    NoSuchOp {
+        function: String,
+        loc: String,
+        examples: String,
+    },
+    #[error("@{function}: `{loc}` is a {kind}; only pp.matmul and pp.gemm can be split")]
+    NotSplittable {
+        function: String,
+        loc: String,
+        kind: String,
+    },
+    #[error("@{function}: `{loc}` cannot be split into {pieces} pieces (its dimensions are too small or not static)")]
+    NoVariant {
+        function: String,
+        loc: String,
+        pieces: usize,
+    },
+    #[error("`{loc}`: a split needs at least 2 pieces, got {pieces}")]
+    TooFewPieces { loc: String, pieces: usize },
+    #[error("@{function}: the rewritten function does not verify: {message}")]
+    Invalid { function: String, message: String },
+    #[error("rule setup: {0}")]
+    Rules(String),
+}
+
+/// Rewrite `f` (see the module documentation); returns the new function and a report.
+pub fn rewrite_function(
+    module: &Module,
+    f: &Function,
+    opts: &RewriteOptions,
+) -> Result<(Function, RewriteReport), RewriteError> {
+    let start = Instant::now();
+    check_targets(f, opts)?;
+    let mut conv = to_egraph(f)?;
+    let ctx = Arc::new(RuleCtx {
+        targets: Targets {
+            split: opts.split.clone(),
+        },
+        ..Default::default()
+    });
+    let rws = rewrites(&all_rules(), &ctx).map_err(RewriteError::Rules)?;
+    let egraph = std::mem::replace(&mut conv.egraph, PpEGraph::new(Default::default()));
+    let runner = Runner::default()
+        .with_egraph(egraph)
+        .with_iter_limit(opts.iter_limit)
+        .with_node_limit(opts.node_limit)
+        .with_time_limit(opts.time_limit)
+        .run(&rws);
+    let stop = match &runner.stop_reason {
+        Some(StopReason::Saturated) => "saturated".to_string(),
+        Some(StopReason::IterationLimit(n)) => format!("iteration limit {n}"),
+        Some(StopReason::NodeLimit(n)) => format!("node limit {n}"),
+        Some(StopReason::TimeLimit(t)) => format!("time limit {t:.1} s"),
+        Some(StopReason::Other(s)) => s.clone(),
+        None => "not run".to_string(),
+    };
+    let iterations = runner.iterations.len();
+    conv.egraph = runner.egraph;
+    let eg = &conv.egraph;
+    conv.roots = conv.roots.iter().map(|&r| eg.find(r)).collect();
+    conv.names = conv.names.drain().map(|(id, n)| (eg.find(id), n)).collect();
+
+    // Choose each target's variant: the cheapest with the requested number of pieces.
+    let variants = ctx
+        .variants
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let base = extract(eg, &HashMap::new());
+    let mut forced: HashMap<Id, PpNode> = HashMap::new();
+    let mut splits = vec![];
+    for SplitTarget {
+        loc,
+        pieces: k,
+        axis,
+    } in &opts.split
+    {
+        let mut best: Option<(f64, &rules::Variant)> = None;
+        for v in variants
+            .iter()
+            .filter(|v| v.pieces == *k && axis.is_none_or(|a| a == v.axis))
+        {
+            if eg[eg.find(v.class)].data.loc.as_deref() != Some(loc) {
+                continue;
+            }
+            let root = v.root.clone().map_children(|c| eg.find(c));
+            let cost = node_cost(eg, &root)
+                + root
+                    .children()
+                    .iter()
+                    .map(|c| base.get(c).map_or(f64::INFINITY, |b| b.0))
+                    .sum::<f64>();
+            if cost.is_finite() && best.as_ref().is_none_or(|b| cost < b.0) {
+                best = Some((cost, v));
+            }
+        }
+        let Some((_, v)) = best else {
+            return Err(RewriteError::NoVariant {
+                function: f.name.clone(),
+                loc: loc.clone(),
+                pieces: *k,
+            });
+        };
+        forced.insert(
+            eg.find(v.class),
+            v.root.clone().map_children(|c| eg.find(c)),
+        );
+        splits.push((loc.clone(), v.what.clone()));
+    }
+    let best = extract(eg, &forced);
+    let mut out = Function::new(f.name.clone());
+    out.attrs = f.attrs.clone();
+    for (v, kind) in f.args() {
+        out.add_arg(f.value(*v).name.clone(), f.ty(*v).clone(), *kind);
+    }
+    let results = from_egraph(&conv, &mut out, &|id| best.get(&id).map(|b| b.1.clone()))?;
+    out.set_results(results);
+    let mut check = module.clone();
+    if let Some(slot) = check.functions.iter_mut().find(|g| g.name == f.name) {
+        *slot = out.clone();
+    }
+    let invalid = |message: String| RewriteError::Invalid {
+        function: f.name.clone(),
+        message,
+    };
+    ppir::verify::verify_function(&check, &out).map_err(|errs| {
+        invalid(
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    })?;
+    if out.result_types() != f.result_types() {
+        return Err(invalid("the result types changed".into()));
+    }
+    let report = RewriteReport {
+        nodes: eg.total_number_of_nodes(),
+        classes: eg.number_of_classes(),
+        iterations,
+        stop,
+        seconds: start.elapsed().as_secs_f64(),
+        splits,
+        ops_before: f.ops().len(),
+        ops_after: out.ops().len(),
+    };
+    Ok((out, report))
+}
+
+/// The targets must name existing, splittable ops.
+fn check_targets(f: &Function, opts: &RewriteOptions) -> Result<(), RewriteError> {
+    for SplitTarget { loc, pieces: k, .. } in &opts.split {
+        if *k < 2 {
+            return Err(RewriteError::TooFewPieces {
+                loc: loc.clone(),
+                pieces: *k,
+            });
+        }
+        let op = f
+            .ops()
+            .iter()
+            .find(|&&o| f.op(o).loc.as_deref() == Some(loc.as_str()));
+        let Some(&op) = op else {
+            let examples: Vec<String> = f
+                .ops()
+                .iter()
+                .filter_map(|&o| f.op(o).loc.clone())
+                .take(4)
+                .map(|l| format!("`{l}`"))
+                .collect();
+            return Err(RewriteError::NoSuchOp {
+                function: f.name.clone(),
+                loc: loc.clone(),
+                examples: if examples.is_empty() {
+                    "none has a location".into()
+                } else {
+                    examples.join(", ")
+                },
+            });
+        };
+        let kind = f.op(op).kind;
+        if !matches!(kind, ppir::OpKind::MatMul | ppir::OpKind::Gemm) {
+            return Err(RewriteError::NotSplittable {
+                function: f.name.clone(),
+                loc: loc.clone(),
+                kind: kind.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Least-cost node of every e-class (a fixed point over the classes; a class whose nodes
+/// all depend on itself gets none). Classes in `forced` may only use the given node.
+fn extract(eg: &PpEGraph, forced: &HashMap<Id, PpNode>) -> HashMap<Id, (f64, PpNode)> {
+    let mut best: HashMap<Id, (f64, PpNode)> = HashMap::new();
+    let node_costs: HashMap<(Id, usize), f64> = eg
+        .classes()
+        .flat_map(|c| {
+            c.nodes
+                .iter()
+                .enumerate()
+                .map(move |(i, n)| ((c.id, i), node_cost(eg, n)))
+        })
+        .collect();
+    loop {
+        let mut changed = false;
+        for class in eg.classes() {
+            if class.data.invalid.is_some() {
+                continue;
+            }
+            for (i, node) in class.nodes.iter().enumerate() {
+                if let Some(want) = forced.get(&class.id) {
+                    if node != want {
+                        continue;
+                    }
+                }
+                let mut cost = node_costs[&(class.id, i)];
+                for c in node.children() {
+                    match best.get(&eg.find(*c)) {
+                        Some(b) => cost += b.0,
+                        None => cost = f64::INFINITY,
+                    }
+                }
+                if !cost.is_finite() {
+                    continue;
+                }
+                let better = best.get(&class.id).is_none_or(|b| cost < b.0);
+                if better {
+                    best.insert(class.id, (cost, node.clone()));
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    best
+}
+
+/// The `rewrite` pass: `rewrite{split=LOC:K;LOC:K,function=main,iter-limit=N,
+/// node-limit=N,time-limit-ms=N,report=1}`.
+pub struct RewritePass {
+    pub function: String,
+    pub options: RewriteOptions,
+    pub report: bool,
+}
+
+impl RewritePass {
+    pub fn from_options(o: &PassOptions) -> Result<Self, PassError> {
+        const NAME: &str = "rewrite";
+        o.expect_only(
+            NAME,
+            &[
+                "split",
+                "function",
+                "iter-limit",
+                "node-limit",
+                "time-limit-ms",
+                "report",
+            ],
+        )?;
+        let mut options = RewriteOptions::default();
+        if let Some(s) = o.get("split") {
+            options.split = parse_split_list(s).map_err(PassError::Usage)?;
+        }
+        if let Some(n) = o.u64(NAME, "iter-limit")? {
+            options.iter_limit = n as usize;
+        }
+        if let Some(n) = o.u64(NAME, "node-limit")? {
+            options.node_limit = n as usize;
+        }
+        if let Some(n) = o.u64(NAME, "time-limit-ms")? {
+            options.time_limit = Duration::from_millis(n);
+        }
+        Ok(RewritePass {
+            function: o.get("function").unwrap_or("main").to_string(),
+            options,
+            report: o.u64(NAME, "report")?.unwrap_or(0) != 0,
+        })
+    }
+}
+
+/// `NODE:K[:AXIS];...` (or `NODE=K[:AXIS]`, the CLI's spelling; AXIS is m, n or k) into
+/// split targets.
+pub fn parse_split_list(s: &str) -> Result<Vec<SplitTarget>, String> {
+    let mut out = vec![];
+    for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
+        let bad = || {
+            format!("split target `{item}` is not NODE:PIECES or NODE:PIECES:AXIS (AXIS m, n or k)")
+        };
+        let (head, last) = item.rsplit_once([':', '=']).ok_or_else(bad)?;
+        let (loc, k, axis) = match Axis::from_name(last) {
+            Some(a) => {
+                let (loc, k) = head.rsplit_once([':', '=']).ok_or_else(bad)?;
+                (loc, k, Some(a))
+            }
+            None => (head, last, None),
+        };
+        let pieces: usize = k
+            .parse()
+            .map_err(|_| format!("split target `{item}`: `{k}` is not a number of pieces"))?;
+        out.push(SplitTarget {
+            loc: loc.to_string(),
+            pieces,
+            axis,
+        });
+    }
+    Ok(out)
+}
+
+impl Pass for RewritePass {
+    fn name(&self) -> &'static str {
+        "rewrite"
+    }
+
+    fn run(&self, module: &mut Module) -> Result<(), PassError> {
+        let f = module.function(&self.function).ok_or_else(|| {
+            PassError::failed("rewrite", format!("no function @{}", self.function))
+        })?;
+        let (out, report) = rewrite_function(module, f, &self.options)
+            .map_err(|e| PassError::failed("rewrite", e.to_string()))?;
+        if self.report {
+            eprintln!("{report}");
+        }
+        if let Some(slot) = module.function_mut(&self.function) {
+            *slot = out;
+        }
+        Ok(())
+    }
+}

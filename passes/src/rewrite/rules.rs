@@ -1,0 +1,834 @@
+//! The rewrite rules. Each is an egg rewrite whose searcher and applier are Rust code (the
+//! conditions are about shapes and attributes, which egg's pattern syntax cannot state):
+//!
+//! - **split rules** add, for an op chosen for splitting (its source location is a target
+//!   with a piece count K), K independent pieces and the op that combines them:
+//!   `split-matmul-n` / `-m` / `-k` (columns, rows, the contraction with a sum) and the same
+//!   three for `gemm` (transposes and the bias `c` handled);
+//! - **propagation rules** move a split through what follows, so that the pieces stay
+//!   independent: elementwise ops distribute over a `concat` (`relu(concat(a, b)) =
+//!   concat(relu(a), relu(b))`, a broadcast operand sliced to match), a slice that reads
+//!   exactly one piece of a concat is that piece, and a matmul whose operand is a concat
+//!   along its contraction or row axis becomes a sum or a concat of smaller matmuls.
+//!
+//! Every rule only adds e-nodes whose types check (the analysis's shape inference); which
+//! variant ends up in the function is the extractor's choice.
+
+use std::sync::Arc;
+
+use egg::{Id, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
+use ppir::ops::attrs::{ConcatAttrs, GemmAttrs, SliceAttrs};
+use ppir::ops::OpAttrs;
+use ppir::{Attrs, OpKind, TensorType};
+
+use super::egraph::{PpAnalysis, PpEGraph, PpNode};
+
+/// A split chosen for an op, and the variants the rules built for it.
+#[derive(Clone, Debug)]
+pub struct Variant {
+    /// The e-class of the op being split.
+    pub class: Id,
+    /// The node that combines the pieces (a concat or the last add).
+    pub root: PpNode,
+    /// `matmul along N in 4 pieces`.
+    pub what: String,
+    pub pieces: usize,
+    pub axis: Axis,
+}
+
+/// An op to split: its source location, the number of pieces and, optionally, the axis
+/// (otherwise the cheapest axis is chosen).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SplitTarget {
+    pub loc: String,
+    pub pieces: usize,
+    pub axis: Option<Axis>,
+}
+
+/// What the rules need besides the e-graph: the split targets.
+#[derive(Debug, Default)]
+pub struct Targets {
+    pub split: Vec<SplitTarget>,
+}
+
+/// One rule: for a node of a class, the classes equal to it (added to the e-graph).
+pub trait Rule: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// The new e-classes equal to `class` (which holds `node`).
+    fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id>;
+    /// A cheap test before [`Rule::apply`].
+    fn matches(&self, eg: &PpEGraph, node: &PpNode) -> bool;
+}
+
+/// Shared state of a rewrite run.
+#[derive(Debug, Default)]
+pub struct RuleCtx {
+    pub targets: Targets,
+    pub variants: std::sync::Mutex<Vec<Variant>>,
+}
+
+/// The K of a split target for `class` along `axis`, if any.
+fn target(eg: &PpEGraph, ctx: &RuleCtx, class: Id, axis: Axis) -> Option<usize> {
+    let loc = eg[class].data.loc.as_deref()?;
+    ctx.targets
+        .split
+        .iter()
+        .find(|t| t.loc == loc && t.axis.is_none_or(|a| a == axis))
+        .map(|t| t.pieces)
+}
+
+// ---- building e-nodes ----
+
+/// Add `kind(args)` with `attrs` if it type-checks; its class gets `loc`.
+pub(super) fn add_op(
+    eg: &mut PpEGraph,
+    kind: OpKind,
+    attrs: &Attrs,
+    args: Vec<Id>,
+    loc: Option<&str>,
+) -> Option<Id> {
+    let types: Option<Vec<TensorType>> = args.iter().map(|&a| eg[a].data.ty().cloned()).collect();
+    let results = ppir::shape::infer(kind, attrs, &types?).ok()?;
+    if results.len() != 1 {
+        return None;
+    }
+    let attrs = eg.analysis.intern(attrs);
+    let id = eg.add(PpNode::Op { kind, attrs, args });
+    if eg[id].data.loc.is_none() {
+        eg[id].data.loc = loc.map(str::to_string);
+    }
+    Some(id)
+}
+
+fn slice(eg: &mut PpEGraph, x: Id, axis: usize, start: u64, end: u64, loc: &str) -> Option<Id> {
+    let a = SliceAttrs {
+        starts: vec![start as i64],
+        ends: vec![end as i64],
+        axes: Some(vec![axis as i64]),
+        steps: None,
+    };
+    add_op(eg, OpKind::Slice, &a.to_attrs(), vec![x], Some(loc))
+}
+
+fn concat(eg: &mut PpEGraph, parts: Vec<Id>, axis: usize, loc: Option<&str>) -> Option<Id> {
+    let a = ConcatAttrs { axis: axis as i64 };
+    add_op(eg, OpKind::Concat, &a.to_attrs(), parts, loc)
+}
+
+fn sum(eg: &mut PpEGraph, parts: Vec<Id>, loc: Option<&str>) -> Option<Id> {
+    let mut acc = parts[0];
+    for &p in &parts[1..] {
+        acc = add_op(eg, OpKind::Add, &Attrs::new(), vec![acc, p], loc)?;
+    }
+    Some(acc)
+}
+
+/// `[start, end)` of each of `k` near-equal pieces of `n` (the first `n % k` one larger).
+pub fn pieces(n: u64, k: usize) -> Vec<(u64, u64)> {
+    let k = k as u64;
+    let (q, r) = (n / k, n % k);
+    let mut out = vec![];
+    let mut start = 0;
+    for i in 0..k {
+        let len = q + u64::from(i < r);
+        out.push((start, start + len));
+        start += len;
+    }
+    out
+}
+
+fn static_dim(t: &TensorType, axis: usize) -> Option<u64> {
+    t.dims.get(axis)?.known()
+}
+
+fn ty(eg: &PpEGraph, id: Id) -> Option<TensorType> {
+    eg[id].data.ty().cloned()
+}
+
+fn op_parts(node: &PpNode) -> Option<(OpKind, super::egraph::AttrId, &[Id])> {
+    match node {
+        PpNode::Op { kind, attrs, args } => Some((*kind, *attrs, args)),
+        _ => None,
+    }
+}
+
+fn record(
+    ctx: &RuleCtx,
+    eg: &PpEGraph,
+    class: Id,
+    root: Id,
+    axis: Axis,
+    what: String,
+    pieces: usize,
+) {
+    // The combining node: the one in `root`'s class that the rule just added.
+    let node = eg[root]
+        .nodes
+        .iter()
+        .rev()
+        .find(|n| matches!(n, PpNode::Op { kind, .. } if matches!(kind, OpKind::Concat | OpKind::Add)))
+        .cloned();
+    if let Some(node) = node {
+        let mut v = ctx.variants.lock().unwrap_or_else(|e| e.into_inner());
+        if !v.iter().any(|x| x.class == class && x.root == node) {
+            v.push(Variant {
+                class,
+                root: node,
+                what,
+                pieces,
+                axis,
+            });
+        }
+    }
+}
+
+// ---- split rules ----
+
+/// Which dimension a split cuts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Axis {
+    /// Rows of the result (`M`).
+    M,
+    /// Columns of the result (`N`).
+    N,
+    /// The contraction (`K`): the pieces are summed.
+    K,
+}
+
+impl Axis {
+    /// `m`, `n` or `k`.
+    pub fn from_name(s: &str) -> Option<Axis> {
+        match s {
+            "m" | "M" => Some(Axis::M),
+            "n" | "N" => Some(Axis::N),
+            "k" | "K" => Some(Axis::K),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::M => "M",
+            Axis::N => "N",
+            Axis::K => "K",
+        }
+    }
+}
+
+/// `matmul` (numpy semantics) split into K pieces along one axis.
+pub struct SplitMatMul(pub Axis);
+
+impl Rule for SplitMatMul {
+    fn name(&self) -> &'static str {
+        match self.0 {
+            Axis::M => "split-matmul-m",
+            Axis::N => "split-matmul-n",
+            Axis::K => "split-matmul-k",
+        }
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(
+            node,
+            PpNode::Op {
+                kind: OpKind::MatMul,
+                ..
+            }
+        )
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+        let Some(k) = target(eg, ctx, class, self.0) else {
+            return vec![];
+        };
+        let Some((_, _, args)) = op_parts(node) else {
+            return vec![];
+        };
+        let (a, b) = (args[0], args[1]);
+        let loc = eg[class].data.loc.clone().unwrap_or_default();
+        let out = split_matmul(eg, self.0, a, b, k, &loc);
+        if let Some(root) = out {
+            record(
+                ctx,
+                eg,
+                class,
+                root,
+                self.0,
+                format!("matmul along {} in {k} pieces", self.0.name()),
+                k,
+            );
+        }
+        out.into_iter().collect()
+    }
+}
+
+/// The pieces of `matmul(a, b)` along `axis`, combined; `None` if that axis cannot be cut
+/// `k` ways (too small, symbolic, or absent).
+fn split_matmul(eg: &mut PpEGraph, axis: Axis, a: Id, b: Id, k: usize, loc: &str) -> Option<Id> {
+    let (ta, tb) = (ty(eg, a)?, ty(eg, b)?);
+    let (ra, rb) = (ta.rank(), tb.rank());
+    if ra == 0 || rb == 0 || k < 2 {
+        return None;
+    }
+    let mm = |eg: &mut PpEGraph, x: Id, y: Id, i: usize| {
+        add_op(
+            eg,
+            OpKind::MatMul,
+            &Attrs::new(),
+            vec![x, y],
+            Some(&format!("{loc}/{}{i}", axis.name().to_lowercase())),
+        )
+    };
+    let result_rank = ppir::shape::infer(OpKind::MatMul, &Attrs::new(), &[ta.clone(), tb.clone()])
+        .ok()?[0]
+        .rank();
+    match axis {
+        Axis::N => {
+            if rb < 2 {
+                return None;
+            }
+            let n = static_dim(&tb, rb - 1)?;
+            if n < k as u64 {
+                return None;
+            }
+            let mut parts = vec![];
+            for (i, (s, e)) in pieces(n, k).into_iter().enumerate() {
+                let bi = slice(eg, b, rb - 1, s, e, loc)?;
+                parts.push(mm(eg, a, bi, i)?);
+            }
+            concat(eg, parts, result_rank - 1, Some(loc))
+        }
+        Axis::M => {
+            if ra < 2 {
+                return None;
+            }
+            let m = static_dim(&ta, ra - 2)?;
+            if m < k as u64 {
+                return None;
+            }
+            let out_axis = if rb >= 2 {
+                result_rank - 2
+            } else {
+                result_rank - 1
+            };
+            let mut parts = vec![];
+            for (i, (s, e)) in pieces(m, k).into_iter().enumerate() {
+                let ai = slice(eg, a, ra - 2, s, e, loc)?;
+                parts.push(mm(eg, ai, b, i)?);
+            }
+            concat(eg, parts, out_axis, Some(loc))
+        }
+        Axis::K => {
+            let kd = static_dim(&ta, ra - 1)?;
+            if kd < k as u64 {
+                return None;
+            }
+            let b_axis = rb.saturating_sub(2);
+            let mut parts = vec![];
+            for (i, (s, e)) in pieces(kd, k).into_iter().enumerate() {
+                let ai = slice(eg, a, ra - 1, s, e, loc)?;
+                let bi = slice(eg, b, b_axis, s, e, loc)?;
+                parts.push(mm(eg, ai, bi, i)?);
+            }
+            sum(eg, parts, Some(loc))
+        }
+    }
+}
+
+/// `gemm` split into K pieces along one axis (transposes and the bias follow the cut).
+pub struct SplitGemm(pub Axis);
+
+impl Rule for SplitGemm {
+    fn name(&self) -> &'static str {
+        match self.0 {
+            Axis::M => "split-gemm-m",
+            Axis::N => "split-gemm-n",
+            Axis::K => "split-gemm-k",
+        }
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(
+            node,
+            PpNode::Op {
+                kind: OpKind::Gemm,
+                ..
+            }
+        )
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+        let Some(k) = target(eg, ctx, class, self.0) else {
+            return vec![];
+        };
+        let Some((_, attrs, args)) = op_parts(node) else {
+            return vec![];
+        };
+        let Ok(g) = GemmAttrs::of(eg.analysis.attrs(attrs)) else {
+            return vec![];
+        };
+        let loc = eg[class].data.loc.clone().unwrap_or_default();
+        let out = split_gemm(eg, self.0, &g, args.to_vec(), k, &loc);
+        if let Some(root) = out {
+            record(
+                ctx,
+                eg,
+                class,
+                root,
+                self.0,
+                format!("gemm along {} in {k} pieces", self.0.name()),
+                k,
+            );
+        }
+        out.into_iter().collect()
+    }
+}
+
+fn split_gemm(
+    eg: &mut PpEGraph,
+    axis: Axis,
+    g: &GemmAttrs,
+    args: Vec<Id>,
+    k: usize,
+    loc: &str,
+) -> Option<Id> {
+    let (a, b, c) = (args[0], args[1], args.get(2).copied());
+    let (ta, tb) = (ty(eg, a)?, ty(eg, b)?);
+    if ta.rank() != 2 || tb.rank() != 2 || k < 2 {
+        return None;
+    }
+    let (m_axis, ka_axis) = if g.trans_a { (1, 0) } else { (0, 1) };
+    let (kb_axis, n_axis) = if g.trans_b { (1, 0) } else { (0, 1) };
+    let tc = match c {
+        Some(c) => Some(ty(eg, c)?),
+        None => None,
+    };
+    let piece_loc = |i: usize| format!("{loc}/{}{i}", axis.name().to_lowercase());
+    let gemm = |eg: &mut PpEGraph, args: Vec<Id>, attrs: &GemmAttrs, i: usize| {
+        add_op(
+            eg,
+            OpKind::Gemm,
+            &attrs.to_attrs(),
+            args,
+            Some(&piece_loc(i)),
+        )
+    };
+    // The bias piece for result rows/columns [s, e) along result axis `r` (0 rows, 1
+    // columns): sliced where c has the full extent there, kept where it broadcasts.
+    let c_piece = |eg: &mut PpEGraph, r: usize, full: u64, s: u64, e: u64| -> Option<Option<Id>> {
+        let (Some(c), Some(tc)) = (c, tc.as_ref()) else {
+            return Some(None);
+        };
+        // Align c's dims to the right of [M, N].
+        let rank = tc.rank();
+        if rank > 2 {
+            return None;
+        }
+        let c_axis = (r + rank).checked_sub(2);
+        match c_axis {
+            Some(ax) if static_dim(tc, ax) == Some(full) && full != 1 => {
+                Some(Some(slice(eg, c, ax, s, e, loc)?))
+            }
+            Some(ax) if static_dim(tc, ax) == Some(1) => Some(Some(c)),
+            None => Some(Some(c)),
+            _ => None,
+        }
+    };
+    match axis {
+        Axis::N | Axis::M => {
+            let (operand, op_axis, r) = if axis == Axis::N {
+                (b, n_axis, 1)
+            } else {
+                (a, m_axis, 0)
+            };
+            let t = if axis == Axis::N { &tb } else { &ta };
+            let full = static_dim(t, op_axis)?;
+            if full < k as u64 {
+                return None;
+            }
+            let mut parts = vec![];
+            for (i, (s, e)) in pieces(full, k).into_iter().enumerate() {
+                let x = slice(eg, operand, op_axis, s, e, loc)?;
+                let mut args = if axis == Axis::N {
+                    vec![a, x]
+                } else {
+                    vec![x, b]
+                };
+                if let Some(ci) = c_piece(eg, r, full, s, e)? {
+                    args.push(ci);
+                }
+                parts.push(gemm(eg, args, g, i)?);
+            }
+            concat(eg, parts, r, Some(loc))
+        }
+        Axis::K => {
+            let kd = static_dim(&ta, ka_axis)?;
+            if kd < k as u64 {
+                return None;
+            }
+            let mut parts = vec![];
+            for (i, (s, e)) in pieces(kd, k).into_iter().enumerate() {
+                let ai = slice(eg, a, ka_axis, s, e, loc)?;
+                let bi = slice(eg, b, kb_axis, s, e, loc)?;
+                let mut args = vec![ai, bi];
+                let mut gi = g.clone();
+                match c {
+                    Some(c) if i == 0 => args.push(c),
+                    _ => gi.beta = 0.0,
+                }
+                parts.push(gemm(eg, args, &gi, i)?);
+            }
+            sum(eg, parts, Some(loc))
+        }
+    }
+}
+
+// ---- propagation rules ----
+
+/// The parts and axis of a concat node.
+fn concat_parts(eg: &PpEGraph, id: Id) -> Vec<(Vec<Id>, usize)> {
+    eg[id]
+        .nodes
+        .iter()
+        .filter_map(|n| match n {
+            PpNode::Op {
+                kind: OpKind::Concat,
+                attrs,
+                args,
+            } if args.len() >= 2 => {
+                let rank = eg[id].data.ty()?.rank() as i64;
+                let axis = ConcatAttrs::of(eg.analysis.attrs(*attrs)).ok()?.axis;
+                let axis = if axis < 0 { axis + rank } else { axis };
+                Some((args.clone(), axis as usize))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Extents of each part along `axis`.
+fn extents(eg: &PpEGraph, parts: &[Id], axis: usize) -> Option<Vec<(u64, u64)>> {
+    let mut out = vec![];
+    let mut start = 0;
+    for &p in parts {
+        let n = static_dim(eg[p].data.ty()?, axis)?;
+        out.push((start, start + n));
+        start += n;
+    }
+    Some(out)
+}
+
+/// Elementwise ops distribute over a concat operand: each piece computes its part, the
+/// other operands sliced to the piece where they have the full extent on the concat axis
+/// (kept where they broadcast).
+pub struct DistributeElementwise;
+
+impl Rule for DistributeElementwise {
+    fn name(&self) -> &'static str {
+        "distribute-elementwise"
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(node, PpNode::Op { kind, .. } if kind.is_elementwise() && *kind != OpKind::Dropout)
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+        let Some((kind, attrs_id, args)) = op_parts(node) else {
+            return vec![];
+        };
+        let Some(out_ty) = ty(eg, class) else {
+            return vec![];
+        };
+        let attrs = eg.analysis.attrs(attrs_id).clone();
+        let loc = eg[class].data.loc.clone();
+        let mut out = vec![];
+        for (pos, &arg) in args.iter().enumerate() {
+            for (parts, axis) in concat_parts(eg, arg) {
+                let Some(arg_ty) = ty(eg, arg) else { continue };
+                // The concat's axis in the result (operands align to the right).
+                let r_axis = axis + out_ty.rank() - arg_ty.rank();
+                // The result must not be broadcast along the axis by another operand.
+                if static_dim(&out_ty, r_axis) != static_dim(&arg_ty, axis) {
+                    continue;
+                }
+                let Some(ext) = extents(eg, &parts, axis) else {
+                    continue;
+                };
+                let full = ext.last().map_or(0, |e| e.1);
+                let mut pieces = vec![];
+                let mut ok = true;
+                for (i, &(s, e)) in ext.iter().enumerate() {
+                    let mut piece_args = vec![];
+                    for (j, &other) in args.iter().enumerate() {
+                        if j == pos {
+                            piece_args.push(parts[i]);
+                            continue;
+                        }
+                        let Some(t) = ty(eg, other) else {
+                            ok = false;
+                            break;
+                        };
+                        // `other`'s axis aligned with r_axis, if it has one.
+                        let o_axis = (r_axis + t.rank()).checked_sub(out_ty.rank());
+                        match o_axis.map(|a| (a, static_dim(&t, a))) {
+                            None | Some((_, Some(1))) => piece_args.push(other),
+                            Some((a, Some(n))) if n == full => {
+                                match slice(eg, other, a, s, e, loc.as_deref().unwrap_or("")) {
+                                    Some(x) => piece_args.push(x),
+                                    None => ok = false,
+                                }
+                            }
+                            _ => ok = false,
+                        }
+                        if !ok {
+                            break;
+                        }
+                    }
+                    if !ok {
+                        break;
+                    }
+                    match add_op(eg, kind, &attrs, piece_args, loc.as_deref()) {
+                        Some(p) => pieces.push(p),
+                        None => {
+                            ok = false;
+                            break;
+                        }
+                    }
+                }
+                if ok {
+                    if let Some(c) = concat(eg, pieces, r_axis, loc.as_deref()) {
+                        out.push(c);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A unit-step slice along a concat's axis that reads exactly one part is that part.
+pub struct SliceOfConcat;
+
+impl Rule for SliceOfConcat {
+    fn name(&self) -> &'static str {
+        "slice-of-concat"
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(
+            node,
+            PpNode::Op {
+                kind: OpKind::Slice,
+                ..
+            }
+        )
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, _class: Id, node: &PpNode) -> Vec<Id> {
+        let Some((_, attrs, args)) = op_parts(node) else {
+            return vec![];
+        };
+        let Ok(s) = SliceAttrs::of(eg.analysis.attrs(attrs)) else {
+            return vec![];
+        };
+        let x = args[0];
+        let Some(tx) = ty(eg, x) else { return vec![] };
+        let rank = tx.rank() as i64;
+        let axes = s
+            .axes
+            .clone()
+            .unwrap_or_else(|| (0..s.starts.len() as i64).collect());
+        if axes.len() != 1
+            || s.steps
+                .as_ref()
+                .is_some_and(|st| st.iter().any(|&v| v != 1))
+        {
+            return vec![];
+        }
+        let axis = if axes[0] < 0 { axes[0] + rank } else { axes[0] } as usize;
+        let mut out = vec![];
+        for (parts, c_axis) in concat_parts(eg, x) {
+            if c_axis != axis {
+                continue;
+            }
+            let Some(ext) = extents(eg, &parts, axis) else {
+                continue;
+            };
+            for (i, &(st, en)) in ext.iter().enumerate() {
+                if s.starts[0] == st as i64 && s.ends[0] == en as i64 {
+                    out.push(parts[i]);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `matmul(concat(a_i), b)`: a concat along a's contraction axis is a sum of matmuls with
+/// b's matching rows; along a's row axis, a concat of matmuls.
+pub struct MatMulOfConcat;
+
+impl Rule for MatMulOfConcat {
+    fn name(&self) -> &'static str {
+        "matmul-of-concat"
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(
+            node,
+            PpNode::Op {
+                kind: OpKind::MatMul,
+                ..
+            }
+        )
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+        let Some((_, _, args)) = op_parts(node) else {
+            return vec![];
+        };
+        let (a, b) = (args[0], args[1]);
+        let (Some(ta), Some(tb), Some(tr)) = (ty(eg, a), ty(eg, b), ty(eg, class)) else {
+            return vec![];
+        };
+        let loc = eg[class].data.loc.clone().unwrap_or_default();
+        let (ra, rb) = (ta.rank(), tb.rank());
+        if ra < 2 || rb < 2 {
+            return vec![];
+        }
+        let mut out = vec![];
+        for (parts, axis) in concat_parts(eg, a) {
+            let Some(ext) = extents(eg, &parts, axis) else {
+                continue;
+            };
+            let mut built = vec![];
+            let mut ok = true;
+            if axis == ra - 1 {
+                for (i, &(s, e)) in ext.iter().enumerate() {
+                    let bi = slice(eg, b, rb - 2, s, e, &loc);
+                    match bi.and_then(|bi| {
+                        add_op(
+                            eg,
+                            OpKind::MatMul,
+                            &Attrs::new(),
+                            vec![parts[i], bi],
+                            Some(&loc),
+                        )
+                    }) {
+                        Some(p) => built.push(p),
+                        None => ok = false,
+                    }
+                }
+                if ok {
+                    out.extend(sum(eg, built, Some(&loc)));
+                }
+            } else if axis == ra - 2 {
+                for &p in &parts {
+                    match add_op(eg, OpKind::MatMul, &Attrs::new(), vec![p, b], Some(&loc)) {
+                        Some(x) => built.push(x),
+                        None => ok = false,
+                    }
+                }
+                if ok {
+                    out.extend(concat(eg, built, tr.rank() - 2, Some(&loc)));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Every rule, split rules first.
+pub fn all_rules() -> Vec<Arc<dyn Rule>> {
+    vec![
+        Arc::new(SplitMatMul(Axis::N)),
+        Arc::new(SplitMatMul(Axis::M)),
+        Arc::new(SplitMatMul(Axis::K)),
+        Arc::new(SplitGemm(Axis::N)),
+        Arc::new(SplitGemm(Axis::M)),
+        Arc::new(SplitGemm(Axis::K)),
+        Arc::new(DistributeElementwise),
+        Arc::new(SliceOfConcat),
+        Arc::new(MatMulOfConcat),
+    ]
+}
+
+// ---- egg adaptors ----
+
+/// Matches every class with a node the rule's [`Rule::matches`] accepts.
+struct RuleSearcher(Arc<dyn Rule>);
+
+impl Searcher<PpNode, PpAnalysis> for RuleSearcher {
+    fn search_eclass_with_limit(
+        &self,
+        egraph: &PpEGraph,
+        eclass: Id,
+        limit: usize,
+    ) -> Option<SearchMatches<'_, PpNode>> {
+        if limit == 0
+            || !egraph[eclass]
+                .nodes
+                .iter()
+                .any(|n| self.0.matches(egraph, n))
+        {
+            return None;
+        }
+        Some(SearchMatches {
+            eclass,
+            substs: vec![Subst::default()],
+            ast: None,
+        })
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        vec![]
+    }
+}
+
+/// Applies the rule to every matching node of the class.
+struct RuleApplier(Arc<dyn Rule>, Arc<RuleCtx>);
+
+impl egg::Applier<PpNode, PpAnalysis> for RuleApplier {
+    fn apply_one(
+        &self,
+        egraph: &mut PpEGraph,
+        eclass: Id,
+        _subst: &Subst,
+        _ast: Option<&egg::PatternAst<PpNode>>,
+        _rule: Symbol,
+    ) -> Vec<Id> {
+        let nodes: Vec<PpNode> = egraph[eclass]
+            .nodes
+            .iter()
+            .filter(|n| self.0.matches(egraph, n))
+            .cloned()
+            .collect();
+        // egg leaves the union to the applier (as its pattern applier does).
+        let mut out = vec![];
+        for n in nodes {
+            for id in self.0.apply(egraph, &self.1, eclass, &n) {
+                if egraph.union(id, eclass) {
+                    out.push(id);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The rules as egg rewrites sharing `ctx`.
+pub fn rewrites(
+    rules: &[Arc<dyn Rule>],
+    ctx: &Arc<RuleCtx>,
+) -> Result<Vec<Rewrite<PpNode, PpAnalysis>>, String> {
+    rules
+        .iter()
+        .map(|r| {
+            Rewrite::new(
+                r.name(),
+                RuleSearcher(r.clone()),
+                RuleApplier(r.clone(), ctx.clone()),
+            )
+        })
+        .collect()
+}

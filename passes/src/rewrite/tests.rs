@@ -1,0 +1,330 @@
+//! Randomized equivalence: every split rule, on random shapes, computes the same values as
+//! the original function on the interpreter — forward and gradients (autodiff of both).
+
+use ppir::interp::{run_function, InterpOptions, Precision};
+use ppir::{DType, Module, OpKind, Tensor};
+
+use super::rules::{pieces, Axis, SplitTarget};
+use super::*;
+use crate::autodiff::{build_gradient_function, AutodiffOptions, LossKind};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn coin(&mut self) -> bool {
+        self.next() & 1 == 1
+    }
+}
+
+fn random_tensor(rng: &mut Rng, t: &ppir::TensorType) -> Tensor {
+    let shape: Vec<usize> = t
+        .static_shape()
+        .unwrap()
+        .iter()
+        .map(|&d| d as usize)
+        .collect();
+    match t.dtype {
+        DType::F32 => {
+            let n = shape.iter().product();
+            Tensor::from_f32(shape, (0..n).map(|_| rng.unit()).collect())
+        }
+        d => panic!("no random {d:?}"),
+    }
+}
+
+fn run(m: &Module, name: &str, inputs: &[Tensor]) -> Vec<Tensor> {
+    let f = m.function(name).unwrap();
+    run_function(
+        f,
+        inputs.to_vec(),
+        &InterpOptions {
+            precision: Precision::F64,
+        },
+        None,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn assert_close(a: &[Tensor], b: &[Tensor], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: result count");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.shape, y.shape, "{what}: result {i} shape");
+        let (xs, ys) = (x.to_f64_vec(), y.to_f64_vec());
+        let scale = xs.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        for (j, (p, q)) in xs.iter().zip(&ys).enumerate() {
+            assert!(
+                (p - q).abs() <= 1e-9 * scale,
+                "{what}: result {i}[{j}]: {p} vs {q}"
+            );
+        }
+    }
+}
+
+/// Rewrite `src`'s @main with `targets`, then check the values and gradients agree.
+fn check(src: &str, targets: Vec<SplitTarget>, rng: &mut Rng) -> RewriteReport {
+    let m = ppir::text::parse_module(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let f = m.function("main").unwrap();
+    let opts = RewriteOptions {
+        split: targets.clone(),
+        ..Default::default()
+    };
+    let (out, report) =
+        rewrite_function(&m, f, &opts).unwrap_or_else(|e| panic!("{e}\n{src}\n{targets:?}"));
+    let mut m2 = m.clone();
+    *m2.function_mut("main").unwrap() = out;
+    // Every target is split: its location now has at least `pieces` contractions.
+    for t in &targets {
+        let f2 = m2.function("main").unwrap();
+        let n = f2
+            .ops()
+            .iter()
+            .filter(|&&o| {
+                let d = f2.op(o);
+                matches!(d.kind, OpKind::MatMul | OpKind::Gemm)
+                    && d.loc.as_deref().is_some_and(|l| l.starts_with(&t.loc))
+            })
+            .count();
+        assert!(n >= t.pieces, "{t:?}: {n} contractions\n{report}");
+    }
+    let inputs: Vec<Tensor> = f
+        .arg_values()
+        .map(|v| random_tensor(rng, f.ty(v)))
+        .collect();
+    let what = format!("{targets:?}");
+    assert_close(
+        &run(&m, "main", &inputs),
+        &run(&m2, "main", &inputs),
+        &format!("forward {what}"),
+    );
+    // Gradients: MSE against random targets.
+    let ad = AutodiffOptions {
+        loss: LossKind::Mse,
+        ..Default::default()
+    };
+    let (mut g1, mut g2) = (m.clone(), m2.clone());
+    build_gradient_function(&mut g1, &ad).unwrap_or_else(|e| panic!("{e}"));
+    build_gradient_function(&mut g2, &ad).unwrap_or_else(|e| panic!("{e}"));
+    let gf = g1.function("grad").unwrap();
+    let ginputs: Vec<Tensor> = gf
+        .arg_values()
+        .enumerate()
+        .map(|(i, v)| {
+            inputs
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| random_tensor(rng, gf.ty(v)))
+        })
+        .collect();
+    assert_close(
+        &run(&g1, "grad", &ginputs),
+        &run(&g2, "grad", &ginputs),
+        &format!("gradients {what}"),
+    );
+    report
+}
+
+fn dims(d: &[u64]) -> String {
+    let mut s = String::from("tensor<");
+    for x in d {
+        s.push_str(&format!("{x}x"));
+    }
+    s.push_str("f32>");
+    s
+}
+
+/// x[..., M, K] @ w[K, N] (+ b[N]) → relu → @ w2[N, P].
+fn mlp(batch: &[u64], m: u64, k: u64, n: u64, p: u64) -> String {
+    let mut xs = batch.to_vec();
+    xs.extend([m, k]);
+    let mut hs = batch.to_vec();
+    hs.extend([m, n]);
+    let mut ys = batch.to_vec();
+    ys.extend([m, p]);
+    let (tx, th, ty) = (dims(&xs), dims(&hs), dims(&ys));
+    let (tw, tb, tw2) = (dims(&[k, n]), dims(&[n]), dims(&[n, p]));
+    format!(
+        r#"module {{
+  func @main(%x: {tx}, %w: {tw} {{param}}, %b: {tb} {{param}}, %w2: {tw2} {{param}}) -> ({ty}) {{
+    %h = "pp.matmul"(%x, %w) : ({tx}, {tw}) -> {th} loc("fc1")
+    %hb = "pp.add"(%h, %b) : ({th}, {tb}) -> {th} loc("fc1/bias")
+    %r = "pp.relu"(%hb) : ({th}) -> {th} loc("relu")
+    %y = "pp.matmul"(%r, %w2) : ({th}, {tw2}) -> {ty} loc("fc2")
+    return %y : {ty}
+  }}
+}}"#
+    )
+}
+
+#[test]
+fn matmul_splits_compute_the_same_values_and_gradients() {
+    let mut rng = Rng(7);
+    for case in 0..24 {
+        let batch: Vec<u64> = if case % 3 == 0 { vec![2] } else { vec![] };
+        let (m, k, n, p) = (
+            rng.range(2, 7),
+            rng.range(2, 9),
+            rng.range(2, 11),
+            rng.range(1, 5),
+        );
+        let src = mlp(&batch, m, k, n, p);
+        let axis = [Axis::M, Axis::N, Axis::K][case % 3];
+        let loc = if rng.coin() { "fc1" } else { "fc2" };
+        let extent = match (axis, loc) {
+            (Axis::M, _) => m,
+            (Axis::N, "fc1") => n,
+            (Axis::N, _) => p,
+            (Axis::K, "fc1") => k,
+            (Axis::K, _) => n,
+        };
+        if extent < 2 {
+            continue;
+        }
+        let pieces = rng.range(2, extent.min(4)) as usize;
+        check(
+            &src,
+            vec![SplitTarget {
+                loc: loc.into(),
+                pieces,
+                axis: Some(axis),
+            }],
+            &mut rng,
+        );
+    }
+}
+
+#[test]
+fn two_splits_at_once_and_the_axis_chosen_by_cost() {
+    let mut rng = Rng(11);
+    let src = mlp(&[], 6, 8, 10, 4);
+    let report = check(
+        &src,
+        vec![
+            SplitTarget {
+                loc: "fc1".into(),
+                pieces: 2,
+                axis: None,
+            },
+            SplitTarget {
+                loc: "fc2".into(),
+                pieces: 2,
+                axis: None,
+            },
+        ],
+        &mut rng,
+    );
+    assert_eq!(report.splits.len(), 2, "{report}");
+}
+
+/// gemm(a, b, c) with every transpose and bias shape, split along each axis.
+#[test]
+fn gemm_splits_compute_the_same_values_and_gradients() {
+    let mut rng = Rng(3);
+    for case in 0..36 {
+        let (m, k, n) = (rng.range(2, 6), rng.range(2, 7), rng.range(2, 8));
+        let (ta, tb) = (rng.coin(), rng.coin());
+        let a = if ta { [k, m] } else { [m, k] };
+        let b = if tb { [n, k] } else { [k, n] };
+        let c: Option<Vec<u64>> = match case % 6 {
+            0 => None,
+            1 => Some(vec![n]),
+            2 => Some(vec![m, n]),
+            3 => Some(vec![1, n]),
+            4 => Some(vec![m, 1]),
+            _ => Some(vec![]),
+        };
+        let (tx, tw, tr) = (dims(&a), dims(&b), dims(&[m, n]));
+        let (c_arg, c_operand, c_ty) = match &c {
+            Some(c) => (
+                format!(", %c: {} {{param}}", dims(c)),
+                ", %c".to_string(),
+                format!(", {}", dims(c)),
+            ),
+            None => (String::new(), String::new(), String::new()),
+        };
+        let src = format!(
+            r#"module {{
+  func @main(%a: {tx}, %w: {tw} {{param}}{c_arg}) -> ({tr}) {{
+    %y = "pp.gemm"(%a, %w{c_operand}) {{alpha = 0.5, beta = 2.0, trans_a = {}, trans_b = {}}} : ({tx}, {tw}{c_ty}) -> {tr} loc("g")
+    %z = "pp.tanh"(%y) : ({tr}) -> {tr} loc("act")
+    return %z : {tr}
+  }}
+}}"#,
+            ta as i64, tb as i64
+        );
+        let axis = [Axis::M, Axis::N, Axis::K][(case / 2) % 3];
+        let extent = match axis {
+            Axis::M => m,
+            Axis::N => n,
+            Axis::K => k,
+        };
+        let pieces = rng.range(2, extent.min(3)) as usize;
+        check(
+            &src,
+            vec![SplitTarget {
+                loc: "g".into(),
+                pieces,
+                axis: Some(axis),
+            }],
+            &mut rng,
+        );
+    }
+}
+
+#[test]
+fn errors_name_the_op() {
+    let src = mlp(&[], 2, 3, 4, 1);
+    let m = ppir::text::parse_module(&src).unwrap();
+    let f = m.function("main").unwrap();
+    let err = |split: &str| {
+        let opts = RewriteOptions {
+            split: parse_split_list(split).unwrap(),
+            ..Default::default()
+        };
+        rewrite_function(&m, f, &opts).unwrap_err().to_string()
+    };
+    assert!(
+        err("nope:2").contains("no op has the location `nope`"),
+        "{}",
+        err("nope:2")
+    );
+    assert!(err("relu:2").contains("`relu` is a pp.relu"));
+    assert!(err("fc1:1").contains("at least 2 pieces"));
+    // fc2's N is 1: it cannot be cut along N.
+    assert!(err("fc2:2:n").contains("cannot be split into 2 pieces"));
+    assert!(parse_split_list("fc1").is_err());
+    assert!(parse_split_list("fc1:x").is_err());
+    assert_eq!(
+        parse_split_list("a/b:3:k; c=2").unwrap(),
+        vec![
+            SplitTarget {
+                loc: "a/b".into(),
+                pieces: 3,
+                axis: Some(Axis::K)
+            },
+            SplitTarget {
+                loc: "c".into(),
+                pieces: 2,
+                axis: None
+            }
+        ]
+    );
+}
+
+#[test]
+fn pieces_cover_the_extent() {
+    assert_eq!(pieces(10, 3), vec![(0, 4), (4, 7), (7, 10)]);
+    assert_eq!(pieces(4, 4), vec![(0, 1), (1, 2), (2, 3), (3, 4)]);
+}
