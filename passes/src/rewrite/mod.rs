@@ -21,6 +21,7 @@
 //! rewriter runs on the forward function, before the training program is built).
 
 pub mod egraph;
+pub mod params;
 pub mod rules;
 
 #[cfg(test)]

@@ -328,3 +328,63 @@ fn pieces_cover_the_extent() {
     assert_eq!(pieces(10, 3), vec![(0, 4), (4, 7), (7, 10)]);
     assert_eq!(pieces(4, 4), vec![(0, 1), (1, 2), (2, 3), (3, 4)]);
 }
+
+/// After a split, the weights read in pieces become one parameter per piece; the function
+/// computes the same, and joining the pieces gives back the original weights.
+#[test]
+fn split_params_makes_pieces_parameters() {
+    let mut rng = Rng(5);
+    for (target, split_weights) in [
+        ("fc1:3:n", vec!["w"]),
+        ("fc1:2:k", vec!["w"]),
+        ("fc2:2:k", vec!["w2"]),
+        ("fc1:2:m", vec![]),
+    ] {
+        let src = mlp(&[], 4, 6, 9, 3);
+        let mut m = ppir::text::parse_module(&src).unwrap();
+        let f = m.function("main").unwrap().clone();
+        for &(v, kind) in f.args() {
+            if kind == ppir::ArgKind::Param {
+                m.weights
+                    .insert(f.value(v).name.clone(), random_tensor(&mut rng, f.ty(v)));
+            }
+        }
+        let opts = RewriteOptions {
+            split: parse_split_list(target).unwrap(),
+            ..Default::default()
+        };
+        let (out, _) = rewrite_function(&m, &f, &opts).unwrap();
+        let mut m2 = m.clone();
+        *m2.function_mut("main").unwrap() = out;
+        let splits = params::split_params(&mut m2, "main").unwrap();
+        let originals: Vec<&str> = splits.iter().map(|s| s.original.as_str()).collect();
+        assert_eq!(originals, split_weights, "{target}");
+        ppir::verify::verify_module(&m2).unwrap_or_else(|e| panic!("{e:?}"));
+        let f2 = m2.function("main").unwrap();
+        // No slice of a split parameter's pieces is left: every piece is read whole.
+        for &o in f2.ops() {
+            let d = f2.op(o);
+            if d.kind == OpKind::Slice {
+                let name = &f2.value(d.operands()[0]).name;
+                assert!(
+                    !split_weights
+                        .iter()
+                        .any(|w| name == w || name.starts_with(&format!("{w}.part"))),
+                    "{target}: a slice of {name} is left"
+                );
+            }
+        }
+        let x = random_tensor(&mut rng, f.ty(f.args()[0].0));
+        let inputs: std::collections::HashMap<String, Tensor> = [("x".to_string(), x)].into();
+        let a1 = ppir::interp::bind_args(&m, &f, &inputs).unwrap();
+        let a2 = ppir::interp::bind_args(&m2, f2, &inputs).unwrap();
+        assert_close(
+            &run(&m, "main", &a1),
+            &run(&m2, "main", &a2),
+            &format!("split params {target}"),
+        );
+        let mut joined = m2.weights.clone();
+        params::join_pieces(&mut joined, &splits).unwrap();
+        assert_eq!(joined, m.weights, "{target}");
+    }
+}
