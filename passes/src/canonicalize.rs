@@ -8,7 +8,9 @@
 //! nothing changes.
 
 use ppir::interp::{eval_op, InterpOptions};
-use ppir::{Attr, Attrs, Function, Module, NewOp, OpId, OpKind, Tensor};
+use ppir::ops::attrs::{ConstantAttrs, DropoutAttrs, TransposeAttrs};
+use ppir::ops::OpAttrs;
+use ppir::{Function, Module, NewOp, OpId, OpKind, Tensor};
 
 use crate::{Pass, PassError};
 
@@ -82,7 +84,7 @@ impl Canonicalize {
         let same_type = f.ty(x) == f.ty(y);
         let noop = match data.kind {
             OpKind::Identity => true,
-            OpKind::Dropout => !matches!(data.attrs.get("training"), Some(Attr::Int(1))),
+            OpKind::Dropout => !DropoutAttrs::of(&data.attrs).is_ok_and(|d| d.training),
             OpKind::Reshape
             | OpKind::Flatten
             | OpKind::Squeeze
@@ -91,8 +93,10 @@ impl Canonicalize {
             | OpKind::Cast
             | OpKind::Tile => true,
             OpKind::Concat => data.operands().len() == 1,
-            OpKind::Transpose => match data.attrs.ints("perm") {
-                Ok(Some(p)) => p.iter().enumerate().all(|(i, &a)| a == i as i64),
+            OpKind::Transpose => match TransposeAttrs::of(&data.attrs) {
+                Ok(TransposeAttrs { perm: Some(p) }) => {
+                    p.iter().enumerate().all(|(i, &a)| a == i as i64)
+                }
                 _ => false,
             },
             _ => false,
@@ -145,7 +149,7 @@ impl Canonicalize {
         let results = data.results().to_vec();
         for ((r, value), ty) in results.into_iter().zip(values).zip(types) {
             let mut new = NewOp::new(OpKind::Constant, vec![], vec![ty])
-                .attrs(Attrs::new().with("value", Attr::Tensor(value)));
+                .attrs(ConstantAttrs { value }.to_attrs());
             new.stage = stage;
             new.phase = phase;
             new.loc = loc.clone();
@@ -164,7 +168,7 @@ fn constant_value(f: &Function, v: ppir::ValueId) -> Option<&Tensor> {
     if op.kind != OpKind::Constant {
         return None;
     }
-    op.attrs.tensor("value").ok().flatten()
+    ConstantAttrs::value_ref(&op.attrs).ok()
 }
 
 /// Remove side-effect-free ops whose results are unused; returns how many.

@@ -27,10 +27,9 @@
 
 use std::collections::HashMap;
 
-use ppir::{
-    ArgKind, Attr, Attrs, DType, Function, Module, NewOp, OpKind, Phase, Tensor, TensorType,
-    ValueId,
-};
+use ppir::ops::attrs::{CastAttrs, ConstantAttrs};
+use ppir::ops::OpAttrs;
+use ppir::{ArgKind, DType, Function, Module, NewOp, OpKind, Phase, Tensor, TensorType, ValueId};
 
 use crate::registry::PassOptions;
 use crate::{Pass, PassError};
@@ -324,10 +323,10 @@ impl Builder {
             return v;
         }
         let ty = TensorType::scalar(dtype);
-        let attrs = Attrs::new().with("value", Attr::Tensor(Tensor::scalar_f64(dtype, x)));
+        let value = Tensor::scalar_f64(dtype, x);
         let v = self.f.push(
             NewOp::new(OpKind::Constant, vec![], vec![ty])
-                .attrs(attrs)
+                .attrs(ConstantAttrs { value }.to_attrs())
                 .phase(self.phase),
         );
         self.consts.insert(key, v);
@@ -524,7 +523,7 @@ fn build_adamw(
                     let cast = |b: &mut Builder, v| {
                         b.f.push(
                             NewOp::new(OpKind::Cast, vec![v], vec![sty.clone()])
-                                .attrs(Attrs::new().with("to", Attr::DType(dt)))
+                                .attrs(CastAttrs { to: dt }.to_attrs())
                                 .phase(Phase::Optim),
                         )
                     };

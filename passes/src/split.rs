@@ -44,9 +44,9 @@ use petgraph::algo::kosaraju_scc;
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::Dfs;
 
-use ppir::{
-    ArgKind, Attr, Attrs, Function, Module, NewOp, OpId, OpKind, Phase, Use, ValueDef, ValueId,
-};
+use ppir::ops::attrs::CommAttrs;
+use ppir::ops::OpAttrs;
+use ppir::{ArgKind, Attr, Function, Module, NewOp, OpId, OpKind, Phase, Use, ValueDef, ValueId};
 
 use crate::registry::PassOptions;
 use crate::{Pass, PassError};
@@ -307,11 +307,12 @@ impl<'g> Builder<'g> {
                             "internal error: no channel for %{name} from stage {sq} to {s}"
                         ))
                     })?;
-                    let attrs = Attrs::new()
-                        .with("peer", Attr::Int(sq as i64))
-                        .with("channel", Attr::Int(channel));
+                    let attrs = CommAttrs {
+                        peer: sq as i64,
+                        channel,
+                    };
                     let mut new = NewOp::new(OpKind::Recv, vec![], vec![ty.clone()])
-                        .attrs(attrs)
+                        .attrs(attrs.to_attrs())
                         .names(vec![name.clone()])
                         .phase(STAGE_PHASES[pq]);
                     new.loc = self.g.op(q).loc.clone();
@@ -440,11 +441,12 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
             };
             for &t in targets {
                 let channel = b.channels.len() as i64;
-                let attrs = Attrs::new()
-                    .with("peer", Attr::Int(t as i64))
-                    .with("channel", Attr::Int(channel));
+                let attrs = CommAttrs {
+                    peer: t as i64,
+                    channel,
+                };
                 let mut send = NewOp::new(OpKind::Send, vec![l], vec![])
-                    .attrs(attrs)
+                    .attrs(attrs.to_attrs())
                     .phase(STAGE_PHASES[ph]);
                 send.loc = data.loc.clone();
                 b.funcs[s as usize][ph].push_op(send);

@@ -7,7 +7,7 @@
 //! kernel tap ([`valid_range`]), so the loops carry no padding test.
 
 use super::util::{fail, float_tensor, floats, same_dtype, to_usize, valid_range, OpResult};
-use crate::attr::Attrs;
+use crate::ops::attrs::{ConvAttrs, ConvTransposeAttrs};
 use crate::tensor::Tensor;
 
 /// Strides, pads and dilations of a window op over `nsp` spatial dimensions, validated.
@@ -19,10 +19,16 @@ pub(super) struct Window {
 }
 
 impl Window {
-    pub(super) fn from_attrs(attrs: &Attrs, nsp: usize) -> OpResult<Window> {
-        let strides = positive_list(attrs, "strides", nsp)?;
-        let dilations = positive_list(attrs, "dilations", nsp)?;
-        let pads = attrs.ints_or("pads", vec![0; 2 * nsp])?;
+    /// From the op's `strides`, `pads` and `dilations` (absent: ones, zeros, ones).
+    pub(super) fn new(
+        strides: Option<&[i64]>,
+        pads: Option<&[i64]>,
+        dilations: Option<&[i64]>,
+        nsp: usize,
+    ) -> OpResult<Window> {
+        let strides = positive_list(strides, "strides", nsp)?;
+        let dilations = positive_list(dilations, "dilations", nsp)?;
+        let pads = pads.map_or_else(|| vec![0; 2 * nsp], <[i64]>::to_vec);
         if pads.len() != 2 * nsp {
             fail!(
                 "`pads` must have {} entries (begins then ends), got {:?}",
@@ -42,9 +48,9 @@ impl Window {
     }
 }
 
-/// An optional list attribute of `n` positive integers (default all 1).
-pub(super) fn positive_list(attrs: &Attrs, name: &str, n: usize) -> OpResult<Vec<usize>> {
-    let v = attrs.ints_or(name, vec![1; n])?;
+/// An optional list attribute `name` of `n` positive integers (default all 1).
+fn positive_list(value: Option<&[i64]>, name: &str, n: usize) -> OpResult<Vec<usize>> {
+    let v = value.map_or_else(|| vec![1; n], <[i64]>::to_vec);
     if v.len() != n || v.iter().any(|&s| s < 1) {
         fail!("`{name}` must be {n} positive integers, got {v:?}");
     }
@@ -77,7 +83,7 @@ fn bias_of<'a>(x: &Tensor, bias: Option<&&'a Tensor>, m: usize) -> OpResult<Opti
 }
 
 /// ONNX Conv. x `[N, C, d..]`, w `[M, C/group, k..]`, optional bias `[M]`.
-pub(super) fn conv(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+pub(super) fn conv(attrs: &ConvAttrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
     let (x, w) = (inputs[0], inputs[1]);
     same_dtype(x, w)?;
     let xv = floats(x, "x")?;
@@ -93,7 +99,7 @@ pub(super) fn conv(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
     }
     let m = w.shape[0];
     let ksp = w.shape[2..].to_vec();
-    let group = attrs.int_or("group", 1)?;
+    let group = attrs.group;
     if group < 1 || c % group as usize != 0 || m % group as usize != 0 {
         fail!("group {group} must be positive and divide the {c} input and {m} output channels");
     }
@@ -105,7 +111,7 @@ pub(super) fn conv(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
             w.shape
         );
     }
-    if let Some(ks) = attrs.ints("kernel_shape")? {
+    if let Some(ks) = &attrs.kernel_shape {
         if ks.iter().map(|&k| k as usize).ne(ksp.iter().copied()) || ks.iter().any(|&k| k < 0) {
             fail!(
                 "kernel_shape {ks:?} disagrees with w of shape {:?}",
@@ -113,7 +119,12 @@ pub(super) fn conv(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
             );
         }
     }
-    let win = Window::from_attrs(attrs, nsp)?;
+    let win = Window::new(
+        attrs.strides.as_deref(),
+        attrs.pads.as_deref(),
+        attrs.dilations.as_deref(),
+        nsp,
+    )?;
     let bias = bias_of(x, inputs.get(2), m)?;
 
     let mut out_sp = Vec::with_capacity(nsp);
@@ -216,7 +227,7 @@ pub(super) fn conv(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
 /// ONNX ConvTranspose. x `[N, C, d..]`, w `[C, M/group, k..]`, optional bias `[M]`.
 /// Output size per spatial dimension:
 /// `stride · (in - 1) + output_padding + (k - 1) · dilation + 1 - pad_begin - pad_end`.
-pub(super) fn conv_transpose(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+pub(super) fn conv_transpose(attrs: &ConvTransposeAttrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
     let (x, w) = (inputs[0], inputs[1]);
     same_dtype(x, w)?;
     let xv = floats(x, "x")?;
@@ -230,7 +241,7 @@ pub(super) fn conv_transpose(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tens
             w.shape
         );
     }
-    let group = attrs.int_or("group", 1)?;
+    let group = attrs.group;
     if group < 1 || c % group as usize != 0 {
         fail!("group {group} must be positive and divide the {c} input channels");
     }
@@ -238,8 +249,13 @@ pub(super) fn conv_transpose(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tens
     let (cg, mg) = (c / group, w.shape[1]);
     let m = mg * group;
     let ksp = w.shape[2..].to_vec();
-    let win = Window::from_attrs(attrs, nsp)?;
-    let out_pad = attrs.ints_or("output_padding", vec![0; nsp])?;
+    let win = Window::new(
+        attrs.strides.as_deref(),
+        attrs.pads.as_deref(),
+        attrs.dilations.as_deref(),
+        nsp,
+    )?;
+    let out_pad = attrs.output_padding.clone().unwrap_or_else(|| vec![0; nsp]);
     if out_pad.len() != nsp || out_pad.iter().any(|&p| p < 0) {
         fail!("`output_padding` must be {nsp} non-negative integers, got {out_pad:?}");
     }

@@ -10,7 +10,11 @@ use super::util::{
     min_nan, same_dtype, OpResult,
 };
 use crate::attr::Attrs;
-use crate::ops::OpKind;
+use crate::ops::attrs::{
+    CastAttrs, ClipAttrs, DropoutAttrs, EluAttrs, GeluAttrs, HardSigmoidAttrs, LeakyReluAttrs,
+    SeluAttrs, ShrinkAttrs,
+};
+use crate::ops::{OpAttrs, OpKind};
 use crate::tensor::{wrap_int, Tensor, TensorData};
 use crate::types::{DType, TensorType};
 
@@ -22,14 +26,16 @@ fn map<T: Copy, R>(x: &[T], f: impl Fn(T) -> R) -> Vec<R> {
 /// `x · mask / (1 - ratio)` with the mask of [`super::rng::dropout_keep`] for the op's
 /// `seed` and the key's (step, micro-batch). A second declared result is the mask (i1).
 pub(super) fn dropout(
-    attrs: &Attrs,
+    attrs: &DropoutAttrs,
     inputs: &[&Tensor],
     result_types: &[TensorType],
 ) -> OpResult<Vec<Tensor>> {
     let x = inputs[0];
-    let ratio = attrs.float_or("ratio", 0.5)?;
-    let training = attrs.int_or("training", 0)? != 0;
-    let seed = attrs.int_or("seed", 0)?;
+    let DropoutAttrs {
+        ratio,
+        training,
+        seed,
+    } = *attrs;
     let n = x.num_elements();
     let keep: Vec<i64> = if training {
         if !(0.0..1.0).contains(&ratio) {
@@ -75,12 +81,7 @@ pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Vec<Ten
     use OpKind::*;
     match kind {
         Identity => return Ok(vec![x.clone()]),
-        Cast => {
-            let Some(to) = attrs.dtype("to")? else {
-                fail!("missing required attribute `to`")
-            };
-            return Ok(vec![cast(x, to)]);
-        }
+        Cast => return Ok(vec![cast(x, CastAttrs::of(attrs)?.to)]),
         Not => {
             let v = bools(x, "the operand of pp.not")?;
             return Ok(vec![int_tensor(
@@ -102,16 +103,15 @@ pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Vec<Ten
     let y = match kind {
         Relu => map(v, |a| if a < 0.0 { 0.0 } else { a }),
         LeakyRelu => {
-            let alpha = attrs.float_or("alpha", 0.01)?;
+            let alpha = LeakyReluAttrs::of(attrs)?.alpha;
             map(v, |a| if a < 0.0 { alpha * a } else { a })
         }
         Elu => {
-            let alpha = attrs.float_or("alpha", 1.0)?;
+            let alpha = EluAttrs::of(attrs)?.alpha;
             map(v, |a| if a < 0.0 { alpha * a.exp_m1() } else { a })
         }
         Selu => {
-            let alpha = attrs.float_or("alpha", 1.673_263_242_354_377_2)?;
-            let gamma = attrs.float_or("gamma", 1.050_700_987_355_480_5)?;
+            let SeluAttrs { alpha, gamma } = SeluAttrs::of(attrs)?;
             map(v, |a| {
                 if a > 0.0 {
                     gamma * a
@@ -122,12 +122,11 @@ pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Vec<Ten
         }
         Sigmoid => map(v, sigmoid),
         HardSigmoid => {
-            let alpha = attrs.float_or("alpha", 0.2)?;
-            let beta = attrs.float_or("beta", 0.5)?;
+            let HardSigmoidAttrs { alpha, beta } = HardSigmoidAttrs::of(attrs)?;
             map(v, |a| clamp(alpha * a + beta, 0.0, 1.0))
         }
         Tanh => map(v, f64::tanh),
-        Gelu => match attrs.str_or("approximate", "none")? {
+        Gelu => match GeluAttrs::of(attrs)?.approximate.as_str() {
             "none" => map(v, |a| {
                 0.5 * a * (1.0 + erf(a * std::f64::consts::FRAC_1_SQRT_2))
             }),
@@ -170,8 +169,7 @@ pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Vec<Ten
         Sin => map(v, f64::sin),
         Cos => map(v, f64::cos),
         Shrink => {
-            let bias = attrs.float_or("bias", 0.0)?;
-            let lambd = attrs.float_or("lambd", 0.5)?;
+            let ShrinkAttrs { bias, lambd } = ShrinkAttrs::of(attrs)?;
             map(v, |a| {
                 if a < -lambd {
                     a + bias
@@ -183,8 +181,8 @@ pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Vec<Ten
             })
         }
         Clip => {
-            let (lo, hi) = clip_bounds(attrs)?;
-            map(v, |a| clamp(a, lo, hi))
+            let ClipAttrs { min, max } = ClipAttrs::of(attrs)?;
+            map(v, |a| clamp(a, min, max))
         }
         _ => unreachable!("{kind} is not a unary op"),
     };
@@ -200,7 +198,7 @@ fn unary_int(kind: OpKind, attrs: &Attrs, v: &[i64]) -> OpResult<Vec<i64>> {
         Neg => map(v, i64::wrapping_neg),
         Sign => map(v, i64::signum),
         Clip => {
-            let (lo, hi) = clip_bounds(attrs)?;
+            let ClipAttrs { min: lo, max: hi } = ClipAttrs::of(attrs)?;
             // Integer bounds: round inward so that the clamp stays within [lo, hi].
             let (lo, hi) = (lo.ceil(), hi.floor());
             map(v, |a| {
@@ -214,13 +212,6 @@ fn unary_int(kind: OpKind, attrs: &Attrs, v: &[i64]) -> OpResult<Vec<i64>> {
         }
         _ => fail!("{kind} needs a float operand, got an integer tensor"),
     })
-}
-
-fn clip_bounds(attrs: &Attrs) -> OpResult<(f64, f64)> {
-    Ok((
-        attrs.float_or("min", f64::NEG_INFINITY)?,
-        attrs.float_or("max", f64::INFINITY)?,
-    ))
 }
 
 /// `min(max(a, lo), hi)` as numpy's `clip` computes it (so `lo > hi` gives `hi`), keeping NaN.

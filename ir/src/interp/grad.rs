@@ -7,15 +7,17 @@
 //! gradient routes exactly where the forward op read.
 
 use super::conv::{split_nc, to3, Window};
-use super::movement::{required_ints, slice_maps};
+use super::movement::slice_maps;
 use super::pool::{pool_geom, PoolGeom};
 use super::util::{fail, float_tensor, floats, ints, norm_axis, same_dtype, valid_range, OpResult};
-use crate::attr::Attrs;
+use crate::ops::attrs::{
+    AvgPoolAttrs, AvgPoolGradAttrs, ConvGradWeightAttrs, CrossEntropyAttrs, GatherGradAttrs,
+    MaxPoolAttrs, SliceAttrs, SliceGradAttrs,
+};
 use crate::tensor::{strides_of, Tensor};
 
-/// A required attribute of non-negative sizes.
-fn shape_attr(attrs: &Attrs, name: &str) -> OpResult<Vec<usize>> {
-    let v = required_ints(attrs, name)?;
+/// A shape attribute `name` (non-negative sizes).
+fn shape_attr(v: &[i64], name: &str) -> OpResult<Vec<usize>> {
     if v.iter().any(|&d| d < 0) {
         fail!("`{name}` must be non-negative sizes, got {v:?}");
     }
@@ -42,7 +44,7 @@ struct CrossEntropy<'a> {
 }
 
 impl<'a> CrossEntropy<'a> {
-    fn new(attrs: &Attrs, logits: &'a Tensor, labels: &'a Tensor) -> OpResult<Self> {
+    fn new(attrs: &CrossEntropyAttrs, logits: &'a Tensor, labels: &'a Tensor) -> OpResult<Self> {
         let lv = floats(logits, "logits")?;
         let labels_v = ints(labels, "labels")?;
         let Some((&classes, outer)) = logits.shape.split_last() else {
@@ -54,7 +56,7 @@ impl<'a> CrossEntropy<'a> {
                 labels.shape
             );
         }
-        let ignore = attrs.int("ignore_index")?;
+        let ignore = attrs.ignore_index;
         let mut targets = Vec::with_capacity(labels_v.len());
         for (row, &l) in labels_v.iter().enumerate() {
             if Some(l) == ignore {
@@ -88,7 +90,10 @@ fn log_sum_exp(row: &[f64]) -> f64 {
 }
 
 /// Mean over the counted positions of `logsumexp(row) - row[label]`; 0 if none counts.
-pub(super) fn softmax_cross_entropy(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+pub(super) fn softmax_cross_entropy(
+    attrs: &CrossEntropyAttrs,
+    inputs: &[&Tensor],
+) -> OpResult<Tensor> {
     let ce = CrossEntropy::new(attrs, inputs[0], inputs[1])?;
     debug_assert_eq!(ce.labels.len(), ce.targets.len());
     let mut sum = 0.0;
@@ -107,7 +112,10 @@ pub(super) fn softmax_cross_entropy(attrs: &Attrs, inputs: &[&Tensor]) -> OpResu
 }
 
 /// `(softmax(row) - onehot(label)) · dloss / count` per counted row, 0 on ignored rows.
-pub(super) fn softmax_cross_entropy_grad(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+pub(super) fn softmax_cross_entropy_grad(
+    attrs: &CrossEntropyAttrs,
+    inputs: &[&Tensor],
+) -> OpResult<Tensor> {
     let ce = CrossEntropy::new(attrs, inputs[0], inputs[1])?;
     same_dtype(inputs[0], inputs[2])?;
     let dl = floats(inputs[2], "dloss")?;
@@ -174,12 +182,12 @@ impl PoolGeom {
 /// dx of `max_pool`: each dy goes to the first maximum (row-major over the window) of
 /// the input elements its window read; padding never wins. A NaN in the window is the
 /// maximum, as in the forward op.
-pub(super) fn max_pool_grad(attrs: &Attrs, x: &Tensor, dy: &Tensor) -> OpResult<Tensor> {
+pub(super) fn max_pool_grad(attrs: &MaxPoolAttrs, x: &Tensor, dy: &Tensor) -> OpResult<Tensor> {
     same_dtype(x, dy)?;
     let xv = floats(x, "x")?;
     let dyv = floats(dy, "dy")?;
     let (n, c, in_sp) = split_nc(&x.shape, "x")?;
-    let geom = pool_geom(attrs, &in_sp)?;
+    let geom = pool_geom(attrs.into(), &in_sp)?;
     let mut want = vec![n, c];
     want.extend(&geom.out_sp);
     check_shape(dy, &want, "dy")?;
@@ -210,12 +218,13 @@ pub(super) fn max_pool_grad(attrs: &Attrs, x: &Tensor, dy: &Tensor) -> OpResult<
 
 /// dx of `avg_pool`: each dy spreads evenly over the cells its window averaged (the
 /// divisor follows `count_include_pad` as in the forward op).
-pub(super) fn avg_pool_grad(attrs: &Attrs, dy: &Tensor) -> OpResult<Tensor> {
+pub(super) fn avg_pool_grad(attrs: &AvgPoolGradAttrs, dy: &Tensor) -> OpResult<Tensor> {
     let dyv = floats(dy, "dy")?;
-    let in_shape = shape_attr(attrs, "input_shape")?;
+    let in_shape = shape_attr(&attrs.input_shape, "input_shape")?;
     let (n, c, in_sp) = split_nc(&in_shape, "`input_shape`")?;
-    let geom = pool_geom(attrs, &in_sp)?;
-    let include_pad = attrs.int_or("count_include_pad", 0)? != 0;
+    let pool = AvgPoolAttrs::of_grad(attrs);
+    let geom = pool_geom((&pool).into(), &in_sp)?;
+    let include_pad = attrs.count_include_pad;
     let mut want = vec![n, c];
     want.extend(&geom.out_sp);
     check_shape(dy, &want, "dy")?;
@@ -252,17 +261,21 @@ pub(super) fn avg_pool_grad(attrs: &Attrs, dy: &Tensor) -> OpResult<Tensor> {
 
 /// dw of `conv(x, w)`: `dw[oc, ci, k..] = Σ_b Σ_z dy[b, oc, z] · x[b, g·C/group + ci,
 /// z·stride - pad + k·dilation]`, with `kernel_shape` giving w's spatial dims.
-pub(super) fn conv_grad_weight(attrs: &Attrs, x: &Tensor, dy: &Tensor) -> OpResult<Tensor> {
+pub(super) fn conv_grad_weight(
+    attrs: &ConvGradWeightAttrs,
+    x: &Tensor,
+    dy: &Tensor,
+) -> OpResult<Tensor> {
     same_dtype(x, dy)?;
     let xv = floats(x, "x")?;
     let dyv = floats(dy, "dy")?;
     let (n, c, in_sp) = split_nc(&x.shape, "x")?;
     let nsp = in_sp.len();
-    let ksp = shape_attr(attrs, "kernel_shape")?;
+    let ksp = shape_attr(&attrs.kernel_shape, "kernel_shape")?;
     if ksp.len() != nsp || ksp.contains(&0) {
         fail!("`kernel_shape` must be {nsp} positive sizes, got {ksp:?}");
     }
-    let group = attrs.int_or("group", 1)?;
+    let group = attrs.group;
     if dy.shape.len() != x.shape.len() {
         fail!(
             "dy must have rank {}, got shape {:?}",
@@ -276,7 +289,12 @@ pub(super) fn conv_grad_weight(attrs: &Attrs, x: &Tensor, dy: &Tensor) -> OpResu
     }
     let group = group as usize;
     let (cg, mg) = (c / group, m / group);
-    let win = Window::from_attrs(attrs, nsp)?;
+    let win = Window::new(
+        attrs.strides.as_deref(),
+        attrs.pads.as_deref(),
+        attrs.dilations.as_deref(),
+        nsp,
+    )?;
     let mut out_sp = Vec::with_capacity(nsp);
     for i in 0..nsp {
         let span = win.dilations[i] * (ksp[i] - 1) + 1;
@@ -345,14 +363,18 @@ pub(super) fn conv_grad_weight(attrs: &Attrs, x: &Tensor, dy: &Tensor) -> OpResu
 
 /// dData of `gather(data, indices)`: `zeros(data_shape)` with each dy element added at
 /// the data element it was gathered from (negative indices count from the end).
-pub(super) fn gather_grad(attrs: &Attrs, indices: &Tensor, dy: &Tensor) -> OpResult<Tensor> {
+pub(super) fn gather_grad(
+    attrs: &GatherGradAttrs,
+    indices: &Tensor,
+    dy: &Tensor,
+) -> OpResult<Tensor> {
     let idx = ints(indices, "indices")?;
     let dyv = floats(dy, "dy")?;
-    let data_shape = shape_attr(attrs, "data_shape")?;
+    let data_shape = shape_attr(&attrs.data_shape, "data_shape")?;
     if data_shape.is_empty() {
         fail!("`data_shape` must have rank >= 1");
     }
-    let axis = norm_axis(attrs.int_or("axis", 0)?, data_shape.len())?;
+    let axis = norm_axis(attrs.axis, data_shape.len())?;
     let mut want = data_shape[..axis].to_vec();
     want.extend_from_slice(&indices.shape);
     want.extend_from_slice(&data_shape[axis + 1..]);
@@ -383,10 +405,10 @@ pub(super) fn gather_grad(attrs: &Attrs, indices: &Tensor, dy: &Tensor) -> OpRes
 
 /// dx of `slice(x)`: `zeros(input_shape)` with dy written where the slice read (any
 /// steps; each input element is read at most once).
-pub(super) fn slice_grad(attrs: &Attrs, dy: &Tensor) -> OpResult<Tensor> {
+pub(super) fn slice_grad(attrs: &SliceGradAttrs, dy: &Tensor) -> OpResult<Tensor> {
     let dyv = floats(dy, "dy")?;
-    let in_shape = shape_attr(attrs, "input_shape")?;
-    let maps = slice_maps(attrs, &in_shape)?;
+    let in_shape = shape_attr(&attrs.input_shape, "input_shape")?;
+    let maps = slice_maps(&SliceAttrs::of_grad(attrs), &in_shape)?;
     let want: Vec<usize> = maps.iter().map(|m| m.len()).collect();
     check_shape(dy, &want, "dy")?;
     let st = strides_of(&in_shape);

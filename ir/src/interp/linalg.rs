@@ -4,7 +4,7 @@ use super::util::{
     broadcast_shapes, fail, float_tensor, floats, for_each_broadcast, int_tensor, same_dtype,
     OpResult,
 };
-use crate::attr::Attrs;
+use crate::ops::attrs::GemmAttrs;
 use crate::tensor::{Tensor, TensorData};
 
 /// Element types the matrix kernel runs on; integers wrap on overflow.
@@ -186,7 +186,7 @@ fn batched<T: Scalar>(
 
 /// ONNX Gemm: `alpha · op(A) · op(B) + beta · C`, `op` transposing when `trans_a`/`trans_b`
 /// is set, C broadcast to the result (unidirectionally).
-pub(super) fn gemm(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+pub(super) fn gemm(attrs: &GemmAttrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
     let (a, b) = (inputs[0], inputs[1]);
     same_dtype(a, b)?;
     let x = floats(a, "A")?;
@@ -198,10 +198,12 @@ pub(super) fn gemm(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
             b.shape
         );
     }
-    let alpha = attrs.float_or("alpha", 1.0)?;
-    let beta = attrs.float_or("beta", 1.0)?;
-    let trans_a = attrs.int_or("trans_a", 0)? != 0;
-    let trans_b = attrs.int_or("trans_b", 0)? != 0;
+    let GemmAttrs {
+        alpha,
+        beta,
+        trans_a,
+        trans_b,
+    } = *attrs;
     let (m, k) = if trans_a {
         (a.shape[1], a.shape[0])
     } else {

@@ -55,7 +55,8 @@ pub use rng::{dropout_keep, dropout_uniform};
 
 use crate::attr::Attrs;
 use crate::module::{ArgKind, Function, Module, ValueId};
-use crate::ops::{OpClass, OpKind};
+use crate::ops::attrs::*;
+use crate::ops::{OpAttrs, OpClass, OpKind};
 use crate::tensor::{round_to, wrap_int, Tensor, TensorData};
 use crate::types::{DType, TensorType};
 use util::{fail, OpFail, OpResult};
@@ -291,7 +292,7 @@ fn compute(
         Relu | LeakyRelu | Elu | Selu | Sigmoid | HardSigmoid | Tanh | Gelu | Erf | Exp | Log
         | Sqrt | Abs | Neg | Sign | Reciprocal | Softplus | Softsign | Floor | Ceil | Sin | Cos
         | Not | Identity | Shrink | Clip | Cast => elementwise::unary(kind, attrs, inputs[0]),
-        Dropout => elementwise::dropout(attrs, inputs, result_types),
+        Dropout => elementwise::dropout(&DropoutAttrs::of(attrs)?, inputs, result_types),
         Add | Sub | Mul | Div | Pow | Max | Min | PRelu => {
             one(elementwise::binary(kind, inputs[0], inputs[1])?)
         }
@@ -301,51 +302,77 @@ fn compute(
         And | Or => one(elementwise::logical(kind, inputs[0], inputs[1])?),
         Where => one(elementwise::where_(inputs[0], inputs[1], inputs[2])?),
         MatMul => one(linalg::matmul(inputs[0], inputs[1])?),
-        Gemm => one(linalg::gemm(attrs, inputs)?),
-        Conv => one(conv::conv(attrs, inputs)?),
-        ConvTranspose => one(conv::conv_transpose(attrs, inputs)?),
-        MaxPool | AvgPool => one(pool::pool(kind, attrs, inputs[0])?),
-        GlobalAvgPool | GlobalMaxPool => one(pool::global_pool(kind, inputs[0])?),
-        BatchNorm => one(norm::batch_norm(attrs, inputs)?),
-        InstanceNorm => one(norm::instance_norm(attrs, inputs)?),
-        LayerNorm => norm::layer_norm(attrs, inputs, result_types),
-        Lrn => one(norm::lrn(attrs, inputs[0])?),
-        Softmax | LogSoftmax => one(norm::softmax(kind, attrs, inputs[0])?),
-        ReduceSum | ReduceMean | ReduceMax | ReduceMin => {
-            one(reduce::reduce(kind, attrs, inputs[0])?)
+        Gemm => one(linalg::gemm(&GemmAttrs::of(attrs)?, inputs)?),
+        Conv => one(conv::conv(&ConvAttrs::of(attrs)?, inputs)?),
+        ConvTranspose => one(conv::conv_transpose(
+            &ConvTransposeAttrs::of(attrs)?,
+            inputs,
+        )?),
+        MaxPool => {
+            let a = MaxPoolAttrs::of(attrs)?;
+            one(pool::pool(kind, (&a).into(), inputs[0])?)
         }
-        Reshape => one(movement::reshape(attrs, inputs[0])?),
-        Transpose => one(movement::transpose(attrs, inputs[0])?),
-        Concat => one(movement::concat(attrs, inputs)?),
-        Split => movement::split(attrs, inputs[0], result_types.len()),
-        Slice => one(movement::slice(attrs, inputs[0])?),
-        Gather => one(movement::gather(attrs, inputs[0], inputs[1])?),
-        Expand => one(movement::expand(attrs, inputs[0])?),
-        Pad => one(movement::pad(attrs, inputs[0])?),
-        Tile => one(movement::tile(attrs, inputs[0])?),
-        Squeeze => one(movement::squeeze(attrs, inputs[0])?),
-        Unsqueeze => one(movement::unsqueeze(attrs, inputs[0])?),
-        Flatten => one(movement::flatten(attrs, inputs[0])?),
+        AvgPool => {
+            let a = AvgPoolAttrs::of(attrs)?;
+            one(pool::pool(kind, (&a).into(), inputs[0])?)
+        }
+        GlobalAvgPool | GlobalMaxPool => one(pool::global_pool(kind, inputs[0])?),
+        BatchNorm => one(norm::batch_norm(&BatchNormAttrs::of(attrs)?, inputs)?),
+        InstanceNorm => one(norm::instance_norm(&InstanceNormAttrs::of(attrs)?, inputs)?),
+        LayerNorm => norm::layer_norm(&LayerNormAttrs::of(attrs)?, inputs, result_types),
+        Lrn => one(norm::lrn(&LrnAttrs::of(attrs)?, inputs[0])?),
+        Softmax | LogSoftmax => one(norm::softmax(kind, &SoftmaxAttrs::of(attrs)?, inputs[0])?),
+        ReduceSum | ReduceMean | ReduceMax | ReduceMin => {
+            one(reduce::reduce(kind, &ReduceAttrs::of(attrs)?, inputs[0])?)
+        }
+        Reshape => one(movement::reshape(&ShapeAttrs::of(attrs)?, inputs[0])?),
+        Transpose => one(movement::transpose(&TransposeAttrs::of(attrs)?, inputs[0])?),
+        Concat => one(movement::concat(&ConcatAttrs::of(attrs)?, inputs)?),
+        Split => movement::split(&SplitAttrs::of(attrs)?, inputs[0], result_types.len()),
+        Slice => one(movement::slice(&SliceAttrs::of(attrs)?, inputs[0])?),
+        Gather => {
+            let axis = GatherAttrs::of(attrs)?.axis;
+            one(movement::gather(axis, inputs[0], inputs[1])?)
+        }
+        Expand => one(movement::expand(&ShapeAttrs::of(attrs)?, inputs[0])?),
+        Pad => one(movement::pad(&PadAttrs::of(attrs)?, inputs[0])?),
+        Tile => one(movement::tile(&TileAttrs::of(attrs)?, inputs[0])?),
+        Squeeze => one(movement::squeeze(&SqueezeAttrs::of(attrs)?, inputs[0])?),
+        Unsqueeze => one(movement::unsqueeze(&UnsqueezeAttrs::of(attrs)?, inputs[0])?),
+        Flatten => one(movement::flatten(&FlattenAttrs::of(attrs)?, inputs[0])?),
         Constant => one(movement::constant(attrs, &result_types[0])?),
-        SoftmaxCrossEntropy => one(grad::softmax_cross_entropy(attrs, inputs)?),
-        SoftmaxCrossEntropyGrad => one(grad::softmax_cross_entropy_grad(attrs, inputs)?),
-        MaxPoolGrad => one(grad::max_pool_grad(attrs, inputs[0], inputs[1])?),
-        AvgPoolGrad => one(grad::avg_pool_grad(attrs, inputs[0])?),
-        ConvGradWeight => one(grad::conv_grad_weight(attrs, inputs[0], inputs[1])?),
-        GatherGrad => one(grad::gather_grad(attrs, inputs[0], inputs[1])?),
-        SliceGrad => one(grad::slice_grad(attrs, inputs[0])?),
+        SoftmaxCrossEntropy => {
+            let a = CrossEntropyAttrs::of(attrs)?;
+            one(grad::softmax_cross_entropy(&a, inputs)?)
+        }
+        SoftmaxCrossEntropyGrad => {
+            let a = CrossEntropyAttrs::of(attrs)?;
+            one(grad::softmax_cross_entropy_grad(&a, inputs)?)
+        }
+        MaxPoolGrad => {
+            let a = MaxPoolAttrs::of(attrs)?;
+            one(grad::max_pool_grad(&a, inputs[0], inputs[1])?)
+        }
+        AvgPoolGrad => one(grad::avg_pool_grad(
+            &AvgPoolGradAttrs::of(attrs)?,
+            inputs[0],
+        )?),
+        ConvGradWeight => {
+            let a = ConvGradWeightAttrs::of(attrs)?;
+            one(grad::conv_grad_weight(&a, inputs[0], inputs[1])?)
+        }
+        GatherGrad => {
+            let a = GatherGradAttrs::of(attrs)?;
+            one(grad::gather_grad(&a, inputs[0], inputs[1])?)
+        }
+        SliceGrad => one(grad::slice_grad(&SliceGradAttrs::of(attrs)?, inputs[0])?),
         Send | Recv => fail!("needs a communicator: run it with run_function and a Comm"),
     }
 }
 
 /// The `peer` and `channel` attributes of a send/recv.
 fn peer_channel(attrs: &Attrs) -> OpResult<(u32, i64)> {
-    let Some(peer) = attrs.int("peer")? else {
-        fail!("missing required attribute `peer`")
-    };
-    let Some(channel) = attrs.int("channel")? else {
-        fail!("missing required attribute `channel`")
-    };
+    let CommAttrs { peer, channel } = CommAttrs::of(attrs)?;
     let Ok(peer) = u32::try_from(peer) else {
         fail!("`peer` must be a stage number, got {peer}")
     };

@@ -11,6 +11,10 @@ use super::util::{
     select_data, to_usize, OpResult,
 };
 use crate::attr::Attrs;
+use crate::ops::attrs::{
+    ConcatAttrs, ConstantAttrs, FlattenAttrs, PadAttrs, ShapeAttrs, SliceAttrs, SplitAttrs,
+    SqueezeAttrs, TileAttrs, TransposeAttrs, UnsqueezeAttrs,
+};
 use crate::tensor::{strides_of, Tensor, TensorData};
 use crate::types::{DType, TensorType};
 
@@ -22,16 +26,9 @@ fn with_shape(x: &Tensor, shape: Vec<usize>) -> Tensor {
     }
 }
 
-pub(super) fn required_ints(attrs: &Attrs, name: &str) -> OpResult<Vec<i64>> {
-    match attrs.ints(name)? {
-        Some(v) => Ok(v),
-        None => fail!("missing required attribute `{name}`"),
-    }
-}
-
 /// `shape` (static, at most one -1 for the size that makes the element counts agree).
-pub(super) fn reshape(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
-    let spec = required_ints(attrs, "shape")?;
+pub(super) fn reshape(attrs: &ShapeAttrs, x: &Tensor) -> OpResult<Tensor> {
+    let spec = &attrs.shape;
     let n = x.num_elements();
     let mut shape = Vec::with_capacity(spec.len());
     let mut inferred = None;
@@ -60,10 +57,10 @@ pub(super) fn reshape(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 }
 
 /// `perm` (default: reversed axes); result dimension i is input dimension `perm[i]`.
-pub(super) fn transpose(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+pub(super) fn transpose(attrs: &TransposeAttrs, x: &Tensor) -> OpResult<Tensor> {
     let rank = x.shape.len();
-    let perm = match attrs.ints("perm")? {
-        Some(p) => p,
+    let perm = match &attrs.perm {
+        Some(p) => p.clone(),
         None => (0..rank as i64).rev().collect(),
     };
     if perm.len() != rank {
@@ -86,13 +83,10 @@ pub(super) fn transpose(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 }
 
 /// Join along `axis`; all other dimensions must agree.
-pub(super) fn concat(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+pub(super) fn concat(attrs: &ConcatAttrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
     let first = inputs[0];
     let rank = first.shape.len();
-    let Some(axis) = attrs.int("axis")? else {
-        fail!("missing required attribute `axis`")
-    };
-    let axis = norm_axis(axis, rank)?;
+    let axis = norm_axis(attrs.axis, rank)?;
     for (i, t) in inputs.iter().enumerate() {
         if t.dtype != first.dtype {
             fail!(
@@ -144,11 +138,11 @@ pub(super) fn concat(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
 }
 
 /// Cut along `axis` into pieces of the sizes in `split`, one result each.
-pub(super) fn split(attrs: &Attrs, x: &Tensor, n_results: usize) -> OpResult<Vec<Tensor>> {
+pub(super) fn split(attrs: &SplitAttrs, x: &Tensor, n_results: usize) -> OpResult<Vec<Tensor>> {
     let rank = x.shape.len();
-    let axis = norm_axis(attrs.int_or("axis", 0)?, rank)?;
-    let sizes = required_ints(attrs, "split")?;
-    let sizes = sizes
+    let axis = norm_axis(attrs.axis, rank)?;
+    let sizes = attrs
+        .split
         .iter()
         .map(|&s| to_usize(s, "each split size"))
         .collect::<OpResult<Vec<_>>>()?;
@@ -184,7 +178,7 @@ pub(super) fn split(attrs: &Attrs, x: &Tensor, n_results: usize) -> OpResult<Vec
 /// ONNX Slice: `starts`, `ends`, optional `axes` and `steps`. Negative starts/ends count
 /// from the end; then starts clamp to `[0, d]` (`[0, d-1]` for negative steps) and ends to
 /// `[0, d]` (`[-1, d-1]` for negative steps), so INT64_MAX/INT64_MIN mean "to the end".
-pub(super) fn slice(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+pub(super) fn slice(attrs: &SliceAttrs, x: &Tensor) -> OpResult<Tensor> {
     let maps = slice_maps(attrs, &x.shape)?;
     let shape = maps.iter().map(|m| m.len()).collect();
     Ok(Tensor {
@@ -196,15 +190,20 @@ pub(super) fn slice(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 
 /// Per axis of an input of shape `in_shape`, the input coordinate each result coordinate
 /// of a slice reads (shared with `slice_grad`, which writes there).
-pub(super) fn slice_maps(attrs: &Attrs, in_shape: &[usize]) -> OpResult<Vec<Vec<Option<usize>>>> {
+pub(super) fn slice_maps(
+    attrs: &SliceAttrs,
+    in_shape: &[usize],
+) -> OpResult<Vec<Vec<Option<usize>>>> {
     let rank = in_shape.len();
-    let starts = required_ints(attrs, "starts")?;
-    let ends = required_ints(attrs, "ends")?;
-    let axes = match attrs.ints("axes")? {
-        Some(a) => a,
+    let (starts, ends) = (&attrs.starts, &attrs.ends);
+    let axes = match &attrs.axes {
+        Some(a) => a.clone(),
         None => (0..starts.len() as i64).collect(),
     };
-    let steps = attrs.ints_or("steps", vec![1; starts.len()])?;
+    let steps = match &attrs.steps {
+        Some(s) => s.clone(),
+        None => vec![1; starts.len()],
+    };
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
         fail!(
             "`starts` {starts:?}, `ends` {ends:?}, `axes` {axes:?} and `steps` {steps:?} must have the same length"
@@ -242,9 +241,9 @@ pub(super) fn slice_maps(attrs: &Attrs, in_shape: &[usize]) -> OpResult<Vec<Vec<
 
 /// ONNX Gather: result shape `data[..axis] ++ indices ++ data[axis+1..]`; negative
 /// indices count from the end.
-pub(super) fn gather(attrs: &Attrs, data: &Tensor, indices: &Tensor) -> OpResult<Tensor> {
+pub(super) fn gather(axis: i64, data: &Tensor, indices: &Tensor) -> OpResult<Tensor> {
     let rank = data.shape.len();
-    let axis = norm_axis(attrs.int_or("axis", 0)?, rank)?;
+    let axis = norm_axis(axis, rank)?;
     let idx = ints(indices, "indices")?;
     let d = data.shape[axis];
     let mut map = Vec::with_capacity(idx.len());
@@ -268,9 +267,9 @@ pub(super) fn gather(attrs: &Attrs, data: &Tensor, indices: &Tensor) -> OpResult
 }
 
 /// ONNX Expand: broadcast x and `shape` against each other (a 1 in `shape` keeps x's size).
-pub(super) fn expand(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
-    let spec = required_ints(attrs, "shape")?;
-    let spec = spec
+pub(super) fn expand(attrs: &ShapeAttrs, x: &Tensor) -> OpResult<Tensor> {
+    let spec = attrs
+        .shape
         .iter()
         .map(|&d| to_usize(d, "each entry of `shape`"))
         .collect::<OpResult<Vec<_>>>()?;
@@ -297,20 +296,20 @@ pub(super) fn expand(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 
 /// ONNX Pad: `pads` (all begins then all ends; negative values crop), `mode` constant
 /// (fill with `value`), reflect (mirror without repeating the edge, as numpy) or edge.
-pub(super) fn pad(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+pub(super) fn pad(attrs: &PadAttrs, x: &Tensor) -> OpResult<Tensor> {
     let rank = x.shape.len();
-    let pads = required_ints(attrs, "pads")?;
+    let pads = &attrs.pads;
     if pads.len() != 2 * rank {
         fail!(
             "`pads` must have {} entries (begins then ends), got {pads:?}",
             2 * rank
         );
     }
-    let mode = attrs.str_or("mode", "constant")?;
+    let mode = attrs.mode.as_str();
     if !matches!(mode, "constant" | "reflect" | "edge") {
         fail!("`mode` must be \"constant\", \"reflect\" or \"edge\", got \"{mode}\"");
     }
-    let value = attrs.float_or("value", 0.0)?;
+    let value = attrs.value;
     let mut maps = Vec::with_capacity(rank);
     for (axis, &d) in x.shape.iter().enumerate() {
         let (pb, pe) = (pads[axis], pads[rank + axis]);
@@ -352,8 +351,8 @@ pub(super) fn pad(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 }
 
 /// ONNX Tile: repeat the whole tensor `repeats[i]` times along axis i.
-pub(super) fn tile(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
-    let repeats = required_ints(attrs, "repeats")?;
+pub(super) fn tile(attrs: &TileAttrs, x: &Tensor) -> OpResult<Tensor> {
+    let repeats = &attrs.repeats;
     if repeats.len() != x.shape.len() {
         fail!(
             "`repeats` {repeats:?} must have one entry per dimension of x (rank {})",
@@ -361,7 +360,7 @@ pub(super) fn tile(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
         );
     }
     let mut maps = Vec::with_capacity(repeats.len());
-    for (&d, &r) in x.shape.iter().zip(&repeats) {
+    for (&d, &r) in x.shape.iter().zip(repeats) {
         let r = to_usize(r, "each repeat")?;
         maps.push((0..d * r).map(|o| Some(o % d)).collect::<Vec<_>>());
     }
@@ -374,13 +373,13 @@ pub(super) fn tile(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 }
 
 /// Remove the listed size-1 dimensions (all of them when `axes` is empty).
-pub(super) fn squeeze(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+pub(super) fn squeeze(attrs: &SqueezeAttrs, x: &Tensor) -> OpResult<Tensor> {
     let rank = x.shape.len();
-    let axes = attrs.ints_or("axes", vec![])?;
+    let axes = &attrs.axes;
     let axes = if axes.is_empty() {
         (0..rank).filter(|&i| x.shape[i] == 1).collect()
     } else {
-        norm_axes(&axes, rank)?
+        norm_axes(axes, rank)?
     };
     for &a in &axes {
         if x.shape[a] != 1 {
@@ -399,10 +398,10 @@ pub(super) fn squeeze(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 }
 
 /// Insert size-1 dimensions at the listed positions of the result.
-pub(super) fn unsqueeze(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
-    let axes = required_ints(attrs, "axes")?;
+pub(super) fn unsqueeze(attrs: &UnsqueezeAttrs, x: &Tensor) -> OpResult<Tensor> {
+    let axes = &attrs.axes;
     let out_rank = x.shape.len() + axes.len();
-    let axes = norm_axes(&axes, out_rank)?;
+    let axes = norm_axes(axes, out_rank)?;
     let mut rest = x.shape.iter();
     let shape = (0..out_rank)
         .map(|i| {
@@ -417,9 +416,9 @@ pub(super) fn unsqueeze(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 }
 
 /// To 2-D: `[prod(d[..axis]), prod(d[axis..])]`; `axis` in `-rank..=rank`.
-pub(super) fn flatten(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+pub(super) fn flatten(attrs: &FlattenAttrs, x: &Tensor) -> OpResult<Tensor> {
     let rank = x.shape.len() as i64;
-    let axis = attrs.int_or("axis", 1)?;
+    let axis = attrs.axis;
     if axis < -rank || axis > rank {
         fail!("axis {axis} out of range for flatten of rank {rank}");
     }
@@ -433,9 +432,7 @@ pub(super) fn flatten(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 
 /// The `value` attribute, converted to the declared element type.
 pub(super) fn constant(attrs: &Attrs, result: &TensorType) -> OpResult<Tensor> {
-    let Some(value) = attrs.tensor("value")? else {
-        fail!("missing required attribute `value`")
-    };
+    let value = ConstantAttrs::value_ref(attrs)?;
     let dtype: DType = result.dtype;
     Ok(if value.dtype == dtype {
         value.clone()

@@ -6,7 +6,9 @@ use super::util::{
     broadcast_shapes, fail, float_tensor, floats, for_each_broadcast, norm_axis, same_dtype,
     OpResult,
 };
-use crate::attr::Attrs;
+use crate::ops::attrs::{
+    BatchNormAttrs, InstanceNormAttrs, LayerNormAttrs, LrnAttrs, SoftmaxAttrs,
+};
 use crate::ops::OpKind;
 use crate::tensor::Tensor;
 use crate::types::TensorType;
@@ -32,7 +34,7 @@ fn channels_first(x: &Tensor) -> OpResult<(usize, usize, usize)> {
 }
 
 /// `y = (x - mean) / sqrt(var + epsilon) * scale + bias`, per channel (axis 1).
-pub(super) fn batch_norm(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+pub(super) fn batch_norm(attrs: &BatchNormAttrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
     let x = inputs[0];
     let xv = floats(x, "x")?;
     let (n, c, size) = channels_first(x)?;
@@ -40,7 +42,7 @@ pub(super) fn batch_norm(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> 
     let bias = per_channel(x, inputs[2], "bias")?;
     let mean = per_channel(x, inputs[3], "mean")?;
     let var = per_channel(x, inputs[4], "var")?;
-    let eps = attrs.float_or("epsilon", 1e-5)?;
+    let eps = attrs.epsilon;
     let den: Vec<f64> = var.iter().map(|v| (v + eps).sqrt()).collect();
     let mut out = Vec::with_capacity(xv.len());
     for p in 0..n * c {
@@ -64,13 +66,13 @@ fn moments(v: &[f64]) -> (f64, f64) {
 }
 
 /// Normalise each (n, c) plane over its spatial elements, then `* scale[c] + bias[c]`.
-pub(super) fn instance_norm(attrs: &Attrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+pub(super) fn instance_norm(attrs: &InstanceNormAttrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
     let x = inputs[0];
     let xv = floats(x, "x")?;
     let (n, c, size) = channels_first(x)?;
     let scale = per_channel(x, inputs[1], "scale")?;
     let bias = per_channel(x, inputs[2], "bias")?;
-    let eps = attrs.float_or("epsilon", 1e-5)?;
+    let eps = attrs.epsilon;
     let mut out = Vec::with_capacity(xv.len());
     for p in 0..n * c {
         let ch = p % c;
@@ -100,14 +102,14 @@ fn expand_to(t: &Tensor, shape: &[usize], what: &str) -> OpResult<Vec<f64>> {
 /// With three declared results, also returns the mean and `1 / sqrt(var + epsilon)`
 /// (shape of x with the normalised dimensions set to 1).
 pub(super) fn layer_norm(
-    attrs: &Attrs,
+    attrs: &LayerNormAttrs,
     inputs: &[&Tensor],
     result_types: &[TensorType],
 ) -> OpResult<Vec<Tensor>> {
     let x = inputs[0];
     let xv = floats(x, "x")?;
     let rank = x.shape.len();
-    let axis = norm_axis(attrs.int_or("axis", -1)?, rank)?;
+    let axis = norm_axis(attrs.axis, rank)?;
     let inner_shape = &x.shape[axis..];
     let inner: usize = inner_shape.iter().product();
     let outer: usize = x.shape[..axis].iter().product();
@@ -120,7 +122,7 @@ pub(super) fn layer_norm(
         }
         None => None,
     };
-    let eps = attrs.float_or("epsilon", 1e-5)?;
+    let eps = attrs.epsilon;
     let mut out = Vec::with_capacity(xv.len());
     let mut means = Vec::with_capacity(outer);
     let mut inv_stds = Vec::with_capacity(outer);
@@ -154,18 +156,18 @@ pub(super) fn layer_norm(
 
 /// ONNX LRN: `y = x / (bias + alpha / size · Σ x²)^beta`, the sum over channels
 /// `c - floor((size - 1) / 2) ..= c + ceil((size - 1) / 2)` clipped to the tensor.
-pub(super) fn lrn(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+pub(super) fn lrn(attrs: &LrnAttrs, x: &Tensor) -> OpResult<Tensor> {
     let xv = floats(x, "x")?;
     let (n, c, size) = channels_first(x)?;
-    let Some(window) = attrs.int("size")? else {
-        fail!("missing required attribute `size`")
-    };
+    let LrnAttrs {
+        size: window,
+        alpha,
+        beta,
+        bias,
+    } = *attrs;
     if window < 1 {
         fail!("`size` must be positive, got {window}");
     }
-    let alpha = attrs.float_or("alpha", 1e-4)?;
-    let beta = attrs.float_or("beta", 0.75)?;
-    let bias = attrs.float_or("bias", 1.0)?;
     let before = ((window - 1) / 2) as usize;
     let after = (window as usize - 1).div_ceil(2);
     let mut out = vec![0.0; xv.len()];
@@ -189,9 +191,9 @@ pub(super) fn lrn(attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
 }
 
 /// softmax / log_softmax along one axis, shifted by the maximum so `exp` cannot overflow.
-pub(super) fn softmax(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+pub(super) fn softmax(kind: OpKind, attrs: &SoftmaxAttrs, x: &Tensor) -> OpResult<Tensor> {
     let xv = floats(x, "x")?;
-    let axis = norm_axis(attrs.int_or("axis", -1)?, x.shape.len())?;
+    let axis = norm_axis(attrs.axis, x.shape.len())?;
     let len = x.shape[axis];
     let inner: usize = x.shape[axis + 1..].iter().product();
     let outer: usize = x.shape[..axis].iter().product();

@@ -10,7 +10,7 @@
 
 use super::conv::{split_nc, to3, Window};
 use super::util::{fail, float_tensor, floats, max_nan, valid_range, OpResult};
-use crate::attr::Attrs;
+use crate::ops::attrs::{AvgPoolAttrs, MaxPoolAttrs};
 use crate::ops::OpKind;
 use crate::tensor::Tensor;
 
@@ -33,19 +33,55 @@ pub(super) struct PoolGeom {
     pub out_sp: Vec<usize>,
 }
 
+/// What a pool reads from its attributes: the view of `max_pool`, `avg_pool` and their
+/// gradients (`count_include_pad` is false for max pooling).
+#[derive(Clone, Copy)]
+pub(super) struct PoolAttrs<'a> {
+    pub kernel_shape: &'a [i64],
+    pub strides: Option<&'a [i64]>,
+    pub pads: Option<&'a [i64]>,
+    pub dilations: Option<&'a [i64]>,
+    pub ceil_mode: bool,
+    pub count_include_pad: bool,
+}
+
+impl<'a> From<&'a MaxPoolAttrs> for PoolAttrs<'a> {
+    fn from(a: &'a MaxPoolAttrs) -> Self {
+        PoolAttrs {
+            kernel_shape: &a.kernel_shape,
+            strides: a.strides.as_deref(),
+            pads: a.pads.as_deref(),
+            dilations: a.dilations.as_deref(),
+            ceil_mode: a.ceil_mode,
+            count_include_pad: false,
+        }
+    }
+}
+
+impl<'a> From<&'a AvgPoolAttrs> for PoolAttrs<'a> {
+    fn from(a: &'a AvgPoolAttrs) -> Self {
+        PoolAttrs {
+            kernel_shape: &a.kernel_shape,
+            strides: a.strides.as_deref(),
+            pads: a.pads.as_deref(),
+            dilations: a.dilations.as_deref(),
+            ceil_mode: a.ceil_mode,
+            count_include_pad: a.count_include_pad,
+        }
+    }
+}
+
 /// Window geometry shared by the pools and their gradients (one definition of the
 /// output-size and padding rules).
-pub(super) fn pool_geom(attrs: &Attrs, in_sp: &[usize]) -> OpResult<PoolGeom> {
+pub(super) fn pool_geom(attrs: PoolAttrs, in_sp: &[usize]) -> OpResult<PoolGeom> {
     let nsp = in_sp.len();
-    let Some(kernel) = attrs.ints("kernel_shape")? else {
-        fail!("missing required attribute `kernel_shape`");
-    };
+    let kernel = attrs.kernel_shape;
     if kernel.len() != nsp || kernel.iter().any(|&k| k < 1) {
         fail!("`kernel_shape` must be {nsp} positive integers, got {kernel:?}");
     }
     let kernel: Vec<usize> = kernel.iter().map(|&k| k as usize).collect();
-    let win = Window::from_attrs(attrs, nsp)?;
-    let ceil_mode = attrs.int_or("ceil_mode", 0)? != 0;
+    let win = Window::new(attrs.strides, attrs.pads, attrs.dilations, nsp)?;
+    let ceil_mode = attrs.ceil_mode;
     let mut taps: Vec<Vec<Taps>> = Vec::with_capacity(nsp);
     let mut out_sp = Vec::with_capacity(nsp);
     for i in 0..nsp {
@@ -100,10 +136,10 @@ pub(super) fn pool_geom(attrs: &Attrs, in_sp: &[usize]) -> OpResult<PoolGeom> {
 }
 
 /// `max_pool` and `avg_pool`.
-pub(super) fn pool(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+pub(super) fn pool(kind: OpKind, attrs: PoolAttrs, x: &Tensor) -> OpResult<Tensor> {
     let xv = floats(x, "x")?;
     let (n, c, in_sp) = split_nc(&x.shape, "x")?;
-    let include_pad = attrs.int_or("count_include_pad", 0)? != 0;
+    let include_pad = attrs.count_include_pad;
     let g = pool_geom(attrs, &in_sp)?;
     let [td, th, tw] = &g.taps;
     let [id, ih, iw] = g.in3;

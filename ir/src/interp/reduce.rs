@@ -4,19 +4,18 @@
 use super::util::{
     fail, float_tensor, for_each_broadcast, int_tensor, max_nan, min_nan, norm_axes, OpResult,
 };
-use crate::attr::Attrs;
+use crate::ops::attrs::ReduceAttrs;
 use crate::ops::OpKind;
 use crate::tensor::{Tensor, TensorData};
 
-pub(super) fn reduce(kind: OpKind, attrs: &Attrs, x: &Tensor) -> OpResult<Tensor> {
+pub(super) fn reduce(kind: OpKind, attrs: &ReduceAttrs, x: &Tensor) -> OpResult<Tensor> {
     let rank = x.shape.len();
-    let axes = attrs.ints_or("axes", vec![])?;
-    let axes = if axes.is_empty() {
+    let axes = if attrs.axes.is_empty() {
         (0..rank).collect()
     } else {
-        norm_axes(&axes, rank)?
+        norm_axes(&attrs.axes, rank)?
     };
-    let keepdims = attrs.int_or("keepdims", 1)? != 0;
+    let keepdims = attrs.keepdims;
     // The result with reduced dimensions kept as 1: every input element adds into the
     // result element at its own index with the reduced coordinates set to 0, which is
     // exactly how the kept shape broadcasts to the input shape.

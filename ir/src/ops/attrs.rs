@@ -295,6 +295,9 @@ attr_sets! {
         pads: Ints [optional],
         dilations: Ints [optional],
         group: Int [= 1],
+        /// The weight's spatial dims, when given (ONNX's redundant attribute; it must agree
+        /// with the weight).
+        kernel_shape: Ints [optional],
     }
     /// `conv_transpose`; as `conv`, plus `output_padding` (0s when absent).
     ConvTransposeAttrs {
@@ -415,6 +418,7 @@ impl ConvAttrs {
             pads: g.pads.clone(),
             dilations: g.dilations.clone(),
             group: g.group,
+            kernel_shape: Some(g.kernel_shape.clone()),
         }
     }
 }

@@ -29,7 +29,7 @@
 //! | `where` | cond (i1), x, y | — (three-way broadcasting) |
 //! | `matmul` | a, b | — (numpy `matmul`: 1-D promotion, batch broadcasting) |
 //! | `gemm` | a, b, \[c\] | `alpha` = 1.0, `beta` = 1.0, `trans_a` = 0, `trans_b` = 0 |
-//! | `conv` | x `[N,C,spatial..]`, w `[M,C/group,k..]`, [bias `[M]`] | `strides`, `pads` (all begins then all ends), `dilations`, `group` = 1 |
+//! | `conv` | x `[N,C,spatial..]`, w `[M,C/group,k..]`, [bias `[M]`] | `strides`, `pads` (all begins then all ends), `dilations`, `group` = 1, `kernel_shape` (w's spatial dims; checked when given) |
 //! | `conv_transpose` | x `[N,C,spatial..]`, w `[C,M/group,k..]`, [bias `[M]`] | `strides`, `pads`, `dilations`, `output_padding`, `group` = 1 |
 //! | `max_pool` | x | `kernel_shape` *required*, `strides`, `pads`, `dilations`, `ceil_mode` = 0 |
 //! | `avg_pool` | x | `kernel_shape` *required*, `strides`, `pads`, `dilations`, `ceil_mode` = 0, `count_include_pad` = 0 |

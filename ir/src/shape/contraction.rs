@@ -2,7 +2,10 @@
 
 use super::elementwise::{broadcast_shapes, broadcasts_to};
 use super::{bail, batch_err, check_elem, dims_str, min_rank, norm_axis, same_dtype, Elem, Res};
-use crate::attr::Attrs;
+use crate::ops::attrs::{
+    AvgPoolAttrs, ConvAttrs, ConvTransposeAttrs, GemmAttrs, LayerNormAttrs, LrnAttrs, MaxPoolAttrs,
+    SoftmaxAttrs,
+};
 use crate::ops::OpKind;
 use crate::types::{Dim, TensorType};
 
@@ -51,7 +54,7 @@ pub(super) fn matmul(a: &TensorType, b: &TensorType) -> Res<TensorType> {
     Ok(TensorType::new(a.dtype, dims))
 }
 
-pub(super) fn gemm(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+pub(super) fn gemm(attrs: &GemmAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let (a, b) = (&ops[0], &ops[1]);
     check_elem(a, 0, Elem::Numeric)?;
     same_dtype(ops, 0, 1)?;
@@ -60,14 +63,12 @@ pub(super) fn gemm(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
             bail!("operand {i} of gemm must be 2-D, got {t}");
         }
     }
-    attrs.float_or("alpha", 1.0)?;
-    attrs.float_or("beta", 1.0)?;
-    let (m, k1) = if super::flag(attrs, "trans_a")? {
+    let (m, k1) = if attrs.trans_a {
         (a.dims[1], a.dims[0])
     } else {
         (a.dims[0], a.dims[1])
     };
-    let (k2, n) = if super::flag(attrs, "trans_b")? {
+    let (k2, n) = if attrs.trans_b {
         (b.dims[1], b.dims[0])
     } else {
         (b.dims[0], b.dims[1])
@@ -86,17 +87,18 @@ pub(super) fn gemm(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
     Ok(out)
 }
 
-/// An integer-list attribute with one entry per spatial dim (or `per` entries per dim).
+/// An integer-list attribute `name` with one entry per spatial dim (or `per` entries per
+/// dim); `default` for each entry when absent.
 fn spatial_list(
-    attrs: &Attrs,
+    value: Option<&[i64]>,
     name: &str,
     spatial: usize,
     per: usize,
     default: i64,
 ) -> Res<Vec<i64>> {
-    match attrs.ints(name)? {
+    match value {
         None => Ok(vec![default; spatial * per]),
-        Some(v) if v.len() == spatial * per => Ok(v),
+        Some(v) if v.len() == spatial * per => Ok(v.to_vec()),
         Some(v) => bail!(
             "'{name}' has {} entries but the input has {spatial} spatial dims (expected {})",
             v.len(),
@@ -124,14 +126,17 @@ struct Window {
 }
 
 impl Window {
-    fn read(attrs: &Attrs, spatial: usize, with_dilations: bool) -> Res<Window> {
-        let strides = spatial_list(attrs, "strides", spatial, 1, 1)?;
-        let pads = spatial_list(attrs, "pads", spatial, 2, 0)?;
-        let dilations = if with_dilations {
-            spatial_list(attrs, "dilations", spatial, 1, 1)?
-        } else {
-            vec![1; spatial]
-        };
+    /// The window of a conv or pool over `spatial` dims, from its `strides`, `pads` and
+    /// `dilations` attributes (absent: ones, zeros, ones).
+    fn read(
+        strides: Option<&[i64]>,
+        pads: Option<&[i64]>,
+        dilations: Option<&[i64]>,
+        spatial: usize,
+    ) -> Res<Window> {
+        let strides = spatial_list(strides, "strides", spatial, 1, 1)?;
+        let pads = spatial_list(pads, "pads", spatial, 2, 0)?;
+        let dilations = spatial_list(dilations, "dilations", spatial, 1, 1)?;
         check_min("strides", &strides, 1)?;
         check_min("pads", &pads, 0)?;
         check_min("dilations", &dilations, 1)?;
@@ -196,8 +201,7 @@ fn spatial_input(x: &TensorType, what: &str) -> Res<usize> {
     Ok(x.rank() - 2)
 }
 
-fn group(attrs: &Attrs) -> Res<u64> {
-    let g = attrs.int_or("group", 1)?;
+fn group(g: i64) -> Res<u64> {
     if g < 1 {
         bail!("'group' must be >= 1, found {g}");
     }
@@ -225,14 +229,19 @@ fn check_bias(ops: &[TensorType], channels: Dim) -> Res<()> {
     Ok(())
 }
 
-pub(super) fn conv(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+pub(super) fn conv(attrs: &ConvAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let (x, w) = (&ops[0], &ops[1]);
     check_elem(x, 0, Elem::Float)?;
     same_dtype(ops, 0, 1)?;
     let spatial = spatial_input(x, "conv")?;
     check_weight_rank(x, w)?;
-    let g = group(attrs)?;
-    let win = Window::read(attrs, spatial, true)?;
+    let g = group(attrs.group)?;
+    let win = Window::read(
+        attrs.strides.as_deref(),
+        attrs.pads.as_deref(),
+        attrs.dilations.as_deref(),
+        spatial,
+    )?;
     let (c, wc, m) = (x.dims[1], w.dims[1], w.dims[0]);
     if let (Some(c), Some(wc)) = (c.known(), wc.known()) {
         if c != wc * g {
@@ -255,15 +264,26 @@ pub(super) fn conv(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
     Ok(TensorType::new(x.dtype, dims))
 }
 
-pub(super) fn conv_transpose(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+pub(super) fn conv_transpose(attrs: &ConvTransposeAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let (x, w) = (&ops[0], &ops[1]);
     check_elem(x, 0, Elem::Float)?;
     same_dtype(ops, 0, 1)?;
     let spatial = spatial_input(x, "conv_transpose")?;
     check_weight_rank(x, w)?;
-    let g = group(attrs)?;
-    let win = Window::read(attrs, spatial, true)?;
-    let output_padding = spatial_list(attrs, "output_padding", spatial, 1, 0)?;
+    let g = group(attrs.group)?;
+    let win = Window::read(
+        attrs.strides.as_deref(),
+        attrs.pads.as_deref(),
+        attrs.dilations.as_deref(),
+        spatial,
+    )?;
+    let output_padding = spatial_list(
+        attrs.output_padding.as_deref(),
+        "output_padding",
+        spatial,
+        1,
+        0,
+    )?;
     check_min("output_padding", &output_padding, 0)?;
     let (c, wc) = (x.dims[1], w.dims[0]);
     if !c.compatible(wc) {
@@ -303,24 +323,46 @@ pub(super) fn conv_transpose(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorTyp
     Ok(TensorType::new(x.dtype, dims))
 }
 
-pub(super) fn pool(kind: OpKind, attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
+pub(super) fn max_pool(a: &MaxPoolAttrs, x: &TensorType) -> Res<TensorType> {
+    let (s, p, d) = (
+        a.strides.as_deref(),
+        a.pads.as_deref(),
+        a.dilations.as_deref(),
+    );
+    let window = |spatial| Window::read(s, p, d, spatial);
+    pool(OpKind::MaxPool, &a.kernel_shape, window, a.ceil_mode, x)
+}
+
+pub(super) fn avg_pool(a: &AvgPoolAttrs, x: &TensorType) -> Res<TensorType> {
+    let (s, p, d) = (
+        a.strides.as_deref(),
+        a.pads.as_deref(),
+        a.dilations.as_deref(),
+    );
+    let window = |spatial| Window::read(s, p, d, spatial);
+    pool(OpKind::AvgPool, &a.kernel_shape, window, a.ceil_mode, x)
+}
+
+/// A pool with kernel `kernel` and the window `window` gives for the spatial rank.
+fn pool(
+    kind: OpKind,
+    kernel: &[i64],
+    window: impl FnOnce(usize) -> Res<Window>,
+    ceil_mode: bool,
+    x: &TensorType,
+) -> Res<TensorType> {
     let is_max = kind == OpKind::MaxPool;
     check_elem(x, 0, if is_max { Elem::Numeric } else { Elem::Float })?;
     let spatial = spatial_input(x, kind.name())?;
-    let kernel = super::req_ints(attrs, "kernel_shape")?;
     if kernel.len() != spatial {
         bail!(
             "'kernel_shape' has {} entries but the input has {spatial} spatial dims",
             kernel.len()
         );
     }
-    check_min("kernel_shape", &kernel, 1)?;
+    check_min("kernel_shape", kernel, 1)?;
     // Average pooling has dilations too since ONNX opset 19 (the interpreter applies them).
-    let win = Window::read(attrs, spatial, true)?;
-    let ceil_mode = super::flag(attrs, "ceil_mode")?;
-    if !is_max {
-        super::flag(attrs, "count_include_pad")?;
-    }
+    let win = window(spatial)?;
     let mut dims = vec![x.dims[0], x.dims[1]];
     for (i, &k) in kernel.iter().enumerate() {
         dims.push(win.out(i, x.dims[2 + i], Dim::Known(k as u64), ceil_mode)?);
@@ -371,11 +413,11 @@ pub(super) fn instance_norm(ops: &[TensorType]) -> Res<TensorType> {
     Ok(x.clone())
 }
 
-pub(super) fn layer_norm(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+pub(super) fn layer_norm(attrs: &LayerNormAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let x = &ops[0];
     check_elem(x, 0, Elem::Float)?;
     min_rank(x, 0, 1, "input")?;
-    let axis = norm_axis(attrs.int_or("axis", -1)?, x.rank(), "'axis'")?;
+    let axis = norm_axis(attrs.axis, x.rank(), "'axis'")?;
     let normalized = &x.dims[axis..];
     for (i, what) in [(1, "scale"), (2, "bias")] {
         let Some(t) = ops.get(i) else { continue };
@@ -390,18 +432,18 @@ pub(super) fn layer_norm(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
     Ok(x.clone())
 }
 
-pub(super) fn lrn(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
+pub(super) fn lrn(attrs: &LrnAttrs, x: &TensorType) -> Res<TensorType> {
     check_elem(x, 0, Elem::Float)?;
     min_rank(x, 0, 2, "[N, C, ..]")?;
-    let size = super::req_int(attrs, "size")?;
+    let size = attrs.size;
     if size < 1 {
         bail!("'size' must be >= 1, found {size}");
     }
     Ok(x.clone())
 }
 
-pub(super) fn softmax(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
+pub(super) fn softmax(attrs: &SoftmaxAttrs, x: &TensorType) -> Res<TensorType> {
     check_elem(x, 0, Elem::Float)?;
-    norm_axis(attrs.int_or("axis", -1)?, x.rank(), "'axis'")?;
+    norm_axis(attrs.axis, x.rank(), "'axis'")?;
     Ok(x.clone())
 }

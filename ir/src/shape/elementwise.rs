@@ -3,7 +3,8 @@
 
 use super::{bail, check_elem, same_dtype, Elem, Res};
 use crate::attr::Attrs;
-use crate::ops::OpKind;
+use crate::ops::attrs::{CastAttrs, DropoutAttrs, GeluAttrs};
+use crate::ops::{OpAttrs, OpKind};
 use crate::types::{DType, Dim, TensorType};
 
 /// Broadcast two dimensions: `1` stretches, `?` agrees with anything (it takes a known size
@@ -60,13 +61,8 @@ pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &TensorType) -> Res<TensorTy
         check_elem(x, 0, e)?;
     }
     match kind {
-        Cast => {
-            return Ok(TensorType::new(
-                super::req_dtype(attrs, "to")?,
-                x.dims.clone(),
-            ))
-        }
-        Gelu => match attrs.str_or("approximate", "none")? {
+        Cast => return Ok(TensorType::new(CastAttrs::of(attrs)?.to, x.dims.clone())),
+        Gelu => match GeluAttrs::of(attrs)?.approximate.as_str() {
             "none" | "tanh" => {}
             other => bail!("'approximate' must be \"none\" or \"tanh\", found {other:?}"),
         },
@@ -77,15 +73,13 @@ pub(super) fn unary(kind: OpKind, attrs: &Attrs, x: &TensorType) -> Res<TensorTy
 
 /// `dropout(x, [key])`: x's type. The key, when present, is the `tensor<2xi64>`
 /// (step, micro-batch) that selects the training mask.
-pub(super) fn dropout(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+pub(super) fn dropout(attrs: &DropoutAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let x = &ops[0];
     check_elem(x, 0, Elem::Float)?;
-    let ratio = attrs.float_or("ratio", 0.5)?;
+    let ratio = attrs.ratio;
     if !(0.0..1.0).contains(&ratio) {
         bail!("'ratio' must be in [0, 1), found {ratio}");
     }
-    super::flag(attrs, "training")?;
-    attrs.int_or("seed", 0)?;
     if let Some(key) = ops.get(1) {
         if *key != TensorType::of(DType::I64, &[2]) {
             bail!(

@@ -5,9 +5,11 @@
 //! incoming gradient `dy` must have the type the forward op would give, which is checked by
 //! running the forward rule.
 
-use super::{bail, check_elem, dims_str, min_rank, req_ints, same_dtype, Elem, Res};
-use crate::attr::Attrs;
-use crate::ops::OpKind;
+use super::{bail, check_elem, dims_str, min_rank, same_dtype, Elem, Res};
+use crate::ops::attrs::{
+    AvgPoolAttrs, AvgPoolGradAttrs, ConvAttrs, ConvGradWeightAttrs, GatherGradAttrs, MaxPoolAttrs,
+    SliceAttrs, SliceGradAttrs,
+};
 use crate::types::{Dim, TensorType};
 
 /// `dy` (operand `index`) must have the dims `expected` (what the forward op gives).
@@ -27,9 +29,8 @@ fn check_dy(dy: &TensorType, index: usize, expected: &TensorType) -> Res<()> {
     Ok(())
 }
 
-/// A required attribute of non-negative sizes, as a static type of `dtype`.
-fn shape_attr(attrs: &Attrs, name: &str, like: &TensorType) -> Res<TensorType> {
-    let shape = req_ints(attrs, name)?;
+/// A shape attribute `name` of non-negative sizes, as a static type of `like`'s dtype.
+fn shape_attr(shape: &[i64], name: &str, like: &TensorType) -> Res<TensorType> {
     if let Some((i, s)) = shape.iter().enumerate().find(|(_, &s)| s < 0) {
         bail!("'{name}' entry {i} is {s}; sizes must be >= 0");
     }
@@ -40,12 +41,11 @@ fn shape_attr(attrs: &Attrs, name: &str, like: &TensorType) -> Res<TensorType> {
 }
 
 /// logits `[.., C]` and labels `[..]`.
-fn logits_labels(attrs: &Attrs, ops: &[TensorType]) -> Res<()> {
+fn logits_labels(ops: &[TensorType]) -> Res<()> {
     let (logits, labels) = (&ops[0], &ops[1]);
     check_elem(logits, 0, Elem::Float)?;
     min_rank(logits, 0, 1, "logits [.., C]")?;
     check_elem(labels, 1, Elem::Integer)?;
-    attrs.int("ignore_index")?;
     let outer = &logits.dims[..logits.rank() - 1];
     let ok = labels.rank() == outer.len()
         && labels.dims.iter().zip(outer).all(|(a, b)| a.compatible(*b));
@@ -58,13 +58,13 @@ fn logits_labels(attrs: &Attrs, ops: &[TensorType]) -> Res<()> {
     Ok(())
 }
 
-pub(super) fn softmax_cross_entropy(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
-    logits_labels(attrs, ops)?;
+pub(super) fn softmax_cross_entropy(ops: &[TensorType]) -> Res<TensorType> {
+    logits_labels(ops)?;
     Ok(TensorType::scalar(ops[0].dtype))
 }
 
-pub(super) fn softmax_cross_entropy_grad(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
-    logits_labels(attrs, ops)?;
+pub(super) fn softmax_cross_entropy_grad(ops: &[TensorType]) -> Res<TensorType> {
+    logits_labels(ops)?;
     same_dtype(ops, 0, 2)?;
     if ops[2].rank() != 0 {
         bail!(
@@ -75,33 +75,34 @@ pub(super) fn softmax_cross_entropy_grad(attrs: &Attrs, ops: &[TensorType]) -> R
     Ok(ops[0].clone())
 }
 
-pub(super) fn max_pool_grad(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+pub(super) fn max_pool_grad(attrs: &MaxPoolAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let (x, dy) = (&ops[0], &ops[1]);
     check_elem(x, 0, Elem::Float)?;
     same_dtype(ops, 0, 1)?;
-    let y = super::contraction::pool(OpKind::MaxPool, attrs, x)?;
+    let y = super::contraction::max_pool(attrs, x)?;
     check_dy(dy, 1, &y)?;
     Ok(x.clone())
 }
 
-pub(super) fn avg_pool_grad(attrs: &Attrs, dy: &TensorType) -> Res<TensorType> {
+pub(super) fn avg_pool_grad(attrs: &AvgPoolGradAttrs, dy: &TensorType) -> Res<TensorType> {
     check_elem(dy, 0, Elem::Float)?;
-    let x = shape_attr(attrs, "input_shape", dy)?;
-    let y = super::contraction::pool(OpKind::AvgPool, attrs, &x).map_err(|e| {
+    let x = shape_attr(&attrs.input_shape, "input_shape", dy)?;
+    let pool = AvgPoolAttrs::of_grad(attrs);
+    let y = super::contraction::avg_pool(&pool, &x).map_err(|e| {
         super::ShapeError(format!("'input_shape' = {}: {}", dims_str(&x.dims), e.0))
     })?;
     check_dy(dy, 0, &y)?;
     Ok(x)
 }
 
-pub(super) fn conv_grad_weight(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+pub(super) fn conv_grad_weight(attrs: &ConvGradWeightAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let (x, dy) = (&ops[0], &ops[1]);
     check_elem(x, 0, Elem::Float)?;
     same_dtype(ops, 0, 1)?;
     if x.rank() < 3 {
         bail!("operand 0 of conv_grad_weight must be [N, C, spatial..], got {x}");
     }
-    let kernel = req_ints(attrs, "kernel_shape")?;
+    let kernel = &attrs.kernel_shape;
     if kernel.len() != x.rank() - 2 {
         bail!(
             "'kernel_shape' has {} entries but the input has {} spatial dims",
@@ -116,7 +117,7 @@ pub(super) fn conv_grad_weight(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorT
     {
         bail!("'kernel_shape' entry {i} is {k}; it must be >= 1");
     }
-    let group = attrs.int_or("group", 1)?;
+    let group = attrs.group;
     if group < 1 {
         bail!("'group' must be >= 1, found {group}");
     }
@@ -132,27 +133,27 @@ pub(super) fn conv_grad_weight(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorT
     let mut w = vec![Dim::Known(m), Dim::Known(c / group as u64)];
     w.extend(kernel.iter().map(|&k| Dim::Known(k as u64)));
     let w = TensorType::new(x.dtype, w);
-    let y = super::contraction::conv(attrs, &[x.clone(), w.clone()])?;
+    let y = super::contraction::conv(&ConvAttrs::of_grad(attrs), &[x.clone(), w.clone()])?;
     check_dy(dy, 1, &y)?;
     Ok(w)
 }
 
-pub(super) fn gather_grad(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+pub(super) fn gather_grad(attrs: &GatherGradAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let (indices, dy) = (&ops[0], &ops[1]);
     check_elem(indices, 0, Elem::Integer)?;
     check_elem(dy, 1, Elem::Float)?;
-    let data = shape_attr(attrs, "data_shape", dy)?;
-    let y = super::movement::gather(attrs, &data, indices).map_err(|e| {
+    let data = shape_attr(&attrs.data_shape, "data_shape", dy)?;
+    let y = super::movement::gather(attrs.axis, &data, indices).map_err(|e| {
         super::ShapeError(format!("'data_shape' = {}: {}", dims_str(&data.dims), e.0))
     })?;
     check_dy(dy, 1, &y)?;
     Ok(data)
 }
 
-pub(super) fn slice_grad(attrs: &Attrs, dy: &TensorType) -> Res<TensorType> {
+pub(super) fn slice_grad(attrs: &SliceGradAttrs, dy: &TensorType) -> Res<TensorType> {
     check_elem(dy, 0, Elem::Float)?;
-    let x = shape_attr(attrs, "input_shape", dy)?;
-    let y = super::movement::slice(attrs, &x)?;
+    let x = shape_attr(&attrs.input_shape, "input_shape", dy)?;
+    let y = super::movement::slice(&SliceAttrs::of_grad(attrs), &x)?;
     check_dy(dy, 0, &y)?;
     Ok(x)
 }
@@ -229,7 +230,7 @@ mod tests {
             ok(AvgPoolGrad, avg.clone(), &["2x3x3x3xf32"]),
             "tensor<2x3x4x4xf32>"
         );
-        assert!(err(AvgPoolGrad, k, &["2x3x3x3xf32"]).contains("'input_shape'"));
+        assert!(err(AvgPoolGrad, k, &["2x3x3x3xf32"]).contains("attribute `input_shape`"));
         assert!(err(AvgPoolGrad, avg, &["2x3x2x3xf32"]).contains("incoming gradient"));
     }
 

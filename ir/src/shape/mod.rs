@@ -25,8 +25,8 @@ use std::fmt;
 
 use crate::attr::{AttrError, Attrs};
 use crate::module::{Function, Module, OpId};
-use crate::ops::{Arity, OpKind};
-use crate::tensor::Tensor;
+use crate::ops::attrs::*;
+use crate::ops::{Arity, AttrKind, OpKind};
 use crate::types::{DType, Dim, TensorType};
 
 pub use elementwise::broadcast_shapes;
@@ -97,6 +97,7 @@ fn infer_rule(
     if !arity.accepts(operands.len()) {
         bail!("{}", arity_message(arity, operands.len()));
     }
+    check_flags(kind, attrs)?;
     use OpKind::*;
     let ops = operands;
     let one = |t: TensorType| Ok(vec![t]);
@@ -104,49 +105,78 @@ fn infer_rule(
         Relu | LeakyRelu | Elu | Selu | Sigmoid | HardSigmoid | Tanh | Gelu | Erf | Exp | Log
         | Sqrt | Abs | Neg | Sign | Reciprocal | Softplus | Softsign | Floor | Ceil | Sin | Cos
         | Not | Identity | Shrink | Clip | Cast => one(elementwise::unary(kind, attrs, &ops[0])?),
-        Dropout => one(elementwise::dropout(attrs, ops)?),
+        Dropout => one(elementwise::dropout(&DropoutAttrs::of(attrs)?, ops)?),
         Add | Sub | Mul | Div | Pow | Max | Min | PRelu | Equal | Less | Greater | LessEqual
         | GreaterEqual | And | Or => one(elementwise::binary(kind, &ops[0], &ops[1])?),
         Where => one(elementwise::where_(&ops[0], &ops[1], &ops[2])?),
         MatMul => one(contraction::matmul(&ops[0], &ops[1])?),
-        Gemm => one(contraction::gemm(attrs, ops)?),
-        Conv => one(contraction::conv(attrs, ops)?),
-        ConvTranspose => one(contraction::conv_transpose(attrs, ops)?),
-        MaxPool | AvgPool => one(contraction::pool(kind, attrs, &ops[0])?),
+        Gemm => one(contraction::gemm(&GemmAttrs::of(attrs)?, ops)?),
+        Conv => one(contraction::conv(&ConvAttrs::of(attrs)?, ops)?),
+        ConvTranspose => one(contraction::conv_transpose(
+            &ConvTransposeAttrs::of(attrs)?,
+            ops,
+        )?),
+        MaxPool => one(contraction::max_pool(&MaxPoolAttrs::of(attrs)?, &ops[0])?),
+        AvgPool => one(contraction::avg_pool(&AvgPoolAttrs::of(attrs)?, &ops[0])?),
         GlobalAvgPool | GlobalMaxPool => one(contraction::global_pool(&ops[0])?),
         BatchNorm => one(contraction::batch_norm(ops)?),
         InstanceNorm => one(contraction::instance_norm(ops)?),
-        LayerNorm => one(contraction::layer_norm(attrs, ops)?),
-        Lrn => one(contraction::lrn(attrs, &ops[0])?),
-        Softmax | LogSoftmax => one(contraction::softmax(attrs, &ops[0])?),
+        LayerNorm => one(contraction::layer_norm(&LayerNormAttrs::of(attrs)?, ops)?),
+        Lrn => one(contraction::lrn(&LrnAttrs::of(attrs)?, &ops[0])?),
+        Softmax | LogSoftmax => one(contraction::softmax(&SoftmaxAttrs::of(attrs)?, &ops[0])?),
         ReduceSum | ReduceMean | ReduceMax | ReduceMin => {
-            one(movement::reduce(kind, attrs, &ops[0])?)
+            one(movement::reduce(kind, &ReduceAttrs::of(attrs)?, &ops[0])?)
         }
-        Reshape => one(movement::reshape(attrs, &ops[0])?),
-        Transpose => one(movement::transpose(attrs, &ops[0])?),
-        Concat => one(movement::concat(attrs, ops)?),
-        Split => movement::split(attrs, &ops[0]),
-        Slice => one(movement::slice(attrs, &ops[0])?),
-        Gather => one(movement::gather(attrs, &ops[0], &ops[1])?),
-        Expand => one(movement::expand(attrs, &ops[0])?),
-        Pad => one(movement::pad(attrs, &ops[0])?),
-        Tile => one(movement::tile(attrs, &ops[0])?),
-        Squeeze => one(movement::squeeze(attrs, &ops[0])?),
-        Unsqueeze => one(movement::unsqueeze(attrs, &ops[0])?),
-        Flatten => one(movement::flatten(attrs, &ops[0])?),
-        Constant => one(req_tensor(attrs, "value")?.tensor_type()),
-        SoftmaxCrossEntropy => one(grad::softmax_cross_entropy(attrs, ops)?),
-        SoftmaxCrossEntropyGrad => one(grad::softmax_cross_entropy_grad(attrs, ops)?),
-        MaxPoolGrad => one(grad::max_pool_grad(attrs, ops)?),
-        AvgPoolGrad => one(grad::avg_pool_grad(attrs, &ops[0])?),
-        ConvGradWeight => one(grad::conv_grad_weight(attrs, ops)?),
-        GatherGrad => one(grad::gather_grad(attrs, ops)?),
-        SliceGrad => one(grad::slice_grad(attrs, &ops[0])?),
+        Reshape => one(movement::reshape(&ShapeAttrs::of(attrs)?, &ops[0])?),
+        Transpose => one(movement::transpose(&TransposeAttrs::of(attrs)?, &ops[0])?),
+        Concat => one(movement::concat(&ConcatAttrs::of(attrs)?, ops)?),
+        Split => movement::split(&SplitAttrs::of(attrs)?, &ops[0]),
+        Slice => one(movement::slice(&SliceAttrs::of(attrs)?, &ops[0])?),
+        Gather => one(movement::gather(
+            GatherAttrs::of(attrs)?.axis,
+            &ops[0],
+            &ops[1],
+        )?),
+        Expand => one(movement::expand(&ShapeAttrs::of(attrs)?, &ops[0])?),
+        Pad => one(movement::pad(&PadAttrs::of(attrs)?, &ops[0])?),
+        Tile => one(movement::tile(&TileAttrs::of(attrs)?, &ops[0])?),
+        Squeeze => one(movement::squeeze(&SqueezeAttrs::of(attrs)?, &ops[0])?),
+        Unsqueeze => one(movement::unsqueeze(&UnsqueezeAttrs::of(attrs)?, &ops[0])?),
+        Flatten => one(movement::flatten(&FlattenAttrs::of(attrs)?, &ops[0])?),
+        Constant => one(ConstantAttrs::value_ref(attrs)?.tensor_type()),
+        SoftmaxCrossEntropy => {
+            CrossEntropyAttrs::of(attrs)?;
+            one(grad::softmax_cross_entropy(ops)?)
+        }
+        SoftmaxCrossEntropyGrad => {
+            CrossEntropyAttrs::of(attrs)?;
+            one(grad::softmax_cross_entropy_grad(ops)?)
+        }
+        MaxPoolGrad => one(grad::max_pool_grad(&MaxPoolAttrs::of(attrs)?, ops)?),
+        AvgPoolGrad => one(grad::avg_pool_grad(&AvgPoolGradAttrs::of(attrs)?, &ops[0])?),
+        ConvGradWeight => one(grad::conv_grad_weight(
+            &ConvGradWeightAttrs::of(attrs)?,
+            ops,
+        )?),
+        GatherGrad => one(grad::gather_grad(&GatherGradAttrs::of(attrs)?, ops)?),
+        SliceGrad => one(grad::slice_grad(&SliceGradAttrs::of(attrs)?, &ops[0])?),
         Send => Ok(vec![]),
         Recv => {
             bail!("the type of a recv is given by its result annotation; it cannot be inferred")
         }
     }
+}
+
+/// The 0/1 attributes of the op's set must be 0 or 1 (the typed views read any non-zero
+/// integer as true; inference holds the IR to the documented values).
+fn check_flags(kind: OpKind, attrs: &Attrs) -> Res<()> {
+    for spec in kind.attr_spec().iter().filter(|s| s.kind == AttrKind::Bool) {
+        match attrs.int(spec.name)? {
+            None | Some(0 | 1) => {}
+            Some(v) => bail!("'{}' must be 0 or 1, found {v}", spec.name),
+        }
+    }
+    Ok(())
 }
 
 /// `expects 2 operands, found 3`.
@@ -276,39 +306,6 @@ pub fn bind_batch(m: &mut Module, n: u64) -> Result<(), BindBatchError> {
 }
 
 // ---- helpers shared by the rule files ----
-
-fn missing(name: &str) -> ShapeError {
-    ShapeError(format!("missing required attribute '{name}'"))
-}
-
-pub(crate) fn req_int(attrs: &Attrs, name: &str) -> Res<i64> {
-    attrs.int(name)?.ok_or_else(|| missing(name))
-}
-
-pub(crate) fn req_ints(attrs: &Attrs, name: &str) -> Res<Vec<i64>> {
-    attrs.ints(name)?.ok_or_else(|| missing(name))
-}
-
-pub(crate) fn req_dtype(attrs: &Attrs, name: &str) -> Res<DType> {
-    attrs.dtype(name)?.ok_or_else(|| missing(name))
-}
-
-pub(crate) fn req_tensor<'a>(attrs: &'a Attrs, name: &str) -> Res<&'a Tensor> {
-    attrs.tensor(name)?.ok_or_else(|| missing(name))
-}
-
-/// A 0/1 flag attribute, 0 when absent.
-pub(crate) fn flag(attrs: &Attrs, name: &str) -> Res<bool> {
-    flag_default(attrs, name, false)
-}
-
-pub(crate) fn flag_default(attrs: &Attrs, name: &str, default: bool) -> Res<bool> {
-    match attrs.int_or(name, default as i64)? {
-        0 => Ok(false),
-        1 => Ok(true),
-        v => bail!("'{name}' must be 0 or 1, found {v}"),
-    }
-}
 
 /// Resolve a possibly negative axis against `rank` (valid: `-rank..rank`).
 pub(crate) fn norm_axis(axis: i64, rank: usize, what: &str) -> Res<usize> {

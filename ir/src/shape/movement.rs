@@ -3,19 +3,21 @@
 
 use super::elementwise::broadcast_shapes;
 use super::{
-    bail, batch_err, check_elem, dims_str, norm_axes, norm_axis, req_ints, same_dtype, Elem, Res,
-    ShapeError,
+    bail, batch_err, check_elem, dims_str, norm_axes, norm_axis, same_dtype, Elem, Res, ShapeError,
 };
-use crate::attr::Attrs;
+use crate::ops::attrs::{
+    ConcatAttrs, FlattenAttrs, PadAttrs, ReduceAttrs, ShapeAttrs, SliceAttrs, SplitAttrs,
+    SqueezeAttrs, TileAttrs, TransposeAttrs, UnsqueezeAttrs,
+};
 use crate::ops::OpKind;
 use crate::types::{Dim, TensorType};
 
-pub(super) fn reduce(kind: OpKind, attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
+pub(super) fn reduce(kind: OpKind, attrs: &ReduceAttrs, x: &TensorType) -> Res<TensorType> {
     if matches!(kind, OpKind::ReduceSum | OpKind::ReduceMean) {
         check_elem(x, 0, Elem::Numeric)?;
     }
-    let axes = norm_axes(&attrs.ints_or("axes", vec![])?, x.rank(), "axes")?;
-    let keepdims = super::flag_default(attrs, "keepdims", true)?;
+    let axes = norm_axes(&attrs.axes, x.rank(), "axes")?;
+    let keepdims = attrs.keepdims;
     let all = axes.is_empty();
     let mut dims = Vec::with_capacity(x.rank());
     for (i, &d) in x.dims.iter().enumerate() {
@@ -37,8 +39,8 @@ fn product(sizes: impl IntoIterator<Item = u64>) -> Option<u64> {
         .try_fold(1u64, |acc, n| acc.checked_mul(n))
 }
 
-pub(super) fn reshape(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
-    let shape = req_ints(attrs, "shape")?;
+pub(super) fn reshape(attrs: &ShapeAttrs, x: &TensorType) -> Res<TensorType> {
+    let shape = &attrs.shape;
     let mut infer_at = None;
     for (i, &s) in shape.iter().enumerate() {
         match s {
@@ -74,10 +76,10 @@ pub(super) fn reshape(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
     Ok(TensorType::new(x.dtype, dims))
 }
 
-pub(super) fn transpose(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
+pub(super) fn transpose(attrs: &TransposeAttrs, x: &TensorType) -> Res<TensorType> {
     let rank = x.rank();
-    let perm = match attrs.ints("perm")? {
-        Some(p) => p,
+    let perm = match &attrs.perm {
+        Some(p) => p.clone(),
         None => (0..rank as i64).rev().collect(),
     };
     if perm.len() != rank {
@@ -93,10 +95,10 @@ pub(super) fn transpose(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
     ))
 }
 
-pub(super) fn concat(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
+pub(super) fn concat(attrs: &ConcatAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let first = &ops[0];
     let rank = first.rank();
-    let axis = norm_axis(super::req_int(attrs, "axis")?, rank, "'axis'")?;
+    let axis = norm_axis(attrs.axis, rank, "'axis'")?;
     let mut dims = first.dims.clone();
     for (i, t) in ops.iter().enumerate().skip(1) {
         same_dtype(ops, 0, i)?;
@@ -144,9 +146,9 @@ pub(super) fn concat(attrs: &Attrs, ops: &[TensorType]) -> Res<TensorType> {
     Ok(TensorType::new(first.dtype, dims))
 }
 
-pub(super) fn split(attrs: &Attrs, x: &TensorType) -> Res<Vec<TensorType>> {
-    let axis = norm_axis(attrs.int_or("axis", 0)?, x.rank(), "'axis'")?;
-    let sizes = req_ints(attrs, "split")?;
+pub(super) fn split(attrs: &SplitAttrs, x: &TensorType) -> Res<Vec<TensorType>> {
+    let axis = norm_axis(attrs.axis, x.rank(), "'axis'")?;
+    let sizes = &attrs.split;
     if sizes.is_empty() {
         bail!("'split' must have at least one entry");
     }
@@ -192,21 +194,20 @@ fn slice_len(n: u64, start: i64, end: i64, step: i64) -> u64 {
 /// write INT64_MAX, and some INT32_MAX).
 const OPEN_END: i64 = i32::MAX as i64;
 
-pub(super) fn slice(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
-    let starts = req_ints(attrs, "starts")?;
-    let ends = req_ints(attrs, "ends")?;
+pub(super) fn slice(attrs: &SliceAttrs, x: &TensorType) -> Res<TensorType> {
+    let (starts, ends) = (&attrs.starts, &attrs.ends);
     let n = starts.len();
     if ends.len() != n {
         bail!("'starts' has {n} entries but 'ends' has {}", ends.len());
     }
-    let axes = match attrs.ints("axes")? {
+    let axes = match &attrs.axes {
         Some(a) if a.len() != n => bail!("'starts' has {n} entries but 'axes' has {}", a.len()),
-        Some(a) => a,
+        Some(a) => a.clone(),
         None => (0..n as i64).collect(),
     };
-    let steps = match attrs.ints("steps")? {
+    let steps = match &attrs.steps {
         Some(s) if s.len() != n => bail!("'starts' has {n} entries but 'steps' has {}", s.len()),
-        Some(s) => s,
+        Some(s) => s.clone(),
         None => vec![1; n],
     };
     let axes = norm_axes(&axes, x.rank(), "axes")?;
@@ -236,20 +237,20 @@ pub(super) fn slice(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
     Ok(TensorType::new(x.dtype, dims))
 }
 
-pub(super) fn gather(attrs: &Attrs, data: &TensorType, indices: &TensorType) -> Res<TensorType> {
+pub(super) fn gather(axis: i64, data: &TensorType, indices: &TensorType) -> Res<TensorType> {
     check_elem(indices, 1, Elem::Integer)?;
     if data.rank() == 0 {
         bail!("operand 0 (data) must have rank >= 1, got {data}");
     }
-    let axis = norm_axis(attrs.int_or("axis", 0)?, data.rank(), "'axis'")?;
+    let axis = norm_axis(axis, data.rank(), "'axis'")?;
     let mut dims = data.dims[..axis].to_vec();
     dims.extend_from_slice(&indices.dims);
     dims.extend_from_slice(&data.dims[axis + 1..]);
     Ok(TensorType::new(data.dtype, dims))
 }
 
-pub(super) fn expand(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
-    let shape = req_ints(attrs, "shape")?;
+pub(super) fn expand(attrs: &ShapeAttrs, x: &TensorType) -> Res<TensorType> {
+    let shape = &attrs.shape;
     if let Some((i, s)) = shape.iter().enumerate().find(|(_, &s)| s < 0) {
         bail!("'shape' entry {i} is {s}; sizes must be >= 0");
     }
@@ -260,8 +261,8 @@ pub(super) fn expand(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
     Ok(TensorType::new(x.dtype, dims))
 }
 
-pub(super) fn pad(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
-    let pads = req_ints(attrs, "pads")?;
+pub(super) fn pad(attrs: &PadAttrs, x: &TensorType) -> Res<TensorType> {
+    let pads = &attrs.pads;
     let rank = x.rank();
     if pads.len() != 2 * rank {
         bail!(
@@ -270,11 +271,10 @@ pub(super) fn pad(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
             2 * rank
         );
     }
-    match attrs.str_or("mode", "constant")? {
+    match attrs.mode.as_str() {
         "constant" | "reflect" | "edge" => {}
         other => bail!("'mode' must be \"constant\", \"reflect\" or \"edge\", found {other:?}"),
     }
-    attrs.float_or("value", 0.0)?;
     let mut dims = Vec::with_capacity(rank);
     for (i, &d) in x.dims.iter().enumerate() {
         let (b, e) = (pads[i], pads[rank + i]);
@@ -293,8 +293,8 @@ pub(super) fn pad(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
     Ok(TensorType::new(x.dtype, dims))
 }
 
-pub(super) fn tile(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
-    let repeats = req_ints(attrs, "repeats")?;
+pub(super) fn tile(attrs: &TileAttrs, x: &TensorType) -> Res<TensorType> {
+    let repeats = &attrs.repeats;
     if repeats.len() != x.rank() {
         bail!(
             "operand 0 has {} dims but 'repeats' has {} entries",
@@ -303,7 +303,7 @@ pub(super) fn tile(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
         );
     }
     let mut dims = Vec::with_capacity(x.rank());
-    for (i, (&d, &r)) in x.dims.iter().zip(&repeats).enumerate() {
+    for (i, (&d, &r)) in x.dims.iter().zip(repeats).enumerate() {
         if r < 0 {
             bail!("'repeats' entry {i} is {r}; repeats must be >= 0");
         }
@@ -319,8 +319,8 @@ pub(super) fn tile(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
     Ok(TensorType::new(x.dtype, dims))
 }
 
-pub(super) fn squeeze(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
-    let axes = norm_axes(&attrs.ints_or("axes", vec![])?, x.rank(), "axes")?;
+pub(super) fn squeeze(attrs: &SqueezeAttrs, x: &TensorType) -> Res<TensorType> {
+    let axes = norm_axes(&attrs.axes, x.rank(), "axes")?;
     if axes.is_empty() {
         // Without axes every dim known to be 1 goes; `?` is assumed not to be 1.
         let dims = x
@@ -348,10 +348,10 @@ pub(super) fn squeeze(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
     Ok(TensorType::new(x.dtype, dims))
 }
 
-pub(super) fn unsqueeze(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
-    let axes = req_ints(attrs, "axes")?;
+pub(super) fn unsqueeze(attrs: &UnsqueezeAttrs, x: &TensorType) -> Res<TensorType> {
+    let axes = &attrs.axes;
     let rank = x.rank() + axes.len();
-    let axes = norm_axes(&axes, rank, "axes")?;
+    let axes = norm_axes(axes, rank, "axes")?;
     // `norm_axes` rejects repeated axes, so the input dims fill the other slots exactly.
     let mut rest = x.dims.iter().copied();
     let dims = (0..rank)
@@ -378,9 +378,9 @@ fn dim_product(dims: &[Dim]) -> Option<Dim> {
     }
 }
 
-pub(super) fn flatten(attrs: &Attrs, x: &TensorType) -> Res<TensorType> {
+pub(super) fn flatten(attrs: &FlattenAttrs, x: &TensorType) -> Res<TensorType> {
     let rank = x.rank() as i64;
-    let axis = attrs.int_or("axis", 1)?;
+    let axis = attrs.axis;
     if axis < -rank || axis > rank {
         bail!(
             "'axis' = {axis} is out of range for rank {rank} (valid: {} to {rank})",

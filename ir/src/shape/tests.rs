@@ -96,7 +96,7 @@ fn unary() {
     );
     assert_eq!(
         err(Cast, a(), &["3xf32"]),
-        "missing required attribute 'to'"
+        "attribute `to`: expected an element type, found nothing (it is required)"
     );
     assert_eq!(
         err(Cast, a().with("to", Attr::Int(3)), &["3xf32"]),
@@ -463,7 +463,7 @@ fn pools() {
     );
     assert_eq!(
         err(MaxPool, a(), &["1x1x6xf32"]),
-        "missing required attribute 'kernel_shape'"
+        "attribute `kernel_shape`: expected an integer list, found nothing (it is required)"
     );
     assert_eq!(
         err(MaxPool, mp(&[3, 3], &[1], &[0, 0]), &["1x1x6xf32"]),
@@ -539,7 +539,7 @@ fn normalisation() {
     );
     assert_eq!(
         err(Lrn, a(), &["1x96x55x55xf32"]),
-        "missing required attribute 'size'"
+        "attribute `size`: expected an integer, found nothing (it is required)"
     );
     assert_eq!(ok(Softmax, a(), &["?x10xf32"]), "tensor<?x10xf32>");
     assert_eq!(
@@ -620,7 +620,7 @@ fn reshape() {
     );
     assert_eq!(
         err(Reshape, a(), &["2x3xf32"]),
-        "missing required attribute 'shape'"
+        "attribute `shape`: expected an integer list, found nothing (it is required)"
     );
 }
 
@@ -695,7 +695,7 @@ fn concat() {
     );
     assert_eq!(
         err(Concat, a(), &["2xf32"]),
-        "missing required attribute 'axis'"
+        "attribute `axis`: expected an integer, found nothing (it is required)"
     );
 }
 
@@ -920,7 +920,7 @@ fn squeeze_unsqueeze_flatten() {
     );
     assert_eq!(
         err(Unsqueeze, a(), &["3x4xf32"]),
-        "missing required attribute 'axes'"
+        "attribute `axes`: expected an integer list, found nothing (it is required)"
     );
 
     let fl = |v| a().with("axis", Attr::Int(v));
@@ -947,7 +947,7 @@ fn constant_and_comm() {
     );
     assert_eq!(
         err(Constant, a(), &[]),
-        "missing required attribute 'value'"
+        "attribute `value`: expected a tensor, found nothing (it is required)"
     );
     assert_eq!(run(Send, &a(), &["?x3xf32"]).unwrap(), vec![]);
     assert!(err(Recv, a(), &[]).contains("given by its result annotation"));

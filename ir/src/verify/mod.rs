@@ -21,7 +21,8 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::module::{ArgKind, Function, Module, OpId, ValueDef, ValueId};
-use crate::ops::OpKind;
+use crate::ops::attrs::{CommAttrs, SplitAttrs};
+use crate::ops::{OpAttrs, OpKind};
 use crate::shape;
 use crate::types::Dim;
 
@@ -429,7 +430,7 @@ impl<'a> FnCheck<'a> {
         let n_results = data.results().len();
         let expected_results = match data.kind {
             OpKind::Send => Some(0),
-            OpKind::Split => data.attrs.ints("split").ok().flatten().map(|s| s.len()),
+            OpKind::Split => SplitAttrs::of(&data.attrs).ok().map(|a| a.split.len()),
             _ => Some(1),
         };
         let results_ok = expected_results.is_none_or(|e| e == n_results);
@@ -515,8 +516,7 @@ impl<'a> FnCheck<'a> {
         let is_send = data.kind == OpKind::Send;
         let what = if is_send { "send" } else { "recv" };
         // Missing or mistyped peer/channel are already reported as attribute errors.
-        let peer = data.attrs.int("peer").ok().flatten()?;
-        let channel = data.attrs.int("channel").ok().flatten()?;
+        let CommAttrs { peer, channel } = CommAttrs::of(&data.attrs).ok()?;
         if peer < 0 {
             report.push((
                 VerifyErrorKind::InvalidStage,

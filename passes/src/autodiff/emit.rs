@@ -4,7 +4,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use ppir::{Attr, Attrs, DType, Function, NewOp, OpId, OpKind, Phase, Tensor, TensorType, ValueId};
+use ppir::ops::attrs::{CastAttrs, ConstantAttrs, ReduceAttrs, ShapeAttrs, TransposeAttrs};
+use ppir::ops::OpAttrs;
+use ppir::{Attrs, DType, Function, NewOp, OpId, OpKind, Phase, Tensor, TensorType, ValueId};
 
 use super::{internal, Res};
 
@@ -183,11 +185,7 @@ impl<'a> Emitter<'a> {
     }
 
     pub(super) fn constant(&mut self, t: Tensor) -> Res<ValueId> {
-        self.op(
-            OpKind::Constant,
-            &[],
-            Attrs::new().with("value", Attr::Tensor(t)),
-        )
+        self.op(OpKind::Constant, &[], ConstantAttrs { value: t }.to_attrs())
     }
 
     /// A rank-0 constant, shared within the current forward op.
@@ -275,36 +273,22 @@ impl<'a> Emitter<'a> {
                 return self.reshape(src, shape);
             }
         }
-        let s: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        self.op(
-            OpKind::Reshape,
-            &[v],
-            Attrs::new().with("shape", Attr::Ints(s)),
-        )
+        self.op(OpKind::Reshape, &[v], shape_attrs(shape))
     }
 
     pub(super) fn expand(&mut self, v: ValueId, shape: &[u64]) -> Res<ValueId> {
         if self.shape(v) == shape && self.rank(v) == shape.len() {
             return Ok(v);
         }
-        let s: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        self.op(
-            OpKind::Expand,
-            &[v],
-            Attrs::new().with("shape", Attr::Ints(s)),
-        )
+        self.op(OpKind::Expand, &[v], shape_attrs(shape))
     }
 
     pub(super) fn transpose(&mut self, v: ValueId, perm: &[usize]) -> Res<ValueId> {
         if perm.iter().enumerate().all(|(i, &p)| i == p) {
             return Ok(v);
         }
-        let p: Vec<i64> = perm.iter().map(|&a| a as i64).collect();
-        self.op(
-            OpKind::Transpose,
-            &[v],
-            Attrs::new().with("perm", Attr::Ints(p)),
-        )
+        let perm = Some(perm.iter().map(|&a| a as i64).collect());
+        self.op(OpKind::Transpose, &[v], TransposeAttrs { perm }.to_attrs())
     }
 
     /// Swap the last two axes.
@@ -326,14 +310,8 @@ impl<'a> Emitter<'a> {
         if axes.is_empty() {
             return Ok(v);
         }
-        let a: Vec<i64> = axes.iter().map(|&x| x as i64).collect();
-        self.op(
-            kind,
-            &[v],
-            Attrs::new()
-                .with("axes", Attr::Ints(a))
-                .with("keepdims", Attr::Int(keepdims as i64)),
-        )
+        let axes = axes.iter().map(|&x| x as i64).collect();
+        self.op(kind, &[v], ReduceAttrs { axes, keepdims }.to_attrs())
     }
 
     pub(super) fn reduce_sum(
@@ -391,11 +369,12 @@ impl<'a> Emitter<'a> {
         if self.dtype(v) == to {
             return Ok(v);
         }
-        self.op(OpKind::Cast, &[v], Attrs::new().with("to", Attr::DType(to)))
+        self.op(OpKind::Cast, &[v], CastAttrs { to }.to_attrs())
     }
 }
 
-/// Integer list attribute helper.
-pub(super) fn ints(v: &[i64]) -> Attr {
-    Attr::Ints(v.to_vec())
+/// The attributes of a `reshape` or `expand` to `shape`.
+fn shape_attrs(shape: &[u64]) -> Attrs {
+    let shape = shape.iter().map(|&d| d as i64).collect();
+    ShapeAttrs { shape }.to_attrs()
 }

@@ -10,10 +10,12 @@
 //!
 //! Each uses `reduce_mean sub mul add sqrt div reshape` (and `avg_pool pow` for lrn).
 
-use ppir::{Attr, Attrs, OpKind, ValueId};
+use ppir::ops::attrs::{AvgPoolAttrs, BatchNormAttrs, InstanceNormAttrs, LayerNormAttrs, LrnAttrs};
+use ppir::ops::OpAttrs;
+use ppir::{Attrs, OpKind, ValueId};
 
-use super::emit::{ints, Emitter, Name};
-use super::{unsupported, Res};
+use super::emit::{Emitter, Name};
+use super::{view, Res};
 
 /// `reshape(t, [C, 1, ..])` so a per-channel `[C]` operand broadcasts against
 /// `[N, C, spatial..]` (rank `rank`).
@@ -62,9 +64,7 @@ pub(super) fn batch_norm_train(
     let rank = em.rank(x);
     let shape = em.shape(x);
     let dtype = em.dtype(x);
-    let eps = attrs
-        .float_or("epsilon", 1e-5)
-        .map_err(|e| unsupported(e.to_string()))?;
+    let eps = view::<BatchNormAttrs>(attrs)?.epsilon;
     let axes: Vec<usize> = std::iter::once(0).chain(2..rank).collect();
     let (xhat, mean, var, _) = normalise(em, x, &axes, eps)?;
     let scale = em.cast(operands[1], dtype)?;
@@ -101,13 +101,8 @@ pub(super) fn layer_norm(
 ) -> Res<Vec<ValueId>> {
     let x = operands[0];
     let rank = em.rank(x) as i64;
-    let axis = attrs
-        .int_or("axis", -1)
-        .map_err(|e| unsupported(e.to_string()))?;
+    let LayerNormAttrs { axis, epsilon: eps } = view(attrs)?;
     let axis = if axis < 0 { axis + rank } else { axis } as usize;
-    let eps = attrs
-        .float_or("epsilon", 1e-5)
-        .map_err(|e| unsupported(e.to_string()))?;
     let axes: Vec<usize> = (axis..rank as usize).collect();
     let (xhat, mean, _, sd) = normalise(em, x, &axes, eps)?;
     let name = names.first().copied().unwrap_or(Name::Fresh);
@@ -136,9 +131,7 @@ pub(super) fn instance_norm(
 ) -> Res<ValueId> {
     let x = operands[0];
     let rank = em.rank(x);
-    let eps = attrs
-        .float_or("epsilon", 1e-5)
-        .map_err(|e| unsupported(e.to_string()))?;
+    let eps = view::<InstanceNormAttrs>(attrs)?.epsilon;
     let axes: Vec<usize> = (2..rank).collect();
     let (xhat, _, _, _) = normalise(em, x, &axes, eps)?;
     let scale = per_channel(em, operands[1], rank)?;
@@ -158,25 +151,28 @@ pub(super) fn lrn(
 ) -> Res<ValueId> {
     let x = operands[0];
     let shape = em.shape(x);
-    let bad = |e: ppir::attr::AttrError| unsupported(e.to_string());
-    let size = attrs.int("size").map_err(bad)?.unwrap_or(1).max(1);
-    let alpha = attrs.float_or("alpha", 1e-4).map_err(bad)?;
-    let beta = attrs.float_or("beta", 0.75).map_err(bad)?;
-    let bias = attrs.float_or("bias", 1.0).map_err(bad)?;
+    let LrnAttrs {
+        size,
+        alpha,
+        beta,
+        bias,
+    } = view(attrs)?;
+    let size = size.max(1);
     let (n, c) = (shape[0], shape[1]);
     let spatial: u64 = shape[2..].iter().product();
     let before = (size - 1) / 2;
     let after = size - 1 - before;
     let sq = em.mul(x, x)?;
-    let view = em.reshape(sq, &[n, 1, c, spatial])?;
-    let pool = em.op(
-        OpKind::AvgPool,
-        &[view],
-        Attrs::new()
-            .with("kernel_shape", ints(&[size, 1]))
-            .with("pads", ints(&[before, 0, after, 0]))
-            .with("count_include_pad", Attr::Int(1)),
-    )?;
+    let sq_view = em.reshape(sq, &[n, 1, c, spatial])?;
+    let window = AvgPoolAttrs {
+        kernel_shape: vec![size, 1],
+        strides: None,
+        pads: Some(vec![before, 0, after, 0]),
+        dilations: None,
+        ceil_mode: false,
+        count_include_pad: true,
+    };
+    let pool = em.op(OpKind::AvgPool, &[sq_view], window.to_attrs())?;
     let avg = em.reshape(pool, &shape)?;
     let scaled = em.scale(avg, alpha)?;
     let b = em.scalar_like(x, bias)?;

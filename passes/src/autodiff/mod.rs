@@ -52,8 +52,10 @@ mod tests;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use ppir::ops::attrs::{BatchNormAttrs, DropoutAttrs, ReduceAttrs, ShapeAttrs};
+use ppir::ops::OpAttrs;
 use ppir::{
-    ArgKind, Attr, Attrs, DType, Dim, Function, Module, OpId, OpKind, Phase, TensorType, ValueId,
+    ArgKind, Attrs, DType, Dim, Function, Module, OpId, OpKind, Phase, TensorType, ValueId,
 };
 
 use crate::registry::PassOptions;
@@ -70,6 +72,12 @@ type Res<T> = Result<T, PassError>;
 /// A failure that is the input's fault (unsupported model feature, bad options).
 fn unsupported(message: impl Into<String>) -> PassError {
     PassError::failed(PASS, message)
+}
+
+/// The typed attribute view `T` of an op's attributes; a malformed attribute makes the op
+/// unsupported.
+fn view<T: ppir::ops::OpAttrs>(a: &Attrs) -> Res<T> {
+    T::of(a).map_err(|e| unsupported(e.to_string()))
 }
 
 /// A failure that is autodiff's fault.
@@ -265,7 +273,9 @@ fn resolve_loss(f: &Function, kind: LossKind) -> Res<(LossKind, Option<TensorTyp
 }
 
 /// Seeds for the dropout ops of `f`: an existing `seed` is kept if no other dropout has
-/// it; the others get the smallest unused numbers, in body order.
+/// it; the others get the smallest unused numbers, in body order. (Whether the source gave
+/// a seed matters here, which the typed view's default 0 would hide, so `seed` is read
+/// by name.)
 fn dropout_seeds(f: &Function) -> HashMap<OpId, i64> {
     let drops: Vec<OpId> = f
         .ops()
@@ -506,26 +516,31 @@ impl<'m> Builder<'m> {
                 data.results().iter().map(|&r| main.ty(r).clone()).collect();
             let new_results: Vec<ValueId> = match data.kind {
                 OpKind::Dropout => {
-                    let ratio = data
-                        .attrs
-                        .float_or("ratio", 0.5)
-                        .map_err(|e| unsupported(e.to_string()))?;
-                    let mut attrs = Attrs::new().with("ratio", Attr::Float(ratio));
-                    let mut ops = vec![operands[0]];
-                    if let Some(key) = rng {
-                        attrs.set("training", Attr::Int(1));
-                        attrs.set("seed", Attr::Int(seeds[&op]));
-                        ops.push(key);
-                    }
-                    em.op_typed(OpKind::Dropout, &ops, attrs, types, &like)?
+                    let d: DropoutAttrs = view(&data.attrs)?;
+                    let (attrs, ops) = match rng {
+                        Some(key) => {
+                            let seed = seeds[&op];
+                            let train = DropoutAttrs {
+                                training: true,
+                                seed,
+                                ..d
+                            };
+                            (train, vec![operands[0], key])
+                        }
+                        None => (
+                            DropoutAttrs {
+                                training: false,
+                                ..d
+                            },
+                            vec![operands[0]],
+                        ),
+                    };
+                    em.op_typed(OpKind::Dropout, &ops, attrs.to_attrs(), types, &like)?
                 }
                 OpKind::BatchNorm if train => {
                     let (y, stats) =
                         lower::batch_norm_train(&mut em, &operands, &data.attrs, like[0])?;
-                    let momentum = data
-                        .attrs
-                        .float_or("momentum", 0.9)
-                        .map_err(|e| unsupported(e.to_string()))?;
+                    let momentum = view::<BatchNormAttrs>(&data.attrs)?.momentum;
                     for (k, stat) in [(3, stats.mean), (4, stats.var_unbiased)] {
                         let old = data.operands()[k];
                         let Some(&ai) = state_index.get(&old) else {
@@ -582,12 +597,8 @@ impl<'m> Builder<'m> {
                 if em.rank(y) == 0 {
                     em.op_as(loss, OpKind::Identity, &[y], Attrs::new())?
                 } else {
-                    em.op_as(
-                        loss,
-                        OpKind::Reshape,
-                        &[y],
-                        Attrs::new().with("shape", Attr::Ints(vec![])),
-                    )?
+                    let scalar = ShapeAttrs { shape: vec![] };
+                    em.op_as(loss, OpKind::Reshape, &[y], scalar.to_attrs())?
                 }
             }
             LossKind::CrossEntropy => {
@@ -607,15 +618,11 @@ impl<'m> Builder<'m> {
                 if rank == 0 {
                     em.op_as(loss, OpKind::Identity, &[sq], Attrs::new())?
                 } else {
-                    let axes: Vec<i64> = (0..rank as i64).collect();
-                    em.op_as(
-                        loss,
-                        OpKind::ReduceMean,
-                        &[sq],
-                        Attrs::new()
-                            .with("axes", Attr::Ints(axes))
-                            .with("keepdims", Attr::Int(0)),
-                    )?
+                    let mean = ReduceAttrs {
+                        axes: (0..rank as i64).collect(),
+                        keepdims: false,
+                    };
+                    em.op_as(loss, OpKind::ReduceMean, &[sq], mean.to_attrs())?
                 }
             }
             LossKind::Auto => unreachable!("resolved"),

@@ -8,10 +8,12 @@
 //! is wanted, so the weight-gradient part of an op (e.g. `xᵀ·dy` of a matmul) exists only
 //! where a parameter needs it.
 
-use ppir::{Attr, Attrs, OpKind, TensorType, ValueId};
+use ppir::ops::attrs::*;
+use ppir::ops::OpAttrs;
+use ppir::{Attrs, OpKind, TensorType, ValueId};
 
-use super::emit::{ints, Emitter};
-use super::{unsupported, Res};
+use super::emit::Emitter;
+use super::{unsupported, view, Res};
 
 /// The forward op being differentiated.
 pub(super) struct FwdOp {
@@ -19,10 +21,6 @@ pub(super) struct FwdOp {
     pub attrs: Attrs,
     pub operands: Vec<ValueId>,
     pub results: Vec<ValueId>,
-}
-
-fn attr_err(e: ppir::attr::AttrError) -> super::PassError {
-    unsupported(e.to_string())
 }
 
 /// Resolve a possibly negative axis.
@@ -65,14 +63,14 @@ pub(super) fn vjp(
             out[0] = Some(em.mask(c, dy)?);
         }
         LeakyRelu => {
-            let alpha = a.float_or("alpha", 0.01).map_err(attr_err)?;
+            let alpha = view::<LeakyReluAttrs>(a)?.alpha;
             let c = em.cmp_scalar(Less, x, 0.0)?;
             let s = em.scale(dy, alpha)?;
             out[0] = Some(em.where_(c, s, dy)?);
         }
         Elu => {
             // x < 0: d/dx α(eˣ - 1) = αeˣ = y + α.
-            let alpha = a.float_or("alpha", 1.0).map_err(attr_err)?;
+            let alpha = view::<EluAttrs>(a)?.alpha;
             let c = em.cmp_scalar(Less, x, 0.0)?;
             let al = em.scalar_like(x, alpha)?;
             let t = em.add(y, al)?;
@@ -81,12 +79,7 @@ pub(super) fn vjp(
         }
         Selu => {
             // x > 0: γ; else γαeˣ = y + γα.
-            let alpha = a
-                .float_or("alpha", 1.673_263_242_354_377_2)
-                .map_err(attr_err)?;
-            let gamma = a
-                .float_or("gamma", 1.050_700_987_355_480_5)
-                .map_err(attr_err)?;
+            let SeluAttrs { alpha, gamma } = view(a)?;
             let c = em.cmp_scalar(Greater, x, 0.0)?;
             let pos = em.scale(dy, gamma)?;
             let ga = em.scalar_like(x, gamma * alpha)?;
@@ -102,7 +95,7 @@ pub(super) fn vjp(
         }
         HardSigmoid => {
             // α inside the linear part 0 < αx + β < 1, i.e. 0 < y < 1.
-            let alpha = a.float_or("alpha", 0.2).map_err(attr_err)?;
+            let alpha = view::<HardSigmoidAttrs>(a)?.alpha;
             let lo = em.cmp_scalar(Greater, y, 0.0)?;
             let hi = em.cmp_scalar(Less, y, 1.0)?;
             let c = em.op(And, &[lo, hi], Attrs::new())?;
@@ -116,7 +109,7 @@ pub(super) fn vjp(
             out[0] = Some(em.mul(dy, d)?);
         }
         Gelu => {
-            let d = match a.str_or("approximate", "none").map_err(attr_err)? {
+            let d = match view::<GeluAttrs>(a)?.approximate.as_str() {
                 "tanh" => gelu_tanh_derivative(em, x)?,
                 _ => gelu_derivative(em, x)?,
             };
@@ -168,15 +161,14 @@ pub(super) fn vjp(
         }
         Identity => out[0] = Some(dy),
         Shrink => {
-            let lambd = a.float_or("lambd", 0.5).map_err(attr_err)?;
+            let lambd = view::<ShrinkAttrs>(a)?.lambd;
             let ab = em.unary(Abs, x)?;
             let c = em.cmp_scalar(Greater, ab, lambd)?;
             out[0] = Some(em.mask(c, dy)?);
         }
         Clip => {
             // Where min <= x <= max (PyTorch's clamp rule).
-            let lo = a.float_or("min", f64::NEG_INFINITY).map_err(attr_err)?;
-            let hi = a.float_or("max", f64::INFINITY).map_err(attr_err)?;
+            let ClipAttrs { min: lo, max: hi } = view(a)?;
             let mut cond = None;
             if lo > f64::NEG_INFINITY {
                 cond = Some(em.cmp_scalar(GreaterEqual, x, lo)?);
@@ -201,7 +193,7 @@ pub(super) fn vjp(
         }
         Dropout => {
             // Training: the same mask (same seed and key) and scale; inference: identity.
-            if a.int_or("training", 0).map_err(attr_err)? == 1 {
+            if view::<DropoutAttrs>(a)?.training {
                 let mut operands = vec![dy];
                 operands.extend(op.operands.get(1).copied());
                 out[0] = Some(em.op(Dropout, &operands, a.clone())?);
@@ -333,9 +325,17 @@ pub(super) fn vjp(
             out[0] = Some(em.op(MaxPoolGrad, &[x, dy], a.clone())?);
         }
         AvgPool => {
-            let s: Vec<i64> = em.shape(x).iter().map(|&d| d as i64).collect();
-            let attrs = a.clone().with("input_shape", Attr::Ints(s));
-            out[0] = Some(em.op(AvgPoolGrad, &[dy], attrs)?);
+            let p: AvgPoolAttrs = view(a)?;
+            let attrs = AvgPoolGradAttrs {
+                kernel_shape: p.kernel_shape,
+                strides: p.strides,
+                pads: p.pads,
+                dilations: p.dilations,
+                ceil_mode: p.ceil_mode,
+                count_include_pad: p.count_include_pad,
+                input_shape: em.shape(x).iter().map(|&d| d as i64).collect(),
+            };
+            out[0] = Some(em.op(AvgPoolGrad, &[dy], attrs.to_attrs())?);
         }
         GlobalAvgPool => {
             let shape = em.shape(x);
@@ -345,16 +345,21 @@ pub(super) fn vjp(
         }
         GlobalMaxPool => {
             // A max pool whose window is the whole plane (first maximum, as max_pool).
-            let k: Vec<i64> = em.shape(x)[2..].iter().map(|&d| d as i64).collect();
-            let attrs = Attrs::new().with("kernel_shape", Attr::Ints(k));
-            out[0] = Some(em.op(MaxPoolGrad, &[x, dy], attrs)?);
+            let attrs = MaxPoolAttrs {
+                kernel_shape: em.shape(x)[2..].iter().map(|&d| d as i64).collect(),
+                strides: None,
+                pads: None,
+                dilations: None,
+                ceil_mode: false,
+            };
+            out[0] = Some(em.op(MaxPoolGrad, &[x, dy], attrs.to_attrs())?);
         }
 
         // ---- normalisation ----
         BatchNorm => batch_norm_inference(em, op, dy, wants, &mut out)?,
         Softmax => {
             // y · (dy - Σ dy·y)
-            let axis = axis_of(a.int_or("axis", -1).map_err(attr_err)?, em.rank(x));
+            let axis = axis_of(view::<SoftmaxAttrs>(a)?.axis, em.rank(x));
             let t = em.mul(dy, y)?;
             let s = em.reduce_sum(t, &[axis], true)?;
             let u = em.sub(dy, s)?;
@@ -362,7 +367,7 @@ pub(super) fn vjp(
         }
         LogSoftmax => {
             // dy - softmax · Σ dy
-            let axis = axis_of(a.int_or("axis", -1).map_err(attr_err)?, em.rank(x));
+            let axis = axis_of(view::<SoftmaxAttrs>(a)?.axis, em.rank(x));
             let e = em.unary(Exp, y)?;
             let s = em.reduce_sum(dy, &[axis], true)?;
             let t = em.mul(e, s)?;
@@ -384,7 +389,7 @@ pub(super) fn vjp(
         }
         Transpose => {
             let rank = em.rank(x);
-            let perm = match a.ints("perm").map_err(attr_err)? {
+            let perm = match view::<TransposeAttrs>(a)?.perm {
                 Some(p) => p.iter().map(|&v| axis_of(v, rank)).collect(),
                 None => (0..rank).rev().collect::<Vec<_>>(),
             };
@@ -396,48 +401,45 @@ pub(super) fn vjp(
         }
         Concat => {
             let rank = em.rank(x);
-            let axis = axis_of(a.int_or("axis", 0).map_err(attr_err)?, rank);
+            let axis = axis_of(view::<ConcatAttrs>(a)?.axis, rank);
             let mut off = 0i64;
             for (i, &v) in op.operands.iter().enumerate() {
                 let len = em.shape(v)[axis] as i64;
                 if wants[i] {
-                    let attrs = Attrs::new()
-                        .with("starts", ints(&[off]))
-                        .with("ends", ints(&[off + len]))
-                        .with("axes", ints(&[axis as i64]));
-                    out[i] = Some(em.op(Slice, &[dy], attrs)?);
+                    let attrs = SliceAttrs {
+                        starts: vec![off],
+                        ends: vec![off + len],
+                        axes: Some(vec![axis as i64]),
+                        steps: None,
+                    };
+                    out[i] = Some(em.op(Slice, &[dy], attrs.to_attrs())?);
                 }
                 off += len;
             }
         }
         Slice => out[0] = Some(slice(em, op, dy)?),
         Gather => {
-            let s: Vec<i64> = em.shape(x).iter().map(|&d| d as i64).collect();
-            let attrs = Attrs::new()
-                .with("axis", Attr::Int(a.int_or("axis", 0).map_err(attr_err)?))
-                .with("data_shape", Attr::Ints(s));
-            out[0] = Some(em.op(GatherGrad, &[op.operands[1], dy], attrs)?);
+            let attrs = GatherGradAttrs {
+                axis: view::<GatherAttrs>(a)?.axis,
+                data_shape: em.shape(x).iter().map(|&d| d as i64).collect(),
+            };
+            out[0] = Some(em.op(GatherGrad, &[op.operands[1], dy], attrs.to_attrs())?);
         }
         Expand => out[0] = Some(em.unbroadcast(dy, &ty(em, x))?),
         Pad => {
-            let mode = a.str_or("mode", "constant").map_err(attr_err)?;
-            if mode != "constant" {
+            let p: PadAttrs = view(a)?;
+            if p.mode != "constant" {
                 return Err(unsupported(format!(
-                    "the gradient of pad in mode \"{mode}\" is not implemented"
+                    "the gradient of pad in mode \"{}\" is not implemented",
+                    p.mode
                 )));
             }
-            let pads = a.ints("pads").map_err(attr_err)?.unwrap_or_default();
-            let neg: Vec<i64> = pads.iter().map(|&p| -p).collect();
-            let attrs = Attrs::new()
-                .with("pads", Attr::Ints(neg))
-                .with("mode", Attr::Str("constant".into()))
-                .with("value", Attr::Float(0.0));
-            out[0] = Some(em.op(Pad, &[dy], attrs)?);
+            out[0] = Some(em.op(Pad, &[dy], zero_pad(p.pads.iter().map(|&p| -p).collect()))?);
         }
         Tile => {
             // [r0·d0, r1·d1, ..] viewed as [r0, d0, r1, d1, ..], summed over the r axes.
             let shape = em.shape(x);
-            let reps = a.ints("repeats").map_err(attr_err)?.unwrap_or_default();
+            let reps = view::<TileAttrs>(a)?.repeats;
             if reps.iter().all(|&r| r == 1) {
                 out[0] = Some(dy);
             } else {
@@ -597,18 +599,21 @@ fn gemm(
     wants: &[bool],
     out: &mut [Option<ValueId>],
 ) -> Res<()> {
-    let a_ = &op.attrs;
-    let alpha = a_.float_or("alpha", 1.0).map_err(attr_err)?;
-    let beta = a_.float_or("beta", 1.0).map_err(attr_err)?;
-    let ta = a_.int_or("trans_a", 0).map_err(attr_err)? != 0;
-    let tb = a_.int_or("trans_b", 0).map_err(attr_err)? != 0;
+    let GemmAttrs {
+        alpha,
+        beta,
+        trans_a: ta,
+        trans_b: tb,
+    } = view(&op.attrs)?;
     let (a, b) = (op.operands[0], op.operands[1]);
     let g = |em: &mut Emitter, p: ValueId, q: ValueId, t1: bool, t2: bool| {
-        let attrs = Attrs::new()
-            .with("alpha", Attr::Float(alpha))
-            .with("trans_a", Attr::Int(t1 as i64))
-            .with("trans_b", Attr::Int(t2 as i64));
-        em.op(OpKind::Gemm, &[p, q], attrs)
+        let attrs = GemmAttrs {
+            alpha,
+            beta: 1.0,
+            trans_a: t1,
+            trans_b: t2,
+        };
+        em.op(OpKind::Gemm, &[p, q], attrs.to_attrs())
     };
     if wants[0] {
         // op(a) = a: dy·op(b)ᵀ; op(a) = aᵀ: op(b)·dyᵀ.
@@ -634,34 +639,27 @@ fn gemm(
     Ok(())
 }
 
-/// The window attributes shared by conv, conv_transpose and conv_grad_weight.
-fn window_attrs(a: &Attrs) -> Attrs {
-    let mut w = Attrs::new();
-    for key in ["strides", "pads", "dilations", "group"] {
-        if let Some(v) = a.get(key) {
-            w.set(key, v.clone());
-        }
-    }
-    w
+/// Per spatial dim of a conv's window (its `strides`, `pads` and `dilations`; absent:
+/// ones, zeros, ones): stride, begin pad, end pad, dilation.
+fn window(c: &ConvAttrs, spatial: usize) -> Vec<(i64, i64, i64, i64)> {
+    let s = c.strides.clone().unwrap_or(vec![1; spatial]);
+    let p = c.pads.clone().unwrap_or(vec![0; 2 * spatial]);
+    let d = c.dilations.clone().unwrap_or(vec![1; spatial]);
+    (0..spatial)
+        .map(|i| (s[i], p[i], p[spatial + i], d[i]))
+        .collect()
 }
 
-/// Per spatial dim: stride, begin pad, end pad, dilation.
-fn window(a: &Attrs, spatial: usize) -> Res<Vec<(i64, i64, i64, i64)>> {
-    let s = a
-        .ints("strides")
-        .map_err(attr_err)?
-        .unwrap_or(vec![1; spatial]);
-    let p = a
-        .ints("pads")
-        .map_err(attr_err)?
-        .unwrap_or(vec![0; 2 * spatial]);
-    let d = a
-        .ints("dilations")
-        .map_err(attr_err)?
-        .unwrap_or(vec![1; spatial]);
-    Ok((0..spatial)
-        .map(|i| (s[i], p[i], p[spatial + i], d[i]))
-        .collect())
+/// The `conv_grad_weight` of a convolution with window `c` and spatial kernel `k`.
+fn grad_weight_attrs(c: &ConvAttrs, k: &[u64]) -> Attrs {
+    ConvGradWeightAttrs {
+        strides: c.strides.clone(),
+        pads: c.pads.clone(),
+        dilations: c.dilations.clone(),
+        group: c.group,
+        kernel_shape: k.iter().map(|&d| d as i64).collect(),
+    }
+    .to_attrs()
 }
 
 /// Conv: `dx` is a transposed convolution of dy with the same weight (output_padding
@@ -677,19 +675,25 @@ fn conv(
     let (x, w) = (op.operands[0], op.operands[1]);
     let (sx, sw, sy) = (em.shape(x), em.shape(w), em.shape(dy));
     let spatial = sx.len() - 2;
+    let c: ConvAttrs = view(&op.attrs)?;
     if wants[0] {
-        let win = window(&op.attrs, spatial)?;
+        let win = window(&c, spatial);
         let mut output_padding = Vec::with_capacity(spatial);
         for (i, &(s, pb, pe, d)) in win.iter().enumerate() {
             let reach = (sy[2 + i] as i64 - 1) * s + (sw[2 + i] as i64 - 1) * d + 1;
             output_padding.push(sx[2 + i] as i64 + pb + pe - reach);
         }
-        let attrs = window_attrs(&op.attrs).with("output_padding", Attr::Ints(output_padding));
-        out[0] = Some(em.op(OpKind::ConvTranspose, &[dy, w], attrs)?);
+        let attrs = ConvTransposeAttrs {
+            strides: c.strides.clone(),
+            pads: c.pads.clone(),
+            dilations: c.dilations.clone(),
+            output_padding: Some(output_padding),
+            group: c.group,
+        };
+        out[0] = Some(em.op(OpKind::ConvTranspose, &[dy, w], attrs.to_attrs())?);
     }
     if wants[1] {
-        let k: Vec<i64> = sw[2..].iter().map(|&d| d as i64).collect();
-        let attrs = window_attrs(&op.attrs).with("kernel_shape", Attr::Ints(k));
+        let attrs = grad_weight_attrs(&c, &sw[2..]);
         out[1] = Some(em.op(OpKind::ConvGradWeight, &[x, dy], attrs)?);
     }
     if wants.get(2).copied().unwrap_or(false) {
@@ -711,23 +715,27 @@ fn conv_transpose(
     let (x, w) = (op.operands[0], op.operands[1]);
     let (sw, sy) = (em.shape(w), em.shape(dy));
     let spatial = sy.len() - 2;
-    let win = window(&op.attrs, spatial)?;
-    let op_pad = op
-        .attrs
-        .ints("output_padding")
-        .map_err(attr_err)?
-        .unwrap_or(vec![0; spatial]);
+    let t: ConvTransposeAttrs = view(&op.attrs)?;
+    // The convolution with the same window (the adjoint).
+    let c = ConvAttrs {
+        strides: t.strides,
+        pads: t.pads,
+        dilations: t.dilations,
+        group: t.group,
+        kernel_shape: None,
+    };
+    let win = window(&c, spatial);
+    let op_pad = t.output_padding.unwrap_or(vec![0; spatial]);
     if op_pad.iter().zip(&win).any(|(&p, &(s, ..))| p >= s) {
         return Err(unsupported(format!(
             "the gradient of conv_transpose with output_padding {op_pad:?} not below the strides"
         )));
     }
     if wants[0] {
-        out[0] = Some(em.op(OpKind::Conv, &[dy, w], window_attrs(&op.attrs))?);
+        out[0] = Some(em.op(OpKind::Conv, &[dy, w], c.to_attrs())?);
     }
     if wants[1] {
-        let k: Vec<i64> = sw[2..].iter().map(|&d| d as i64).collect();
-        let attrs = window_attrs(&op.attrs).with("kernel_shape", Attr::Ints(k));
+        let attrs = grad_weight_attrs(&c, &sw[2..]);
         out[1] = Some(em.op(OpKind::ConvGradWeight, &[dy, x], attrs)?);
     }
     if wants.get(2).copied().unwrap_or(false) {
@@ -759,7 +767,7 @@ fn batch_norm_inference(
     let mut cshape = vec![shape[1]];
     cshape.resize(rank - 1, 1);
     let axes: Vec<usize> = std::iter::once(0).chain(2..rank).collect();
-    let eps = op.attrs.float_or("epsilon", 1e-5).map_err(attr_err)?;
+    let eps = view::<BatchNormAttrs>(&op.attrs)?.epsilon;
     let e = em.scalar(dtype, eps)?;
     let ve = em.add(var, e)?;
     let sd = em.unary(OpKind::Sqrt, ve)?;
@@ -788,7 +796,7 @@ fn reduce(em: &mut Emitter, op: &FwdOp, dy: ValueId, out: &mut [Option<ValueId>]
     let x = op.operands[0];
     let shape = em.shape(x);
     let rank = shape.len();
-    let axes = op.attrs.ints("axes").map_err(attr_err)?.unwrap_or_default();
+    let axes = view::<ReduceAttrs>(&op.attrs)?.axes;
     let axes: Vec<usize> = if axes.is_empty() {
         (0..rank).collect()
     } else {
@@ -819,7 +827,7 @@ fn reduce(em: &mut Emitter, op: &FwdOp, dy: ValueId, out: &mut [Option<ValueId>]
 
 /// Split: the results' gradients (zeros where a result has none) concatenated back.
 fn split(em: &mut Emitter, op: &FwdOp, dys: &[Option<ValueId>]) -> Res<ValueId> {
-    let axis = op.attrs.int_or("axis", 0).map_err(attr_err)?;
+    let axis = view::<SplitAttrs>(&op.attrs)?.axis;
     let mut parts = Vec::with_capacity(op.results.len());
     for (i, &r) in op.results.iter().enumerate() {
         parts.push(match dys.get(i).copied().flatten() {
@@ -830,11 +838,7 @@ fn split(em: &mut Emitter, op: &FwdOp, dys: &[Option<ValueId>]) -> Res<ValueId> 
             }
         });
     }
-    em.op(
-        OpKind::Concat,
-        &parts,
-        Attrs::new().with("axis", Attr::Int(axis)),
-    )
+    em.op(OpKind::Concat, &parts, ConcatAttrs { axis }.to_attrs())
 }
 
 /// Slice: with unit steps, dy padded back with zeros (a `pad`); otherwise `slice_grad`.
@@ -842,20 +846,21 @@ fn slice(em: &mut Emitter, op: &FwdOp, dy: ValueId) -> Res<ValueId> {
     let x = op.operands[0];
     let shape = em.shape(x);
     let rank = shape.len();
-    let a = &op.attrs;
-    let starts = a.ints("starts").map_err(attr_err)?.unwrap_or_default();
-    let axes: Vec<usize> = match a.ints("axes").map_err(attr_err)? {
+    let a: SliceAttrs = view(&op.attrs)?;
+    let starts = &a.starts;
+    let axes: Vec<usize> = match &a.axes {
         Some(ax) => ax.iter().map(|&v| axis_of(v, rank)).collect(),
         None => (0..starts.len()).collect(),
     };
-    let steps = a
-        .ints("steps")
-        .map_err(attr_err)?
-        .unwrap_or(vec![1; starts.len()]);
-    if steps.iter().any(|&s| s != 1) {
-        let s: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        let attrs = a.clone().with("input_shape", Attr::Ints(s));
-        return em.op(OpKind::SliceGrad, &[dy], attrs);
+    if a.steps.as_ref().is_some_and(|s| s.iter().any(|&s| s != 1)) {
+        let attrs = SliceGradAttrs {
+            starts: a.starts,
+            ends: a.ends,
+            axes: a.axes,
+            steps: a.steps,
+            input_shape: shape.iter().map(|&d| d as i64).collect(),
+        };
+        return em.op(OpKind::SliceGrad, &[dy], attrs.to_attrs());
     }
     let out_shape = em.shape(dy);
     let mut pads = vec![0i64; 2 * rank];
@@ -871,9 +876,15 @@ fn slice(em: &mut Emitter, op: &FwdOp, dy: ValueId) -> Res<ValueId> {
         pads[axis] = start;
         pads[rank + axis] = d - start - count;
     }
-    let attrs = Attrs::new()
-        .with("pads", Attr::Ints(pads))
-        .with("mode", Attr::Str("constant".into()))
-        .with("value", Attr::Float(0.0));
-    em.op(OpKind::Pad, &[dy], attrs)
+    em.op(OpKind::Pad, &[dy], zero_pad(pads))
+}
+
+/// A constant `pad` with zeros (negative entries crop).
+fn zero_pad(pads: Vec<i64>) -> Attrs {
+    PadAttrs {
+        pads,
+        mode: "constant".into(),
+        value: 0.0,
+    }
+    .to_attrs()
 }

@@ -250,9 +250,10 @@ fn training_mode_dropout_and_batch_norm() {
         .iter()
         .map(|n| {
             let op = op_named(g, n);
-            assert_eq!(op.attrs.int("training").unwrap(), Some(1));
+            let d = DropoutAttrs::of(&op.attrs).unwrap();
+            assert!(d.training);
             assert_eq!(op.operands()[1], g.find_value("rng").unwrap());
-            op.attrs.int("seed").unwrap().unwrap()
+            d.seed
         })
         .collect();
     assert_ne!(seeds[0], seeds[1]);
@@ -327,7 +328,7 @@ fn inference_mode_keeps_statistics_and_identity_dropout() {
     let g = grad(&m);
     assert_eq!(g.args().len(), 9, "no rng argument");
     assert_eq!(op_named(g, "n").kind, OpKind::BatchNorm);
-    assert_eq!(op_named(g, "d").attrs.int("training").unwrap(), None);
+    assert!(!DropoutAttrs::of(&op_named(g, "d").attrs).unwrap().training);
     // The statistics are states: no gradient flows to them.
     assert_eq!(g.results().len(), 6);
 }

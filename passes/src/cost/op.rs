@@ -30,7 +30,11 @@
 
 use std::ops::{Add, AddAssign};
 
-use ppir::attr::AttrError;
+use ppir::ops::attrs::{
+    AvgPoolAttrs, AvgPoolGradAttrs, DropoutAttrs, GeluAttrs, GemmAttrs, LayerNormAttrs, LrnAttrs,
+    MaxPoolAttrs, SoftmaxAttrs,
+};
+use ppir::ops::OpAttrs;
 use ppir::{Attrs, OpKind, TensorType};
 
 use super::CostError;
@@ -116,8 +120,9 @@ fn bytes(ty: &TensorType) -> Res<f64> {
     Ok(numel(ty)? * ty.dtype.size_bytes() as f64)
 }
 
-fn attr(e: AttrError) -> String {
-    e.to_string()
+/// The typed attribute view `T` of `attrs`.
+fn view<T: OpAttrs>(attrs: &Attrs) -> Res<T> {
+    T::of(attrs).map_err(|e| e.to_string())
 }
 
 /// Operand `i`, or an error naming how many the op has.
@@ -140,13 +145,9 @@ fn dim(s: &[u64], i: usize, what: &str) -> Res<u64> {
         .ok_or_else(|| format!("{what} has rank {}, expected more than {i}", s.len()))
 }
 
-/// Π kernel_shape (required for pools).
-fn kernel_volume(attrs: &Attrs) -> Res<f64> {
-    let k = attrs
-        .ints("kernel_shape")
-        .map_err(attr)?
-        .ok_or("attribute `kernel_shape` is required")?;
-    Ok(k.iter().map(|&d| d.max(0) as f64).product())
+/// Π kernel_shape of a pool.
+fn kernel_volume(kernel_shape: &[i64]) -> f64 {
+    kernel_shape.iter().map(|&d| d.max(0) as f64).product()
 }
 
 /// FLOPs of an op from its kind, attributes and types. The match is exhaustive on
@@ -174,13 +175,13 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         Sigmoid | Elu => per_y(T + 2.0)?,
         Selu => per_y(T + 3.0)?,
         Softplus => per_y(2.0 * T + 1.0)?,
-        Gelu => match attrs.str_or("approximate", "none").map_err(attr)? {
+        Gelu => match view::<GeluAttrs>(attrs)?.approximate.as_str() {
             "tanh" => per_y(T + 7.0)?,
             _ => per_y(T + 4.0)?,
         },
         // Training dropout draws a mask (hash + compare) and scales: ~4; otherwise a copy.
         Dropout => {
-            if attrs.int_or("training", 0).map_err(attr)? != 0 {
+            if view::<DropoutAttrs>(attrs)?.training {
                 per_y(4.0)?
             } else {
                 0.0
@@ -199,15 +200,18 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         }
         Gemm => {
             let a = shape(operand(xs, 0)?)?;
-            let ta = attrs.int_or("trans_a", 0).map_err(attr)? != 0;
-            let k = if ta {
+            let GemmAttrs {
+                alpha,
+                beta,
+                trans_a,
+                ..
+            } = view(attrs)?;
+            let k = if trans_a {
                 dim(&a, 0, "a")?
             } else {
                 dim(&a, 1, "a")?
             } as f64;
             let mn = y_numel(0)?;
-            let alpha = attrs.float_or("alpha", 1.0).map_err(attr)?;
-            let beta = attrs.float_or("beta", 1.0).map_err(attr)?;
             let mut f = 2.0 * k * mn;
             if alpha != 1.0 {
                 f += mn;
@@ -236,16 +240,25 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
             2.0 * (x_numel(1)? / m) * y_numel(0)?
         }
         // pools
-        MaxPool => y_numel(0)? * kernel_volume(attrs)?,
-        AvgPool => y_numel(0)? * (kernel_volume(attrs)? + 1.0),
+        MaxPool => y_numel(0)? * kernel_volume(&view::<MaxPoolAttrs>(attrs)?.kernel_shape),
+        AvgPool => {
+            let k = kernel_volume(&view::<AvgPoolAttrs>(attrs)?.kernel_shape);
+            y_numel(0)? * (k + 1.0)
+        }
         GlobalMaxPool => x_numel(0)?,
         GlobalAvgPool => x_numel(0)? + y_numel(0)?,
-        MaxPoolGrad => x_numel(1)? * (kernel_volume(attrs)? + 1.0),
-        AvgPoolGrad => x_numel(0)? * (kernel_volume(attrs)? + 1.0),
+        MaxPoolGrad => {
+            let k = kernel_volume(&view::<MaxPoolAttrs>(attrs)?.kernel_shape);
+            x_numel(1)? * (k + 1.0)
+        }
+        AvgPoolGrad => {
+            let k = kernel_volume(&view::<AvgPoolGradAttrs>(attrs)?.kernel_shape);
+            x_numel(0)? * (k + 1.0)
+        }
         // normalisations
         Softmax => (T + 4.0) * x_numel(0)?,
         LogSoftmax => {
-            let axis = attrs.int_or("axis", -1).map_err(attr)?;
+            let axis = view::<SoftmaxAttrs>(attrs)?.axis;
             (T + 4.0) * x_numel(0)? + T * rows(operand(xs, 0)?, axis)?
         }
         SoftmaxCrossEntropy => (T + 4.0) * x_numel(0)? + (T + 2.0) * rows(operand(xs, 0)?, -1)?,
@@ -262,17 +275,14 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         }
         LayerNorm => {
             let x = shape(operand(xs, 0)?)?;
-            let axis = attrs.int_or("axis", -1).map_err(attr)?;
+            let axis = view::<LayerNormAttrs>(attrs)?.axis;
             let a = norm_axis(axis, x.len(), true)?;
             let groups = volume(&x[..a]);
             let per = if xs.len() > 2 { 8.0 } else { 7.0 };
             per * x_numel(0)? + 3.0 * groups
         }
         Lrn => {
-            let size = attrs
-                .int("size")
-                .map_err(attr)?
-                .ok_or("attribute `size` is required")?;
+            let size = view::<LrnAttrs>(attrs)?.size;
             (2.0 * size.max(0) as f64 + T + 3.0) * x_numel(0)?
         }
         // reductions
