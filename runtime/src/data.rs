@@ -14,7 +14,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use ppir::ops::OpClass;
+use ppir::ops::attrs::{CrossEntropyAttrs, GatherAttrs, GatherGradAttrs};
+use ppir::ops::{OpAttrs, OpClass};
 use ppir::{ArgKind, Function, OpKind, Tensor, TensorData, TensorType, Use};
 
 use crate::RuntimeError;
@@ -401,7 +402,7 @@ fn gather_size(f: &Function, data: &ppir::OpData, i: usize) -> Option<u64> {
         return None;
     }
     let table = f.ty(data.operands()[0]);
-    let axis = data.attrs.int_or("axis", 0).unwrap_or(0);
+    let axis = GatherAttrs::of(&data.attrs).map_or(0, |a| a.axis);
     let rank = table.rank() as i64;
     let axis = if axis < 0 { axis + rank } else { axis };
     usize::try_from(axis)
@@ -517,17 +518,19 @@ pub fn index_limits(f: &Function) -> HashMap<String, IndexLimit> {
                     .map(|c| IndexLimit {
                         size: c,
                         wraps: false,
-                        ignore: data.attrs.int("ignore_index").ok().flatten(),
+                        ignore: CrossEntropyAttrs::of(&data.attrs)
+                            .ok()
+                            .and_then(|a| a.ignore_index),
                         what: format!("the {c} classes of the cross-entropy{at}"),
                     }),
                 OpKind::GatherGrad if i == 0 => {
-                    let shape = data.attrs.ints("data_shape").ok().flatten();
-                    let axis = data.attrs.int_or("axis", 0).unwrap_or(0);
-                    shape.and_then(|s| {
-                        let axis = if axis < 0 {
-                            axis + s.len() as i64
+                    let a = GatherGradAttrs::of(&data.attrs).ok();
+                    a.and_then(|a| {
+                        let s = a.data_shape;
+                        let axis = if a.axis < 0 {
+                            a.axis + s.len() as i64
                         } else {
-                            axis
+                            a.axis
                         };
                         let n = u64::try_from(*s.get(usize::try_from(axis).ok()?)?).ok()?;
                         Some(IndexLimit {

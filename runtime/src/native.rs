@@ -23,6 +23,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use ppir::interp::Comm;
+use ppir::ops::attrs::CommAttrs;
+use ppir::ops::OpAttrs;
 
 use crate::pipeline::{ArgValue, Value};
 use ppir::{DType, Function, Module, OpKind, Tensor, TensorData, TensorType};
@@ -545,7 +547,8 @@ fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, 
     for &id in f.ops() {
         let op = f.op(id);
         let key = |op: &ppir::OpData| -> Option<(i64, i64)> {
-            Some((op.attrs.int("peer").ok()??, op.attrs.int("channel").ok()??))
+            let CommAttrs { peer, channel } = CommAttrs::of(&op.attrs).ok()?;
+            Some((peer, channel))
         };
         match op.kind {
             OpKind::Send => {

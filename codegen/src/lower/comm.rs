@@ -10,6 +10,8 @@
 //! failure in its context, turns later calls into no-ops, and reports the failure when the
 //! entry returns.
 
+use ppir::ops::attrs::CommAttrs;
+
 use super::{memref_type, tensor_type, Emitter, LowerError, OpView};
 
 fn callback(e: &mut Emitter, field: usize) -> String {
@@ -21,18 +23,7 @@ fn callback(e: &mut Emitter, field: usize) -> String {
 }
 
 pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
-    let peer = op
-        .op
-        .attrs
-        .int("peer")
-        .map_err(|x| op.attr_err(x))?
-        .ok_or_else(|| op.invalid("missing attribute `peer`"))?;
-    let channel = op
-        .op
-        .attrs
-        .int("channel")
-        .map_err(|x| op.attr_err(x))?
-        .ok_or_else(|| op.invalid("missing attribute `channel`"))?;
+    let CommAttrs { peer, channel } = op.attrs()?;
     let (shape, d) = match op.kind {
         ppir::OpKind::Send => (op.in_shapes[0].clone(), op.in_dtypes[0]),
         _ => (op.out_shapes[0].clone(), op.out_dtypes[0]),

@@ -27,6 +27,10 @@
 
 use std::fmt::Write as _;
 
+use ppir::ops::attrs::{
+    ConvAttrs, ConvGradWeightAttrs, ConvTransposeAttrs, GemmAttrs, TransposeAttrs,
+};
+use ppir::ops::OpAttrs;
 use ppir::{DType, OpKind};
 
 use super::{
@@ -257,9 +261,16 @@ pub(super) struct Window {
 }
 
 impl Window {
-    pub(super) fn read(op: &OpView, nsp: usize) -> Result<Window, LowerError> {
-        let positive = |name: &str| -> Result<Vec<u64>, LowerError> {
-            let v = op.ints_or(name, vec![1; nsp])?;
+    /// From a window op's `strides`, `pads` and `dilations` (absent: ones, zeros, ones).
+    pub(super) fn new(
+        op: &OpView,
+        nsp: usize,
+        strides: Option<&[i64]>,
+        pads: Option<&[i64]>,
+        dilations: Option<&[i64]>,
+    ) -> Result<Window, LowerError> {
+        let positive = |name: &str, v: Option<&[i64]>| -> Result<Vec<u64>, LowerError> {
+            let v = v.map_or_else(|| vec![1; nsp], <[i64]>::to_vec);
             if v.len() != nsp || v.iter().any(|&s| !(1..=i32::MAX as i64).contains(&s)) {
                 return Err(op.invalid(format!(
                     "`{name}` must be {nsp} positive integers, got {v:?}"
@@ -267,9 +278,9 @@ impl Window {
             }
             Ok(v.iter().map(|&s| s as u64).collect())
         };
-        let strides = positive("strides")?;
-        let dilations = positive("dilations")?;
-        let pads = op.ints_or("pads", vec![0; 2 * nsp])?;
+        let strides = positive("strides", strides)?;
+        let dilations = positive("dilations", dilations)?;
+        let pads = pads.map_or_else(|| vec![0; 2 * nsp], <[i64]>::to_vec);
         if pads.len() != 2 * nsp || pads.iter().any(|&p| !(0..=i32::MAX as i64).contains(&p)) {
             return Err(op.invalid(format!(
                 "`pads` must be {} non-negative integers (begins then ends), got {pads:?}",
@@ -294,8 +305,7 @@ impl Window {
     }
 }
 
-fn group(op: &OpView) -> Result<u64, LowerError> {
-    let g = op.int_or("group", 1)?;
+fn group(op: &OpView, g: i64) -> Result<u64, LowerError> {
     if g < 1 {
         return Err(op.invalid(format!("`group` must be >= 1, got {g}")));
     }
@@ -758,7 +768,7 @@ fn gemm_operand(e: &Emitter, op: &OpView, i: usize) -> (String, Vec<u64>, bool) 
         if p.kind != OpKind::Transpose || p.operands().len() != 1 {
             return None;
         }
-        let perm = p.attrs.ints("perm").ok()?;
+        let perm = TransposeAttrs::of(&p.attrs).ok()?.perm;
         let perm: Vec<i64> = perm.unwrap_or_else(|| (0..r as i64).rev().collect());
         let norm: Vec<i64> = perm
             .iter()
@@ -1037,10 +1047,12 @@ fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     if sa.len() != 2 || sb.len() != 2 {
         return Err(op.invalid(format!("operands must be 2-D, got {sa:?} and {sb:?}")));
     }
-    let alpha = op.float_or("alpha", 1.0)?;
-    let beta = op.float_or("beta", 1.0)?;
-    let trans_a = op.int_or("trans_a", 0)? != 0;
-    let trans_b = op.int_or("trans_b", 0)? != 0;
+    let GemmAttrs {
+        alpha,
+        beta,
+        trans_a,
+        trans_b,
+    } = op.attrs()?;
     let (m, k) = if trans_a {
         (sa[1], sa[0])
     } else {
@@ -1129,20 +1141,30 @@ fn conv(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
         return Err(op.invalid(format!("w must have rank {} like x, got {ws:?}", xs.len())));
     }
     let (m, cg, ks) = (ws[0], ws[1], ws[2..].to_vec());
-    let g = group(op)?;
+    let a: ConvAttrs = op.attrs()?;
+    let g = group(op, a.group)?;
     if c % g != 0 || m % g != 0 || cg * g != c {
         return Err(op.invalid(format!(
             "group {g} must divide the {c} input and {m} output channels, and w {ws:?} must have C/group input channels"
         )));
     }
-    if let Some(kattr) = op.ints("kernel_shape")? {
+    // `kernel_shape` is not in `conv`'s declared attribute set; when present (as the
+    // interpreter also accepts) it must agree with w.
+    let kattr = op.op.attrs.ints("kernel_shape");
+    if let Some(kattr) = kattr.map_err(|e| op.attr_err(e))? {
         if kattr.len() != nsp || kattr.iter().zip(&ks).any(|(&a, &b)| a < 0 || a as u64 != b) {
             return Err(op.invalid(format!(
                 "kernel_shape {kattr:?} disagrees with w of shape {ws:?}"
             )));
         }
     }
-    let win = Window::read(op, nsp)?;
+    let win = Window::new(
+        op,
+        nsp,
+        a.strides.as_deref(),
+        a.pads.as_deref(),
+        a.dilations.as_deref(),
+    )?;
     let mut out_sp = Vec::with_capacity(nsp);
     let mut extent = Vec::with_capacity(nsp);
     for i in 0..nsp {
@@ -1300,14 +1322,21 @@ fn conv_transpose(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
             xs.len()
         )));
     }
-    let g = group(op)?;
+    let a: ConvTransposeAttrs = op.attrs()?;
+    let g = group(op, a.group)?;
     if c % g != 0 {
         return Err(op.invalid(format!("group {g} must divide the {c} input channels")));
     }
     let (cg, mg, ks) = (c / g, ws[1], ws[2..].to_vec());
     let m = mg * g;
-    let win = Window::read(op, nsp)?;
-    let out_pad = op.ints_or("output_padding", vec![0; nsp])?;
+    let win = Window::new(
+        op,
+        nsp,
+        a.strides.as_deref(),
+        a.pads.as_deref(),
+        a.dilations.as_deref(),
+    )?;
+    let out_pad = a.output_padding.unwrap_or_else(|| vec![0; nsp]);
     if out_pad.len() != nsp || out_pad.iter().any(|&p| !(0..=i32::MAX as i64).contains(&p)) {
         return Err(op.invalid(format!(
             "`output_padding` must be {nsp} non-negative integers, got {out_pad:?}"
@@ -1400,7 +1429,8 @@ fn conv_grad_weight(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> 
     let (xs, dys) = (&op.in_shapes[0], &op.in_shapes[1]);
     let (n, c, in_sp) = split_nc(op, xs, "x")?;
     let nsp = in_sp.len();
-    let ks = op.ints_req("kernel_shape")?;
+    let a: ConvGradWeightAttrs = op.attrs()?;
+    let ks = &a.kernel_shape;
     if ks.len() != nsp || ks.iter().any(|&k| !(1..=i32::MAX as i64).contains(&k)) {
         return Err(op.invalid(format!(
             "`kernel_shape` must be {nsp} positive sizes, got {ks:?}"
@@ -1411,14 +1441,20 @@ fn conv_grad_weight(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> 
         return Err(op.invalid(format!("dy must have rank {}, got {dys:?}", xs.len())));
     }
     let m = dys[1];
-    let g = group(op)?;
+    let g = group(op, a.group)?;
     if c % g != 0 || m % g != 0 {
         return Err(op.invalid(format!(
             "group {g} must divide the {c} input and {m} output channels"
         )));
     }
     let (cg, mg) = (c / g, m / g);
-    let win = Window::read(op, nsp)?;
+    let win = Window::new(
+        op,
+        nsp,
+        a.strides.as_deref(),
+        a.pads.as_deref(),
+        a.dilations.as_deref(),
+    )?;
     let mut out_sp = Vec::with_capacity(nsp);
     let mut extent = Vec::with_capacity(nsp);
     for i in 0..nsp {

@@ -37,7 +37,12 @@
 
 use std::collections::HashMap;
 
-use ppir::{DType, OpId, OpKind, ValueId};
+use ppir::ops::attrs::{
+    CastAttrs, ClipAttrs, DropoutAttrs, EluAttrs, GeluAttrs, HardSigmoidAttrs, LeakyReluAttrs,
+    SeluAttrs, ShrinkAttrs,
+};
+use ppir::ops::OpAttrs;
+use ppir::{Attrs, DType, OpId, OpKind, ValueId};
 
 use super::{elem_type, int_literal, mathfn, Body, Emitter, Iter, LowerError, OpView, Operand};
 
@@ -253,8 +258,6 @@ pub enum ElemOp {
     },
 }
 
-const SELU_ALPHA: f64 = 1.673_263_242_354_377_2;
-const SELU_GAMMA: f64 = 1.050_700_987_355_480_5;
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 const MIX1: u64 = 0xBF58_476D_1CE4_E5B9;
 const MIX2: u64 = 0x94D0_49BB_1331_11EB;
@@ -262,31 +265,54 @@ const MIX2: u64 = 0x94D0_49BB_1331_11EB;
 impl ElemOp {
     /// The op of `kind` with default attributes (`None` for `cast`, which needs `to`).
     pub fn defaults(kind: OpKind) -> Option<ElemOp> {
+        match kind {
+            OpKind::Cast => None,
+            OpKind::Dropout => Some(ElemOp::Plain(OpKind::Identity)),
+            k if k.is_elementwise() => ElemOp::with_attrs(k, &Attrs::new()).ok(),
+            _ => None,
+        }
+    }
+
+    /// The op of `kind` (elementwise, other than `cast` and `dropout`) with its attributes
+    /// read through the op's typed view; the message says what is wrong with them.
+    fn with_attrs(kind: OpKind, attrs: &Attrs) -> Result<ElemOp, String> {
         use OpKind::*;
-        Some(match kind {
-            LeakyRelu => ElemOp::LeakyRelu { alpha: 0.01 },
-            Elu => ElemOp::Elu { alpha: 1.0 },
-            Selu => ElemOp::Selu {
-                alpha: SELU_ALPHA,
-                gamma: SELU_GAMMA,
+        fn of<A: OpAttrs>(attrs: &Attrs) -> Result<A, String> {
+            A::of(attrs).map_err(|e| e.to_string())
+        }
+        Ok(match kind {
+            LeakyRelu => ElemOp::LeakyRelu {
+                alpha: of::<LeakyReluAttrs>(attrs)?.alpha,
             },
-            HardSigmoid => ElemOp::HardSigmoid {
-                alpha: 0.2,
-                beta: 0.5,
+            Elu => ElemOp::Elu {
+                alpha: of::<EluAttrs>(attrs)?.alpha,
             },
-            Gelu => ElemOp::Gelu { tanh: false },
-            Shrink => ElemOp::Shrink {
-                bias: 0.0,
-                lambd: 0.5,
+            Selu => {
+                let SeluAttrs { alpha, gamma } = of(attrs)?;
+                ElemOp::Selu { alpha, gamma }
+            }
+            HardSigmoid => {
+                let HardSigmoidAttrs { alpha, beta } = of(attrs)?;
+                ElemOp::HardSigmoid { alpha, beta }
+            }
+            Gelu => match of::<GeluAttrs>(attrs)?.approximate.as_str() {
+                "none" => ElemOp::Gelu { tanh: false },
+                "tanh" => ElemOp::Gelu { tanh: true },
+                other => {
+                    return Err(format!(
+                        "gelu: `approximate` must be \"none\" or \"tanh\", got \"{other}\""
+                    ))
+                }
             },
-            Clip => ElemOp::Clip {
-                min: f64::NEG_INFINITY,
-                max: f64::INFINITY,
-            },
-            Cast => return None,
-            Dropout => ElemOp::Plain(Identity),
-            k if k.is_elementwise() => ElemOp::Plain(k),
-            _ => return None,
+            Shrink => {
+                let ShrinkAttrs { bias, lambd } = of(attrs)?;
+                ElemOp::Shrink { bias, lambd }
+            }
+            Clip => {
+                let ClipAttrs { min, max } = of(attrs)?;
+                ElemOp::Clip { min, max }
+            }
+            k => ElemOp::Plain(k),
         })
     }
 }
@@ -478,44 +504,8 @@ pub fn node_for(e: &mut Emitter, op: &OpView, args: Vec<Expr>) -> Result<Node, L
         None => return Err(op.invalid(format!("operand shapes {shapes:?} do not broadcast"))),
     }
     let elem = match kind {
-        LeakyRelu => ElemOp::LeakyRelu {
-            alpha: op.float_or("alpha", 0.01)?,
-        },
-        Elu => ElemOp::Elu {
-            alpha: op.float_or("alpha", 1.0)?,
-        },
-        Selu => ElemOp::Selu {
-            alpha: op.float_or("alpha", SELU_ALPHA)?,
-            gamma: op.float_or("gamma", SELU_GAMMA)?,
-        },
-        HardSigmoid => ElemOp::HardSigmoid {
-            alpha: op.float_or("alpha", 0.2)?,
-            beta: op.float_or("beta", 0.5)?,
-        },
-        Gelu => match op.str_or("approximate", "none")? {
-            "none" => ElemOp::Gelu { tanh: false },
-            "tanh" => ElemOp::Gelu { tanh: true },
-            other => {
-                return Err(op.invalid(format!(
-                    "gelu: `approximate` must be \"none\" or \"tanh\", got \"{other}\""
-                )))
-            }
-        },
-        Shrink => ElemOp::Shrink {
-            bias: op.float_or("bias", 0.0)?,
-            lambd: op.float_or("lambd", 0.5)?,
-        },
-        Clip => ElemOp::Clip {
-            min: op.float_or("min", f64::NEG_INFINITY)?,
-            max: op.float_or("max", f64::INFINITY)?,
-        },
         Cast => {
-            let to = op
-                .op
-                .attrs
-                .dtype("to")
-                .map_err(|e| op.attr_err(e))?
-                .ok_or_else(|| op.invalid("missing required attribute `to`"))?;
+            let to = op.attrs::<CastAttrs>()?.to;
             if to != out {
                 return Err(op.invalid(format!(
                     "the result must be {to}, but the op declares {out}"
@@ -524,7 +514,7 @@ pub fn node_for(e: &mut Emitter, op: &OpView, args: Vec<Expr>) -> Result<Node, L
             ElemOp::Cast
         }
         Dropout => dropout_op(e, op)?,
-        k => ElemOp::Plain(k),
+        k => ElemOp::with_attrs(k, &op.op.attrs).map_err(|m| op.invalid(m))?,
     };
     Ok(Node {
         op: elem,
@@ -537,9 +527,11 @@ pub fn node_for(e: &mut Emitter, op: &OpView, args: Vec<Expr>) -> Result<Node, L
 /// `dropout`: `identity` in inference; in training, checks the ratio and the key and
 /// emits the per-call part of the hash.
 fn dropout_op(e: &mut Emitter, op: &OpView) -> Result<ElemOp, LowerError> {
-    let ratio = op.float_or("ratio", 0.5)?;
-    let training = op.int_or("training", 0)? != 0;
-    let seed = op.int_or("seed", 0)?;
+    let DropoutAttrs {
+        ratio,
+        training,
+        seed,
+    } = op.attrs()?;
     if op.out_dtypes.len() == 2
         && (op.out_dtypes[1] != DType::Bool || op.out_shapes[1] != op.in_shapes[0])
     {
@@ -732,7 +724,7 @@ pub fn lower_root(
     let keep_mask = mask
         && matches!(&root, Expr::Op(n) if matches!(n.op, ElemOp::Dropout { .. }))
         && op.kind == OpKind::Dropout
-        && op.int_or("training", 0)? != 0;
+        && op.attrs::<DropoutAttrs>()?.training;
     if keep_mask {
         return Ok(emit_generic(
             e,

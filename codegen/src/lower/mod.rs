@@ -29,7 +29,7 @@
 
 use std::fmt::Write as _;
 
-use ppir::ops::OpClass;
+use ppir::ops::{OpAttrs, OpClass};
 use ppir::{DType, Function, OpData, OpId, OpKind, ValueId};
 
 pub mod comm;
@@ -654,42 +654,10 @@ impl<'a> OpView<'a> {
         self.invalid(e.to_string())
     }
 
-    pub fn int_or(&self, name: &str, default: i64) -> Result<i64, LowerError> {
-        self.op
-            .attrs
-            .int_or(name, default)
-            .map_err(|e| self.attr_err(e))
-    }
-
-    pub fn float_or(&self, name: &str, default: f64) -> Result<f64, LowerError> {
-        self.op
-            .attrs
-            .float_or(name, default)
-            .map_err(|e| self.attr_err(e))
-    }
-
-    pub fn ints(&self, name: &str) -> Result<Option<Vec<i64>>, LowerError> {
-        self.op.attrs.ints(name).map_err(|e| self.attr_err(e))
-    }
-
-    pub fn ints_or(&self, name: &str, default: Vec<i64>) -> Result<Vec<i64>, LowerError> {
-        self.op
-            .attrs
-            .ints_or(name, default)
-            .map_err(|e| self.attr_err(e))
-    }
-
-    pub fn str_or(&self, name: &str, default: &'a str) -> Result<&'a str, LowerError> {
-        self.op
-            .attrs
-            .str_or(name, default)
-            .map_err(|e| self.attr_err(e))
-    }
-
-    /// A required `ints` attribute.
-    pub fn ints_req(&self, name: &str) -> Result<Vec<i64>, LowerError> {
-        self.ints(name)?
-            .ok_or_else(|| self.invalid(format!("missing attribute `{name}`")))
+    /// The op's attributes through its typed view (`let a: GemmAttrs = op.attrs()?`), with
+    /// the declared defaults applied.
+    pub fn attrs<A: OpAttrs>(&self) -> Result<A, LowerError> {
+        A::of(&self.op.attrs).map_err(|e| self.attr_err(e))
     }
 
     /// Normalise a possibly negative axis against `rank`.

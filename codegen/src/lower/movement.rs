@@ -24,6 +24,10 @@
 //! be reported from native code: an out-of-range `gather` index reads zeros, an out-of-range
 //! `gather_grad` index contributes nothing. Nothing is ever read or written out of bounds.
 
+use ppir::ops::attrs::{
+    ConcatAttrs, ConstantAttrs, GatherAttrs, GatherGradAttrs, PadAttrs, ShapeAttrs, SliceAttrs,
+    SliceGradAttrs, SplitAttrs, TileAttrs, TransposeAttrs,
+};
 use ppir::{DType, OpKind, Tensor, TensorData};
 
 use super::{literal, tensor_type, Body, Emitter, Iter, LowerError, OpView, Operand};
@@ -331,7 +335,7 @@ fn transpose(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let x = &op.in_shapes[0];
     let d = op.in_dtypes[0];
     let rank = x.len();
-    let perm = match op.ints("perm")? {
+    let perm = match op.attrs::<TransposeAttrs>()?.perm {
         Some(p) => p,
         None => (0..rank as i64).rev().collect(),
     };
@@ -368,12 +372,7 @@ fn transpose(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
 }
 
 fn constant(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
-    let t = op
-        .op
-        .attrs
-        .tensor("value")
-        .map_err(|x| op.attr_err(x))?
-        .ok_or_else(|| op.invalid("missing attribute `value`"))?;
+    let t = ConstantAttrs::value_ref(&op.op.attrs).map_err(|x| op.attr_err(x))?;
     let d = op.out_dtypes[0];
     let shape: Vec<u64> = t.shape.iter().map(|&s| s as u64).collect();
     check_out(op, 0, &shape)?;
@@ -400,13 +399,7 @@ fn concat(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let d = op.out_dtypes[0];
     let first = &op.in_shapes[0];
     let rank = first.len();
-    let axis = op
-        .op
-        .attrs
-        .int("axis")
-        .map_err(|x| op.attr_err(x))?
-        .ok_or_else(|| op.invalid("missing attribute `axis`"))?;
-    let axis = op.axis(axis, rank)?;
+    let axis = op.axis(op.attrs::<ConcatAttrs>()?.axis, rank)?;
     for (i, s) in op.in_shapes.iter().enumerate() {
         if s.len() != rank || (0..rank).any(|a| a != axis && s[a] != first[a]) {
             return Err(op.invalid(format!(
@@ -452,8 +445,8 @@ fn split(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let d = op.in_dtypes[0];
     let x = &op.in_shapes[0];
     let rank = x.len();
-    let axis = op.axis(op.int_or("axis", 0)?, rank)?;
-    let sizes = op.ints_req("split")?;
+    let SplitAttrs { axis, split: sizes } = op.attrs()?;
+    let axis = op.axis(axis, rank)?;
     if sizes.len() != op.out_shapes.len() {
         return Err(op.invalid(format!(
             "`split` has {} sizes but the op declares {} results",
@@ -524,15 +517,16 @@ impl SliceAxis {
 /// Per axis of an input of `in_shape`, the slice geometry (ONNX rules, as the
 /// interpreter's `slice_maps`): negative starts/ends count from the end, then starts clamp
 /// to `[0, d]` (`[0, d-1]` for negative steps) and ends to `[0, d]` (`[-1, d-1]`).
-fn slice_axes(op: &OpView, in_shape: &[u64]) -> Result<Vec<SliceAxis>, LowerError> {
+fn slice_axes(op: &OpView, a: SliceAttrs, in_shape: &[u64]) -> Result<Vec<SliceAxis>, LowerError> {
     let rank = in_shape.len();
-    let starts = op.ints_req("starts")?;
-    let ends = op.ints_req("ends")?;
-    let axes = match op.ints("axes")? {
-        Some(a) => a,
-        None => (0..starts.len() as i64).collect(),
-    };
-    let steps = op.ints_or("steps", vec![1; starts.len()])?;
+    let SliceAttrs {
+        starts,
+        ends,
+        axes,
+        steps,
+    } = a;
+    let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
         return Err(op.invalid(format!(
             "`starts` {starts:?}, `ends` {ends:?}, `axes` {axes:?} and `steps` {steps:?} must have the same length"
@@ -580,7 +574,7 @@ fn slice_axes(op: &OpView, in_shape: &[u64]) -> Result<Vec<SliceAxis>, LowerErro
 fn slice(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let d = op.in_dtypes[0];
     let x = &op.in_shapes[0];
-    let geo = slice_axes(op, x)?;
+    let geo = slice_axes(op, op.attrs()?, x)?;
     let out: Vec<u64> = geo.iter().map(|g| g.count).collect();
     check_out(op, 0, &out)?;
     if numel(&out) == 0 {
@@ -599,7 +593,8 @@ fn slice_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     if !d.is_float() {
         return Err(op.invalid(format!("dy must be a float tensor, got {d}")));
     }
-    let input_shape = op.ints_req("input_shape")?;
+    let a: SliceGradAttrs = op.attrs()?;
+    let input_shape = &a.input_shape;
     if input_shape.iter().any(|&s| s < 0) {
         return Err(op.invalid(format!(
             "`input_shape` must be non-negative sizes, got {input_shape:?}"
@@ -607,7 +602,7 @@ fn slice_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     }
     let x: Vec<u64> = input_shape.iter().map(|&s| s as u64).collect();
     check_out(op, 0, &x)?;
-    let geo = slice_axes(op, &x)?;
+    let geo = slice_axes(op, SliceAttrs::of_grad(&a), &x)?;
     let dy_shape: Vec<u64> = geo.iter().map(|g| g.count).collect();
     if op.in_shapes[0] != dy_shape {
         return Err(op.invalid(format!(
@@ -673,7 +668,7 @@ fn gather(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     if data.is_empty() {
         return Err(op.invalid("data must have rank >= 1"));
     }
-    let axis = op.axis(op.int_or("axis", 0)?, data.len())?;
+    let axis = op.axis(op.attrs::<GatherAttrs>()?.axis, data.len())?;
     let mut out = data[..axis].to_vec();
     out.extend_from_slice(q);
     out.extend_from_slice(&data[axis + 1..]);
@@ -755,7 +750,7 @@ fn gather_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> 
     let ity = index_dtype(op, op.in_dtypes[0])?;
     let q = &op.in_shapes[0];
     let dy_shape = &op.in_shapes[1];
-    let data_shape = op.ints_req("data_shape")?;
+    let GatherGradAttrs { axis, data_shape } = op.attrs()?;
     if data_shape.is_empty() || data_shape.iter().any(|&s| s < 0) {
         return Err(op.invalid(format!(
             "`data_shape` must be non-negative sizes of rank >= 1, got {data_shape:?}"
@@ -763,7 +758,7 @@ fn gather_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> 
     }
     let data: Vec<u64> = data_shape.iter().map(|&s| s as u64).collect();
     check_out(op, 0, &data)?;
-    let axis = op.axis(op.int_or("axis", 0)?, data.len())?;
+    let axis = op.axis(axis, data.len())?;
     let mut want = data[..axis].to_vec();
     want.extend_from_slice(q);
     want.extend_from_slice(&data[axis + 1..]);
@@ -859,7 +854,7 @@ fn gather_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> 
 fn expand(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let d = op.in_dtypes[0];
     let x = &op.in_shapes[0];
-    let spec = op.ints_req("shape")?;
+    let spec = op.attrs::<ShapeAttrs>()?.shape;
     if spec.iter().any(|&s| s < 0) {
         return Err(op.invalid(format!("`shape` {spec:?} has a negative size")));
     }
@@ -907,7 +902,7 @@ fn tile(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let d = op.in_dtypes[0];
     let x = &op.in_shapes[0];
     let rank = x.len();
-    let repeats = op.ints_req("repeats")?;
+    let repeats = op.attrs::<TileAttrs>()?.repeats;
     if repeats.len() != rank || repeats.iter().any(|&r| r < 0) {
         return Err(op.invalid(format!(
             "`repeats` {repeats:?} must be one non-negative count per dimension of x (rank {rank})"
@@ -959,20 +954,18 @@ fn pad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let d = op.in_dtypes[0];
     let x = &op.in_shapes[0];
     let rank = x.len();
-    let pads = op.ints_req("pads")?;
+    let PadAttrs { pads, mode, value } = op.attrs()?;
     if pads.len() != 2 * rank {
         return Err(op.invalid(format!(
             "`pads` must have {} entries (begins then ends), got {pads:?}",
             2 * rank
         )));
     }
-    let mode = op.str_or("mode", "constant")?;
-    if !matches!(mode, "constant" | "reflect" | "edge") {
+    if !matches!(mode.as_str(), "constant" | "reflect" | "edge") {
         return Err(op.invalid(format!(
             "`mode` must be \"constant\", \"reflect\" or \"edge\", got \"{mode}\""
         )));
     }
-    let value = op.float_or("value", 0.0)?;
     let mut out = Vec::with_capacity(rank);
     for (axis, &n) in x.iter().enumerate() {
         let (pb, pe) = (pads[axis], pads[rank + axis]);

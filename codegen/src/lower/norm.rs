@@ -28,6 +28,9 @@
 //!   treated as ignored (it adds to neither the sum nor the count, and its gradient is 0).
 //!   No memory is ever read at the label (the picked logit is selected during the row scan).
 
+use ppir::ops::attrs::{
+    BatchNormAttrs, CrossEntropyAttrs, InstanceNormAttrs, LayerNormAttrs, LrnAttrs, SoftmaxAttrs,
+};
 use ppir::{DType, OpKind};
 
 use super::contraction::{i64_const, memref_ptr, tensor_ptr};
@@ -142,7 +145,7 @@ fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     if rank == 0 {
         return Err(op.invalid("softmax needs an operand of rank >= 1"));
     }
-    let axis = op.axis(op.int_or("axis", -1)?, rank)?;
+    let axis = op.axis(op.attrs::<SoftmaxAttrs>()?.axis, rank)?;
     if d == DType::F32 && axis == rank - 1 && e.library_calls {
         return Ok(vec![softmax_rows_call(
             e,
@@ -347,7 +350,7 @@ fn channels_first(op: &OpView, x: &[u64]) -> Result<u64, LowerError> {
 fn batch_norm(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let (src, x, d) = same_as_x(e, op)?;
     let c = channels_first(op, &x)?;
-    let eps = op.float_or("epsilon", 1e-5)?;
+    let eps = op.attrs::<BatchNormAttrs>()?.epsilon;
     let mut ins = vec![Operand::identity(src, &x, d)];
     for (i, what) in [(1, "scale"), (2, "bias"), (3, "mean")] {
         ins.push(per_channel(e, op, i, what, c)?);
@@ -436,7 +439,7 @@ fn moments(
 fn instance_norm(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let (src, x, d) = same_as_x(e, op)?;
     let c = channels_first(op, &x)?;
-    let eps = op.float_or("epsilon", 1e-5)?;
+    let eps = op.attrs::<InstanceNormAttrs>()?.epsilon;
     let scale = per_channel(e, op, 1, "scale", c)?;
     let bias = per_channel(e, op, 2, "bias", c)?;
     let axes: Vec<usize> = (2..x.len()).collect();
@@ -525,8 +528,8 @@ fn layer_norm(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     if rank == 0 {
         return Err(op.invalid("layer_norm needs an operand of rank >= 1"));
     }
-    let axis = op.axis(op.int_or("axis", -1)?, rank)?;
-    let eps = op.float_or("epsilon", 1e-5)?;
+    let LayerNormAttrs { axis, epsilon: eps } = op.attrs()?;
+    let axis = op.axis(axis, rank)?;
     let n_out = op.out_shapes.len();
     if n_out != 1 && n_out != 3 {
         return Err(op.invalid(format!(
@@ -618,18 +621,15 @@ fn lrn(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let (src, x, d) = same_as_x(e, op)?;
     let c = channels_first(op, &x)?;
     let rank = x.len();
-    let size = op
-        .op
-        .attrs
-        .int("size")
-        .map_err(|er| op.attr_err(er))?
-        .ok_or_else(|| op.invalid("missing required attribute `size`"))?;
+    let LrnAttrs {
+        size,
+        alpha,
+        beta,
+        bias,
+    } = op.attrs()?;
     if size < 1 {
         return Err(op.invalid(format!("`size` must be positive, got {size}")));
     }
-    let alpha = op.float_or("alpha", 1e-4)?;
-    let beta = op.float_or("beta", 0.75)?;
-    let bias = op.float_or("bias", 1.0)?;
     let size = size as u64;
     let before = (size - 1) / 2;
     let after = (size - 1).div_ceil(2);
@@ -787,11 +787,7 @@ fn cross_entropy(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError
             tensor_type(&op.in_shapes[2], op.in_dtypes[2])
         )));
     }
-    let ignore = op
-        .op
-        .attrs
-        .int("ignore_index")
-        .map_err(|er| op.attr_err(er))?;
+    let ignore = op.attrs::<CrossEntropyAttrs>()?.ignore_index;
     let rows: u64 = outer.iter().product();
     let rc = [rows, classes];
     let logits = e.name(op.op.operands()[0]);

@@ -27,6 +27,7 @@
 //! f32 and f64; other dtypes are refused (integer max pooling is accepted by shape
 //! inference but not by the interpreter).
 
+use ppir::ops::attrs::{AvgPoolAttrs, AvgPoolGradAttrs, MaxPoolAttrs};
 use ppir::{DType, OpKind};
 
 use super::contraction::{
@@ -81,18 +82,47 @@ struct Geom {
     extent: Vec<u64>,
 }
 
+/// A pooling op's attributes as `avg_pool`'s: `max_pool` and `max_pool_grad` have no
+/// `count_include_pad` (false: they count no taps).
+fn pool_attrs(op: &OpView) -> Result<AvgPoolAttrs, LowerError> {
+    if op.kind == OpKind::AvgPool {
+        return op.attrs();
+    }
+    let MaxPoolAttrs {
+        kernel_shape,
+        strides,
+        pads,
+        dilations,
+        ceil_mode,
+    } = op.attrs()?;
+    Ok(AvgPoolAttrs {
+        kernel_shape,
+        strides,
+        pads,
+        dilations,
+        ceil_mode,
+        count_include_pad: false,
+    })
+}
+
 impl Geom {
-    fn read(op: &OpView, in_sp: &[u64]) -> Result<Geom, LowerError> {
+    fn read(op: &OpView, in_sp: &[u64], a: &AvgPoolAttrs) -> Result<Geom, LowerError> {
         let nsp = in_sp.len();
-        let kernel = op.ints_req("kernel_shape")?;
+        let kernel = &a.kernel_shape;
         if kernel.len() != nsp || kernel.iter().any(|&k| !(1..=i32::MAX as i64).contains(&k)) {
             return Err(op.invalid(format!(
                 "`kernel_shape` must be {nsp} positive integers, got {kernel:?}"
             )));
         }
         let kernel: Vec<u64> = kernel.iter().map(|&k| k as u64).collect();
-        let win = Window::read(op, nsp)?;
-        let ceil_mode = op.int_or("ceil_mode", 0)? != 0;
+        let win = Window::new(
+            op,
+            nsp,
+            a.strides.as_deref(),
+            a.pads.as_deref(),
+            a.dilations.as_deref(),
+        )?;
+        let ceil_mode = a.ceil_mode;
         let (mut out, mut inside, mut padded, mut extent) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for i in 0..nsp {
@@ -280,9 +310,10 @@ fn pool(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     let d = common_dtype(op, FLOATS)?;
     let xs = &op.in_shapes[0];
     let (n, c, in_sp) = split_nc(op, xs, "x")?;
-    let g = Geom::read(op, &in_sp)?;
+    let a = pool_attrs(op)?;
+    let g = Geom::read(op, &in_sp, &a)?;
     let max = op.kind == OpKind::MaxPool;
-    let include_pad = !max && op.int_or("count_include_pad", 0)? != 0;
+    let include_pad = !max && a.count_include_pad;
     let out = nc_out(n, c, &g.out);
     check_shape(op, &op.out_shapes[0], &out, "the result")?;
     let x = e.name(op.op.operands()[0]);
@@ -388,7 +419,7 @@ fn max_pool_grad(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     let (xs, dys) = (&op.in_shapes[0], &op.in_shapes[1]);
     let (n, c, in_sp) = split_nc(op, xs, "x")?;
     let nsp = in_sp.len();
-    let g = Geom::read(op, &in_sp)?;
+    let g = Geom::read(op, &in_sp, &pool_attrs(op)?)?;
     let out = nc_out(n, c, &g.out);
     check_shape(op, dys, &out, "dy")?;
     check_shape(op, &op.out_shapes[0], xs, "the result")?;
@@ -532,7 +563,8 @@ fn max_pool_grad(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
 fn avg_pool_grad(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     let d = common_dtype(op, FLOATS)?;
     let dys = &op.in_shapes[0];
-    let in_shape = op.ints_req("input_shape")?;
+    let a: AvgPoolGradAttrs = op.attrs()?;
+    let in_shape = &a.input_shape;
     if in_shape.iter().any(|&s| s < 0) {
         return Err(op.invalid(format!(
             "`input_shape` must be non-negative sizes, got {in_shape:?}"
@@ -541,8 +573,9 @@ fn avg_pool_grad(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     let xs: Vec<u64> = in_shape.iter().map(|&s| s as u64).collect();
     let (n, c, in_sp) = split_nc(op, &xs, "`input_shape`")?;
     let nsp = in_sp.len();
-    let g = Geom::read(op, &in_sp)?;
-    let include_pad = op.int_or("count_include_pad", 0)? != 0;
+    let a = AvgPoolAttrs::of_grad(&a);
+    let g = Geom::read(op, &in_sp, &a)?;
+    let include_pad = a.count_include_pad;
     let out = nc_out(n, c, &g.out);
     check_shape(op, dys, &out, "dy")?;
     check_shape(op, &op.out_shapes[0], &xs, "the result")?;

@@ -15,18 +15,18 @@
 //! The `pub(super)` helpers below (loop maps, f64 promotion inside bodies, pointwise and
 //! reduction generics) are shared with [`super::norm`].
 
+use ppir::ops::attrs::ReduceAttrs;
 use ppir::{DType, OpKind};
 
 use super::{elem_type, Body, Emitter, Iter, LowerError, OpView, Operand};
 
-/// Sorted, deduplicated, non-negative axes (`[]` = all).
-pub fn reduce_axes(op: &OpView, rank: usize) -> Result<Vec<usize>, LowerError> {
-    let axes = op.ints_or("axes", vec![])?;
+/// Sorted, deduplicated, non-negative `axes` (`[]` = all).
+pub fn reduce_axes(op: &OpView, axes: &[i64], rank: usize) -> Result<Vec<usize>, LowerError> {
     if axes.is_empty() {
         return Ok((0..rank).collect());
     }
     let mut out = Vec::new();
-    for a in axes {
+    for &a in axes {
         let a = op.axis(a, rank)?;
         if !out.contains(&a) {
             out.push(a);
@@ -153,8 +153,8 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     }
     let x = op.in_shapes[0].clone();
     let rank = x.len();
-    let axes = reduce_axes(op, rank)?;
-    let keepdims = op.int_or("keepdims", 1)? != 0;
+    let ReduceAttrs { axes, keepdims } = op.attrs()?;
+    let axes = reduce_axes(op, &axes, rank)?;
     let reduced: Vec<u64> = kept(rank, &axes).iter().map(|&i| x[i]).collect();
     let want: Vec<u64> = if keepdims {
         (0..rank)

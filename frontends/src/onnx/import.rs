@@ -18,9 +18,11 @@ use std::path::Path;
 use std::rc::Rc;
 
 use ppir::interp::{eval_op, InterpOptions};
+use ppir::ops::attrs::{ConstantAttrs, ShapeAttrs};
+use ppir::ops::OpAttrs;
 use ppir::{
-    ArgKind, Attr, Attrs, DType, Dim, Function, Module, NewOp, OpKind, Tensor, TensorData,
-    TensorType, ValueId,
+    ArgKind, Attrs, DType, Dim, Function, Module, NewOp, OpKind, Tensor, TensorData, TensorType,
+    ValueId,
 };
 
 use super::error::OnnxError;
@@ -371,7 +373,7 @@ impl<'a> Importer<'a> {
                     let c =
                         this.constant_op(scalar, name.as_ref().map(|n| format!("{n}.value")))?;
                     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-                    let attrs = Attrs::new().with("shape", Attr::Ints(dims));
+                    let attrs = ShapeAttrs { shape: dims }.to_attrs();
                     Ok(
                         this.push_ir_named(OpKind::Expand, attrs, vec![c], name.map(|n| vec![n]))?
                             [0],
@@ -406,7 +408,7 @@ impl<'a> Importer<'a> {
     }
 
     fn constant_op(&mut self, t: Tensor, name: Option<String>) -> R<ValueId> {
-        let attrs = Attrs::new().with("value", Attr::Tensor(t));
+        let attrs = ConstantAttrs { value: t }.to_attrs();
         Ok(self.push_ir_named(OpKind::Constant, attrs, vec![], name.map(|n| vec![n]))?[0])
     }
 

@@ -6,7 +6,15 @@
 
 use std::rc::Rc;
 
-use ppir::{ArgKind, Attr, Attrs, DType, Dim, OpKind, Tensor, TensorData, TensorType};
+use ppir::ops::attrs::{
+    AvgPoolAttrs, BatchNormAttrs, CastAttrs, ClipAttrs, ConcatAttrs, ConvAttrs, ConvTransposeAttrs,
+    DropoutAttrs, EluAttrs, FlattenAttrs, GatherAttrs, GeluAttrs, GemmAttrs, HardSigmoidAttrs,
+    InstanceNormAttrs, LayerNormAttrs, LeakyReluAttrs, LrnAttrs, MaxPoolAttrs, PadAttrs,
+    ReduceAttrs, SeluAttrs, ShapeAttrs, ShrinkAttrs, SliceAttrs, SoftmaxAttrs, SplitAttrs,
+    SqueezeAttrs, TileAttrs, TransposeAttrs, UnsqueezeAttrs,
+};
+use ppir::ops::OpAttrs;
+use ppir::{ArgKind, Attrs, DType, Dim, OpKind, Tensor, TensorData, TensorType};
 
 use super::attrs::NodeAttrs;
 use super::import::{invalid, scalar, unsupported, Fail, Importer, SymInt, Val, BATCH_NEEDED, R};
@@ -138,8 +146,10 @@ impl<T> OrInvalid<T> for Result<T, String> {
     }
 }
 
-fn ints_attr(v: Vec<i64>) -> Attr {
-    Attr::Ints(v)
+/// An attribute set with every attribute at its declared default (sets without required
+/// attributes).
+fn defaults<A: OpAttrs>() -> R<A> {
+    A::of(&Attrs::new()).map_err(|e| Fail::Invalid(e.to_string()))
 }
 
 fn usize_dims(t: &TensorType) -> Option<Vec<i64>> {
@@ -358,42 +368,38 @@ impl Importer<'_> {
             "Identity" => self.req(node, 0)?,
             "LeakyRelu" => {
                 let x = self.req(node, 0)?;
-                let attrs =
-                    Attrs::new().with("alpha", Attr::Float(a.float_or("alpha", 0.01).inv()?));
-                self.op(K::LeakyRelu, attrs, &[x])?
+                let alpha = a.float_or("alpha", 0.01).inv()?;
+                self.op(K::LeakyRelu, LeakyReluAttrs { alpha }.to_attrs(), &[x])?
             }
             "Elu" => {
                 let x = self.req(node, 0)?;
-                let attrs =
-                    Attrs::new().with("alpha", Attr::Float(a.float_or("alpha", 1.0).inv()?));
-                self.op(K::Elu, attrs, &[x])?
+                let alpha = a.float_or("alpha", 1.0).inv()?;
+                self.op(K::Elu, EluAttrs { alpha }.to_attrs(), &[x])?
             }
             "Selu" => {
                 let x = self.req(node, 0)?;
-                let attrs = Attrs::new()
-                    .with(
-                        "alpha",
-                        Attr::Float(a.float_or("alpha", 1.673_263_192_176_818_8).inv()?),
-                    )
-                    .with(
-                        "gamma",
-                        Attr::Float(a.float_or("gamma", 1.050_701_022_148_132_3).inv()?),
-                    );
-                self.op(K::Selu, attrs, &[x])?
+                // ONNX's defaults (f32 values), not ppir's.
+                let attrs = SeluAttrs {
+                    alpha: a.float_or("alpha", 1.673_263_192_176_818_8).inv()?,
+                    gamma: a.float_or("gamma", 1.050_701_022_148_132_3).inv()?,
+                };
+                self.op(K::Selu, attrs.to_attrs(), &[x])?
             }
             "HardSigmoid" => {
                 let x = self.req(node, 0)?;
-                let attrs = Attrs::new()
-                    .with("alpha", Attr::Float(a.float_or("alpha", 0.2).inv()?))
-                    .with("beta", Attr::Float(a.float_or("beta", 0.5).inv()?));
-                self.op(K::HardSigmoid, attrs, &[x])?
+                let attrs = HardSigmoidAttrs {
+                    alpha: a.float_or("alpha", 0.2).inv()?,
+                    beta: a.float_or("beta", 0.5).inv()?,
+                };
+                self.op(K::HardSigmoid, attrs.to_attrs(), &[x])?
             }
             "HardSwish" => {
                 let x = self.req(node, 0)?;
-                let attrs = Attrs::new()
-                    .with("alpha", Attr::Float(1.0 / 6.0))
-                    .with("beta", Attr::Float(0.5));
-                let hs = self.op(K::HardSigmoid, attrs, std::slice::from_ref(&x))?;
+                let attrs = HardSigmoidAttrs {
+                    alpha: 1.0 / 6.0,
+                    beta: 0.5,
+                };
+                let hs = self.op(K::HardSigmoid, attrs.to_attrs(), std::slice::from_ref(&x))?;
                 self.op(K::Mul, Attrs::new(), &[x, hs])?
             }
             "Mish" => {
@@ -404,10 +410,11 @@ impl Importer<'_> {
             }
             "Shrink" => {
                 let x = self.req(node, 0)?;
-                let attrs = Attrs::new()
-                    .with("bias", Attr::Float(a.float_or("bias", 0.0).inv()?))
-                    .with("lambd", Attr::Float(a.float_or("lambd", 0.5).inv()?));
-                self.op(K::Shrink, attrs, &[x])?
+                let attrs = ShrinkAttrs {
+                    bias: a.float_or("bias", 0.0).inv()?,
+                    lambd: a.float_or("lambd", 0.5).inv()?,
+                };
+                self.op(K::Shrink, attrs.to_attrs(), &[x])?
             }
             "Gelu" => {
                 let x = self.req(node, 0)?;
@@ -415,11 +422,10 @@ impl Importer<'_> {
                 if approx != "none" && approx != "tanh" {
                     invalid!("approximate must be \"none\" or \"tanh\", got {approx:?}");
                 }
-                self.op(
-                    K::Gelu,
-                    Attrs::new().with("approximate", Attr::Str(approx)),
-                    &[x],
-                )?
+                let attrs = GeluAttrs {
+                    approximate: approx,
+                };
+                self.op(K::Gelu, attrs.to_attrs(), &[x])?
             }
             "Clip" => self.lower_clip(node, &a)?,
             "Cast" | "CastLike" => {
@@ -429,7 +435,7 @@ impl Importer<'_> {
                 } else {
                     cast_target(&a)?
                 };
-                self.op(K::Cast, Attrs::new().with("to", Attr::DType(to)), &[x])?
+                self.op(K::Cast, CastAttrs { to }.to_attrs(), &[x])?
             }
             "Dropout" => return self.lower_dropout(node, &a),
             "Sum" | "Mean" | "Max" | "Min" => self.lower_variadic(node, op)?,
@@ -441,11 +447,7 @@ impl Importer<'_> {
                 if opset < 7 && st.rank() == 1 && xr >= 2 && st.dims[0] != Dim::Known(1) {
                     let mut shape = vec![-1i64];
                     shape.extend(std::iter::repeat_n(1, xr - 2));
-                    slope = self.op(
-                        K::Reshape,
-                        Attrs::new().with("shape", ints_attr(shape)),
-                        &[slope],
-                    )?;
+                    slope = self.op(K::Reshape, ShapeAttrs { shape }.to_attrs(), &[slope])?;
                 }
                 self.op(K::PRelu, Attrs::new(), &[x, slope])?
             }
@@ -462,12 +464,13 @@ impl Importer<'_> {
                 if let Some(c) = self.input(node, 2)? {
                     operands.push(c);
                 }
-                let attrs = Attrs::new()
-                    .with("alpha", Attr::Float(a.float_or("alpha", 1.0).inv()?))
-                    .with("beta", Attr::Float(a.float_or("beta", 1.0).inv()?))
-                    .with("trans_a", Attr::Int(a.int_or("transA", 0).inv()?))
-                    .with("trans_b", Attr::Int(a.int_or("transB", 0).inv()?));
-                self.op(K::Gemm, attrs, &operands)?
+                let attrs = GemmAttrs {
+                    alpha: a.float_or("alpha", 1.0).inv()?,
+                    beta: a.float_or("beta", 1.0).inv()?,
+                    trans_a: a.int_or("transA", 0).inv()? != 0,
+                    trans_b: a.int_or("transB", 0).inv()? != 0,
+                };
+                self.op(K::Gemm, attrs.to_attrs(), &operands)?
             }
             "Conv" => self.lower_conv(node, &a)?,
             "ConvTranspose" => self.lower_conv_transpose(node, &a)?,
@@ -491,8 +494,8 @@ impl Importer<'_> {
             "BatchNormalization" => self.lower_batch_norm(node, &a)?,
             "InstanceNormalization" => {
                 let (x, s, b) = (self.req(node, 0)?, self.req(node, 1)?, self.req(node, 2)?);
-                let attrs =
-                    Attrs::new().with("epsilon", Attr::Float(a.float_or("epsilon", 1e-5).inv()?));
+                let epsilon = a.float_or("epsilon", 1e-5).inv()?;
+                let attrs = InstanceNormAttrs { epsilon }.to_attrs();
                 self.op(K::InstanceNorm, attrs, &[x, s, b])?
             }
             "LayerNormalization" => {
@@ -500,22 +503,24 @@ impl Importer<'_> {
                 if let Some(b) = self.input(node, 2)? {
                     operands.push(b);
                 }
-                let attrs = Attrs::new()
-                    .with("axis", Attr::Int(a.int_or("axis", -1).inv()?))
-                    .with("epsilon", Attr::Float(a.float_or("epsilon", 1e-5).inv()?));
-                self.op(K::LayerNorm, attrs, &operands)?
+                let attrs = LayerNormAttrs {
+                    axis: a.int_or("axis", -1).inv()?,
+                    epsilon: a.float_or("epsilon", 1e-5).inv()?,
+                };
+                self.op(K::LayerNorm, attrs.to_attrs(), &operands)?
             }
             "LRN" => {
                 let x = self.req(node, 0)?;
                 let Some(size) = a.int("size").inv()? else {
                     invalid!("attribute `size` is required")
                 };
-                let attrs = Attrs::new()
-                    .with("size", Attr::Int(size))
-                    .with("alpha", Attr::Float(a.float_or("alpha", 1e-4).inv()?))
-                    .with("beta", Attr::Float(a.float_or("beta", 0.75).inv()?))
-                    .with("bias", Attr::Float(a.float_or("bias", 1.0).inv()?));
-                self.op(K::Lrn, attrs, &[x])?
+                let attrs = LrnAttrs {
+                    size,
+                    alpha: a.float_or("alpha", 1e-4).inv()?,
+                    beta: a.float_or("beta", 0.75).inv()?,
+                    bias: a.float_or("bias", 1.0).inv()?,
+                };
+                self.op(K::Lrn, attrs.to_attrs(), &[x])?
             }
             "Softmax" | "LogSoftmax" => {
                 let k = if op == "Softmax" {
@@ -532,8 +537,8 @@ impl Importer<'_> {
             "Reshape" => self.lower_reshape(node, &a)?,
             "Flatten" => {
                 let x = self.req(node, 0)?;
-                let attrs = Attrs::new().with("axis", Attr::Int(a.int_or("axis", 1).inv()?));
-                self.op(K::Flatten, attrs, &[x])?
+                let axis = a.int_or("axis", 1).inv()?;
+                self.op(K::Flatten, FlattenAttrs { axis }.to_attrs(), &[x])?
             }
             "Transpose" => {
                 let x = self.req(node, 0)?;
@@ -542,11 +547,8 @@ impl Importer<'_> {
                     .ints("perm")
                     .inv()?
                     .unwrap_or_else(|| (0..rank as i64).rev().collect());
-                self.op(
-                    K::Transpose,
-                    Attrs::new().with("perm", ints_attr(perm)),
-                    &[x],
-                )?
+                let attrs = TransposeAttrs { perm: Some(perm) };
+                self.op(K::Transpose, attrs.to_attrs(), &[x])?
             }
             "Concat" => {
                 let Some(axis) = a.int("axis").inv()? else {
@@ -558,14 +560,14 @@ impl Importer<'_> {
                 if xs.is_empty() {
                     invalid!("needs at least one input");
                 }
-                self.op(K::Concat, Attrs::new().with("axis", Attr::Int(axis)), &xs)?
+                self.op(K::Concat, ConcatAttrs { axis }.to_attrs(), &xs)?
             }
             "Split" => return self.lower_split(node, &a),
             "Slice" => self.lower_slice(node, &a)?,
             "Gather" => {
                 let (data, idx) = (self.req(node, 0)?, self.req(node, 1)?);
-                let attrs = Attrs::new().with("axis", Attr::Int(a.int_or("axis", 0).inv()?));
-                self.op(K::Gather, attrs, &[data, idx])?
+                let axis = a.int_or("axis", 0).inv()?;
+                self.op(K::Gather, GatherAttrs { axis }.to_attrs(), &[data, idx])?
             }
             "Expand" => self.lower_expand(node)?,
             "Pad" => self.lower_pad(node, &a)?,
@@ -574,11 +576,7 @@ impl Importer<'_> {
                 let Some(repeats) = self.static_ints(node, 1, "repeats")? else {
                     invalid!("input 1 (repeats) is missing")
                 };
-                self.op(
-                    K::Tile,
-                    Attrs::new().with("repeats", ints_attr(repeats)),
-                    &[x],
-                )?
+                self.op(K::Tile, TileAttrs { repeats }.to_attrs(), &[x])?
             }
             "Squeeze" => {
                 let x = self.req(node, 0)?;
@@ -594,7 +592,7 @@ impl Importer<'_> {
                         .filter(|&i| dims[i as usize] == Dim::Known(1))
                         .collect(),
                 };
-                self.op(K::Squeeze, Attrs::new().with("axes", ints_attr(axes)), &[x])?
+                self.op(K::Squeeze, SqueezeAttrs { axes }.to_attrs(), &[x])?
             }
             "Unsqueeze" => {
                 let x = self.req(node, 0)?;
@@ -606,11 +604,7 @@ impl Importer<'_> {
                 let Some(axes) = axes else {
                     invalid!("`axes` is required")
                 };
-                self.op(
-                    K::Unsqueeze,
-                    Attrs::new().with("axes", ints_attr(axes)),
-                    &[x],
-                )?
+                self.op(K::Unsqueeze, UnsqueezeAttrs { axes }.to_attrs(), &[x])?
             }
             "Constant" => self.lower_constant(&a)?,
             "ConstantOfShape" => {
@@ -808,21 +802,14 @@ impl Importer<'_> {
                     items
                         .iter()
                         .map(|v| {
-                            self.op(
-                                K::Unsqueeze,
-                                Attrs::new().with("axes", ints_attr(vec![ax])),
-                                std::slice::from_ref(v),
-                            )
+                            let attrs = UnsqueezeAttrs { axes: vec![ax] };
+                            self.op(K::Unsqueeze, attrs.to_attrs(), std::slice::from_ref(v))
                         })
                         .collect::<R<Vec<_>>>()?
                 } else {
                     items
                 };
-                self.op(
-                    K::Concat,
-                    Attrs::new().with("axis", Attr::Int(axis)),
-                    &items,
-                )?
+                self.op(K::Concat, ConcatAttrs { axis }.to_attrs(), &items)?
             }
             "SplitToSequence" => self.lower_split_to_sequence(node, &a)?,
             _ => {
@@ -871,11 +858,7 @@ impl Importer<'_> {
                     let axes: Vec<i64> = (yt.rank()..yt.rank() + trailing)
                         .map(|i| i as i64)
                         .collect();
-                    y = self.op(
-                        OpKind::Unsqueeze,
-                        Attrs::new().with("axes", ints_attr(axes)),
-                        &[y],
-                    )?;
+                    y = self.op(OpKind::Unsqueeze, UnsqueezeAttrs { axes }.to_attrs(), &[y])?;
                 }
             }
         }
@@ -883,7 +866,7 @@ impl Importer<'_> {
         if kind == OpKind::Pow {
             let (dx, dy) = (self.ty(&x)?.dtype, self.ty(&y)?.dtype);
             if dx != dy {
-                y = self.op(OpKind::Cast, Attrs::new().with("to", Attr::DType(dx)), &[y])?;
+                y = self.op(OpKind::Cast, CastAttrs { to: dx }.to_attrs(), &[y])?;
             }
         }
         self.op(kind, Attrs::new(), &[x, y])
@@ -916,14 +899,14 @@ impl Importer<'_> {
     fn lower_clip(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
         let x = self.req(node, 0)?;
         if self.opset < 11 {
-            let lo = a.float_or("min", f64::NEG_INFINITY).inv()?;
-            let hi = a.float_or("max", f64::INFINITY).inv()?;
-            let attrs = Attrs::new()
-                .with("min", Attr::Float(lo))
-                .with("max", Attr::Float(hi));
-            return self.op(OpKind::Clip, attrs, &[x]);
+            let attrs = ClipAttrs {
+                min: a.float_or("min", f64::NEG_INFINITY).inv()?,
+                max: a.float_or("max", f64::INFINITY).inv()?,
+            };
+            return self.op(OpKind::Clip, attrs.to_attrs(), &[x]);
         }
-        let mut attrs = Attrs::new();
+        // Bounds not given stay unbounded (the declared defaults).
+        let mut bounds: ClipAttrs = defaults()?;
         let mut runtime = vec![];
         for (i, name) in [(1, "min"), (2, "max")] {
             let Some(v) = self.input(node, i)? else {
@@ -931,13 +914,18 @@ impl Importer<'_> {
             };
             match self.static_tensor(&v)? {
                 Some(t) if t.num_elements() == 1 => {
-                    attrs.set(name, Attr::Float(t.to_f64_vec()[0]));
+                    let bound = if i == 1 {
+                        &mut bounds.min
+                    } else {
+                        &mut bounds.max
+                    };
+                    *bound = t.to_f64_vec()[0];
                 }
                 Some(t) => invalid!("{name} must be a scalar, it has shape {:?}", t.shape),
                 None => runtime.push((name, v)),
             }
         }
-        let mut y = self.op(OpKind::Clip, attrs, &[x])?;
+        let mut y = self.op(OpKind::Clip, bounds.to_attrs(), &[x])?;
         // Bounds computed at run time: max(x, min) then min(.., max).
         for (name, v) in runtime {
             let k = if name == "min" {
@@ -962,13 +950,17 @@ impl Importer<'_> {
                 != 0.0;
             (ratio, training)
         };
-        let mut attrs = Attrs::new().with("ratio", Attr::Float(ratio));
+        let mut dropout = DropoutAttrs {
+            ratio,
+            training,
+            ..defaults()?
+        };
         if training {
-            attrs.set("training", Attr::Int(1));
             if let Some(seed) = a.int("seed").inv()? {
-                attrs.set("seed", Attr::Int(seed));
+                dropout.seed = seed;
             }
         }
+        let attrs = dropout.to_attrs();
         let wants_mask = node.output.get(1).is_some_and(|o| !o.is_empty());
         if !wants_mask {
             return Ok(vec![self.op(OpKind::Dropout, attrs, &[x])?]);
@@ -1048,16 +1040,17 @@ impl Importer<'_> {
             },
         };
         let (strides, pads, dilations) = self.conv_common(a, &x, &kernel)?;
-        let attrs = Attrs::new()
-            .with("strides", ints_attr(strides))
-            .with("pads", ints_attr(pads))
-            .with("dilations", ints_attr(dilations))
-            .with("group", Attr::Int(a.int_or("group", 1).inv()?));
+        let attrs = ConvAttrs {
+            strides: Some(strides),
+            pads: Some(pads),
+            dilations: Some(dilations),
+            group: a.int_or("group", 1).inv()?,
+        };
         let mut operands = vec![x, w];
         if let Some(b) = self.input(node, 2)? {
             operands.push(b);
         }
-        self.op(OpKind::Conv, attrs, &operands)
+        self.op(OpKind::Conv, attrs.to_attrs(), &operands)
     }
 
     fn lower_conv_transpose(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
@@ -1118,17 +1111,18 @@ impl Importer<'_> {
         } else {
             a.ints("pads").inv()?.unwrap_or_else(|| vec![0; 2 * n])
         };
-        let attrs = Attrs::new()
-            .with("strides", ints_attr(strides))
-            .with("pads", ints_attr(pads))
-            .with("dilations", ints_attr(dilations))
-            .with("output_padding", ints_attr(output_padding))
-            .with("group", Attr::Int(a.int_or("group", 1).inv()?));
+        let attrs = ConvTransposeAttrs {
+            strides: Some(strides),
+            pads: Some(pads),
+            dilations: Some(dilations),
+            output_padding: Some(output_padding),
+            group: a.int_or("group", 1).inv()?,
+        };
         let mut operands = vec![x, w];
         if let Some(b) = self.input(node, 2)? {
             operands.push(b);
         }
-        self.op(OpKind::ConvTranspose, attrs, &operands)
+        self.op(OpKind::ConvTranspose, attrs.to_attrs(), &operands)
     }
 
     fn lower_pool(&mut self, node: &NodeProto, a: &NodeAttrs, kind: OpKind) -> R<Val> {
@@ -1137,22 +1131,30 @@ impl Importer<'_> {
             invalid!("attribute `kernel_shape` is required")
         };
         let (strides, pads, dilations) = self.conv_common(a, &x, &kernel)?;
-        let mut attrs = Attrs::new()
-            .with("kernel_shape", ints_attr(kernel))
-            .with("strides", ints_attr(strides))
-            .with("pads", ints_attr(pads))
-            .with("ceil_mode", Attr::Int(a.int_or("ceil_mode", 0).inv()?));
-        if kind == OpKind::MaxPool {
-            attrs.set("dilations", ints_attr(dilations));
+        let ceil_mode = a.int_or("ceil_mode", 0).inv()? != 0;
+        let attrs = if kind == OpKind::MaxPool {
+            MaxPoolAttrs {
+                kernel_shape: kernel,
+                strides: Some(strides),
+                pads: Some(pads),
+                dilations: Some(dilations),
+                ceil_mode,
+            }
+            .to_attrs()
         } else {
             if dilations.iter().any(|&d| d != 1) {
                 unsupported!("AveragePool with dilations {dilations:?}");
             }
-            attrs.set(
-                "count_include_pad",
-                Attr::Int(a.int_or("count_include_pad", 0).inv()?),
-            );
-        }
+            AvgPoolAttrs {
+                kernel_shape: kernel,
+                strides: Some(strides),
+                pads: Some(pads),
+                dilations: None,
+                ceil_mode,
+                count_include_pad: a.int_or("count_include_pad", 0).inv()? != 0,
+            }
+            .to_attrs()
+        };
         self.op(kind, attrs, &[x])
     }
 
@@ -1176,9 +1178,11 @@ impl Importer<'_> {
             operands.push(v);
         }
         // `momentum` only matters when training updates the running statistics.
-        let attrs = Attrs::new()
-            .with("epsilon", Attr::Float(a.float_or("epsilon", 1e-5).inv()?))
-            .with("momentum", Attr::Float(a.float_or("momentum", 0.9).inv()?));
+        let attrs = BatchNormAttrs {
+            epsilon: a.float_or("epsilon", 1e-5).inv()?,
+            momentum: a.float_or("momentum", 0.9).inv()?,
+        }
+        .to_attrs();
         if operands.iter().all(Val::is_foldable) {
             return self.op(OpKind::BatchNorm, attrs, &operands);
         }
@@ -1203,13 +1207,13 @@ impl Importer<'_> {
         let rank = dims.len();
         if self.opset >= 13 {
             let axis = a.int_or("axis", -1).inv()?;
-            return self.op(kind, Attrs::new().with("axis", Attr::Int(axis)), &[x]);
+            return self.op(kind, SoftmaxAttrs { axis }.to_attrs(), &[x]);
         }
         // Before opset 13: the input is coerced to 2-D [d0*..*d(axis-1), d(axis)*..*d(n-1)]
         // and normalised along the second dimension.
         let axis = norm_axis(a.int_or("axis", 1).inv()?, rank.max(1))?;
         if rank == 0 || axis + 1 >= rank {
-            return self.op(kind, Attrs::new().with("axis", Attr::Int(-1)), &[x]);
+            return self.op(kind, SoftmaxAttrs { axis: -1 }.to_attrs(), &[x]);
         }
         let group = |ds: &[Dim]| -> R<i64> {
             let batch = ds.iter().filter(|d| **d == Dim::Batch).count();
@@ -1230,10 +1234,13 @@ impl Importer<'_> {
         }
         let flat = self.op(
             OpKind::Reshape,
-            Attrs::new().with("shape", ints_attr(vec![outer, inner])),
+            ShapeAttrs {
+                shape: vec![outer, inner],
+            }
+            .to_attrs(),
             &[x],
         )?;
-        let y = self.op(kind, Attrs::new().with("axis", Attr::Int(1)), &[flat])?;
+        let y = self.op(kind, SoftmaxAttrs { axis: 1 }.to_attrs(), &[flat])?;
         let back: Vec<i64> = dims
             .iter()
             .map(|d| d.known().map_or(-1, |n| n as i64))
@@ -1241,11 +1248,7 @@ impl Importer<'_> {
         if back.iter().filter(|&&d| d == -1).count() > 1 {
             unsupported!("{}", BATCH_NEEDED);
         }
-        self.op(
-            OpKind::Reshape,
-            Attrs::new().with("shape", ints_attr(back)),
-            &[y],
-        )
+        self.op(OpKind::Reshape, ShapeAttrs { shape: back }.to_attrs(), &[y])
     }
 
     fn lower_reduce(&mut self, node: &NodeProto, a: &NodeAttrs, op: &str) -> R<Val> {
@@ -1261,13 +1264,12 @@ impl Importer<'_> {
             a.ints("axes").inv()?
         }
         .unwrap_or_default();
-        let keepdims = a.int_or("keepdims", 1).inv()?;
+        let keepdims = a.int_or("keepdims", 1).inv()? != 0;
         if axes.is_empty() && axes_are_input && a.int_or("noop_with_empty_axes", 0).inv()? != 0 {
             return Ok(x);
         }
-        let attrs = Attrs::new()
-            .with("axes", ints_attr(axes))
-            .with("keepdims", Attr::Int(keepdims));
+        let reduce = ReduceAttrs { axes, keepdims };
+        let attrs = reduce.to_attrs();
         let k = OpKind::ReduceSum;
         Ok(match op {
             "ReduceSum" => self.op(k, attrs, &[x])?,
@@ -1293,13 +1295,17 @@ impl Importer<'_> {
             }
             _ => {
                 // log(sum(exp(x - max))) + max, the stable form.
-                let keep = attrs.clone().with("keepdims", Attr::Int(1));
+                let keep = ReduceAttrs {
+                    keepdims: true,
+                    ..reduce
+                }
+                .to_attrs();
                 let m = self.op(OpKind::ReduceMax, keep, std::slice::from_ref(&x))?;
                 let d = self.op(OpKind::Sub, Attrs::new(), &[x, m.clone()])?;
                 let e = self.op(OpKind::Exp, Attrs::new(), &[d])?;
                 let s = self.op(k, attrs.clone(), &[e])?;
                 let l = self.op(OpKind::Log, Attrs::new(), &[s])?;
-                let m = if keepdims == 0 {
+                let m = if !keepdims {
                     self.op(OpKind::ReduceMax, attrs, &[m])?
                 } else {
                     m
@@ -1322,11 +1328,7 @@ impl Importer<'_> {
         let allowzero = self.opset >= 14 && a.int_or("allowzero", 0).inv()? != 0;
         let in_dims = self.dims_of(&x)?;
         let shape = resolve_reshape(&in_dims, &spec, allowzero)?;
-        self.op(
-            OpKind::Reshape,
-            Attrs::new().with("shape", ints_attr(shape)),
-            &[x],
-        )
+        self.op(OpKind::Reshape, ShapeAttrs { shape }.to_attrs(), &[x])
     }
 
     fn lower_expand(&mut self, node: &NodeProto) -> R<Val> {
@@ -1350,11 +1352,7 @@ impl Importer<'_> {
                 }
             }
         }
-        self.op(
-            OpKind::Expand,
-            Attrs::new().with("shape", ints_attr(shape)),
-            &[x],
-        )
+        self.op(OpKind::Expand, ShapeAttrs { shape }.to_attrs(), &[x])
     }
 
     fn lower_pad(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
@@ -1396,11 +1394,8 @@ impl Importer<'_> {
         if pads.len() != 2 * rank {
             invalid!("pads has {} entries, the input has rank {rank}", pads.len());
         }
-        let attrs = Attrs::new()
-            .with("pads", ints_attr(pads))
-            .with("mode", Attr::Str(mode))
-            .with("value", Attr::Float(value));
-        self.op(OpKind::Pad, attrs, &[x])
+        let attrs = PadAttrs { pads, mode, value };
+        self.op(OpKind::Pad, attrs.to_attrs(), &[x])
     }
 
     fn lower_slice(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
@@ -1431,14 +1426,13 @@ impl Importer<'_> {
         {
             invalid!("starts, ends, axes and steps must have the same length");
         }
-        let axes = axes.unwrap_or_else(|| (0..n as i64).collect());
-        let steps = steps.unwrap_or_else(|| vec![1; n]);
-        let attrs = Attrs::new()
-            .with("starts", ints_attr(starts))
-            .with("ends", ints_attr(ends))
-            .with("axes", ints_attr(axes))
-            .with("steps", ints_attr(steps));
-        self.op(OpKind::Slice, attrs, &[x])
+        let attrs = SliceAttrs {
+            starts,
+            ends,
+            axes: Some(axes.unwrap_or_else(|| (0..n as i64).collect())),
+            steps: Some(steps.unwrap_or_else(|| vec![1; n])),
+        };
+        self.op(OpKind::Slice, attrs.to_attrs(), &[x])
     }
 
     /// Sizes of an equal split of `dim` into `parts` (the last part smaller if uneven).
@@ -1494,10 +1488,8 @@ impl Importer<'_> {
         if sizes.len() != n_out {
             invalid!("{} split sizes for {n_out} outputs", sizes.len());
         }
-        let attrs = Attrs::new()
-            .with("axis", Attr::Int(axis))
-            .with("split", ints_attr(sizes));
-        self.op_n(OpKind::Split, attrs, &[x], n_out)
+        let attrs = SplitAttrs { axis, split: sizes };
+        self.op_n(OpKind::Split, attrs.to_attrs(), &[x], n_out)
     }
 
     fn lower_split_to_sequence(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
@@ -1562,21 +1554,18 @@ impl Importer<'_> {
             return Ok(Val::Seq(vec![]));
         }
         let n = sizes.len();
-        let attrs = Attrs::new()
-            .with("axis", Attr::Int(axis))
-            .with("split", ints_attr(sizes));
-        let parts = self.op_n(OpKind::Split, attrs, &[x], n)?;
+        let attrs = SplitAttrs { axis, split: sizes };
+        let parts = self.op_n(OpKind::Split, attrs.to_attrs(), &[x], n)?;
         if !squeeze {
             return Ok(Val::Seq(parts));
         }
         let items = parts
             .into_iter()
             .map(|p| {
-                self.op(
-                    OpKind::Squeeze,
-                    Attrs::new().with("axes", ints_attr(vec![ax as i64])),
-                    &[p],
-                )
+                let attrs = SqueezeAttrs {
+                    axes: vec![ax as i64],
+                };
+                self.op(OpKind::Squeeze, attrs.to_attrs(), &[p])
             })
             .collect::<R<Vec<_>>>()?;
         Ok(Val::Seq(items))
