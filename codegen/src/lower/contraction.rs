@@ -1148,10 +1148,8 @@ fn conv(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
             "group {g} must divide the {c} input and {m} output channels, and w {ws:?} must have C/group input channels"
         )));
     }
-    // `kernel_shape` is not in `conv`'s declared attribute set; when present (as the
-    // interpreter also accepts) it must agree with w.
-    let kattr = op.op.attrs.ints("kernel_shape");
-    if let Some(kattr) = kattr.map_err(|e| op.attr_err(e))? {
+    // An optional `kernel_shape` must agree with w.
+    if let Some(kattr) = &a.kernel_shape {
         if kattr.len() != nsp || kattr.iter().zip(&ks).any(|(&a, &b)| a < 0 || a as u64 != b) {
             return Err(op.invalid(format!(
                 "kernel_shape {kattr:?} disagrees with w of shape {ws:?}"

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use ppcc_plugin::{Options, OptionsError};
-use ppir::{Attr, Function, Module, OpKind, Tensor, TensorData, ValueId};
+use ppir::{Function, Module, OpKind, Tensor, TensorData, ValueId};
 
 /// Why a pass of this plugin refused its input.
 #[derive(Debug, thiserror::Error)]
@@ -152,10 +152,7 @@ fn splat(f: &Function, v: ValueId) -> Option<f64> {
     if op.kind != OpKind::Constant {
         return None;
     }
-    let t: &Tensor = match op.attrs.get("value") {
-        Some(Attr::Tensor(t)) => t,
-        _ => return None,
-    };
+    let t: &Tensor = ppir::ops::attrs::ConstantAttrs::value_ref(&op.attrs).ok()?;
     let first = match &t.data {
         TensorData::Float(d) => *d.first()?,
         TensorData::Int(d) => *d.first()? as f64,

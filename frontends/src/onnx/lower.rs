@@ -1045,6 +1045,7 @@ impl Importer<'_> {
             pads: Some(pads),
             dilations: Some(dilations),
             group: a.int_or("group", 1).inv()?,
+            kernel_shape: None,
         };
         let mut operands = vec![x, w];
         if let Some(b) = self.input(node, 2)? {

@@ -32,8 +32,11 @@ pub enum SplitParamsError {
     Weight { name: String, message: String },
 }
 
-/// The pieces of `p` if it qualifies: (axis, [(start, end, slice op result)]) sorted.
-fn pieces_of(f: &Function, p: ValueId) -> Option<(usize, Vec<(u64, u64, Vec<ValueId>)>)> {
+/// One piece of a parameter: `[start, end)` along the axis, and the slices reading it.
+type Piece = (u64, u64, Vec<ValueId>);
+
+/// The pieces of `p` if it qualifies: (axis, pieces in order).
+fn pieces_of(f: &Function, p: ValueId) -> Option<(usize, Vec<Piece>)> {
     let ty = f.ty(p);
     let shape = ty.static_shape()?;
     let rank = shape.len() as i64;
