@@ -74,6 +74,14 @@ pub struct CompileArgs {
     /// partitioner balances the rest.
     #[arg(long, value_name = "NAME,NAME")]
     pub stage_layout: Option<String>,
+    /// Split ops into K independent pieces before partitioning, so that one large op (an
+    /// LM head) can be spread over devices: NODE=K or NODE=K:AXIS (AXIS m, n or k: rows,
+    /// columns or the contraction; otherwise the cheapest), comma-separated. NODE is an
+    /// ONNX node name, or the prefix of the one MatMul/Gemm under it (`lm_head` for
+    /// `lm_head/MatMul`). Weights read in pieces become one parameter per piece;
+    /// `ppcc run --save-onnx` joins them back.
+    #[arg(long, value_name = "NODE=K[:AXIS],...")]
+    pub split: Option<String>,
     /// Write only the plan (plan.json, schedule.csv, timeline.svg, trace.json), not the
     /// per-stage programs: for exploring plans quickly.
     #[arg(long)]
@@ -138,6 +146,7 @@ impl CompileArgs {
             target: self.target,
             cuda_arch: self.cuda_arch.clone(),
             keep_mlir: self.keep_mlir,
+            split: self.split.clone(),
             program: self.program.options(),
         })
     }

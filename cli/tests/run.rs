@@ -126,6 +126,92 @@ fn gpt_run_equals_train() {
     matches_train("examples/gpt.onnx", &["--microbatches", "1"]);
 }
 
+/// `--split`: a plan whose ops are cut into pieces (the LM head along its vocabulary or
+/// its contraction, an MLP's layers) trains like the unsplit model on one device, on the
+/// interpreter and as native code, and `--save-onnx` writes the original, joined weights.
+#[test]
+fn split_ops_train_like_the_unsplit_model() {
+    for (model, opts, split, stages) in [
+        (
+            "examples/gpt.onnx",
+            ["--microbatches", "1"],
+            "lm_head=2",
+            "2",
+        ),
+        (
+            "examples/gpt.onnx",
+            ["--microbatches", "1"],
+            "lm_head=3:k",
+            "4",
+        ),
+        (
+            "examples/mlp.onnx",
+            ["--microbatches", "4"],
+            "fc1=2:n,fc2=2:k,fc3=2",
+            "2",
+        ),
+    ] {
+        let mut targs = vec!["train", model, "--steps", "6", "--target", "interp"];
+        targs.extend_from_slice(&opts);
+        let reference = ppcc(&targs);
+        assert!(reference.ok, "{}", reference.stderr);
+        let want = losses(&reference.stdout);
+        let dir = tmp(&format!(
+            "split-{}-{stages}",
+            split.replace([',', ':', '='], "_")
+        ));
+        let mut extra = vec!["--stages", stages, "--split", split];
+        extra.extend_from_slice(&opts);
+        compile(model, &dir, &extra);
+        let plan = std::fs::read_to_string(dir.join("plan.json")).unwrap();
+        assert!(
+            plan.contains("\"splits\""),
+            "{split}: plan.json records the splits"
+        );
+        for target in ["interp", "cpu"] {
+            let saved = dir.join(format!("trained-{target}.onnx"));
+            let out = ppcc(&[
+                "run",
+                dir.to_str().unwrap(),
+                "--steps",
+                "6",
+                "--target",
+                target,
+                "--save-onnx",
+                saved.to_str().unwrap(),
+            ]);
+            assert!(out.ok, "{model} {split} --target {target}: {}", out.stderr);
+            assert_same(
+                &format!("{model} --split {split} --target {target}"),
+                &losses(&out.stdout),
+                &want,
+            );
+            // The saved model has the original weights' shapes: it imports and trains.
+            let mut again = vec!["train", saved.to_str().unwrap(), "--steps", "1"];
+            again.extend_from_slice(&opts);
+            let out = ppcc(&again);
+            assert!(out.ok, "{model} {split}: the saved model: {}", out.stderr);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // Errors name the node.
+    let dir = tmp("split-bad");
+    let out = ppcc(&[
+        "examples/mlp.onnx",
+        "-o",
+        dir.to_str().unwrap(),
+        "--split",
+        "nope=2",
+    ]);
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("no op is named `nope`"),
+        "{}",
+        out.stderr
+    );
+    assert!(!dir.join("plan.json").exists());
+}
+
 #[test]
 fn a_failing_device_stops_the_run() {
     let dir = tmp("fault");

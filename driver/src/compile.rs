@@ -102,6 +102,8 @@ pub struct CompileOptions {
     pub cuda_arch: String,
     /// Keep every intermediate form of the generated code.
     pub keep_mlir: bool,
+    /// Ops to split into pieces before partitioning (`NODE=K[:AXIS],...`).
+    pub split: Option<String>,
     pub program: ProgramOptions,
 }
 
@@ -125,6 +127,7 @@ impl CompileOptions {
             target: Target::Cpu,
             cuda_arch: "sm_90".into(),
             keep_mlir: false,
+            split: None,
             program: ProgramOptions::default(),
         }
     }
@@ -136,6 +139,8 @@ impl CompileOptions {
 pub enum Point {
     /// The imported model, its batch bound to the micro-batch size (`@main`).
     Import,
+    /// `@main` after the e-graph rewriter (`--split`): split ops and their weights.
+    Rewrite,
     /// `@main` with every op tagged with its stage by the chosen partition.
     Partition,
     /// `@grad` (autodiff, loss appended), `@optim` and `@accumulate` added.
@@ -146,8 +151,9 @@ pub enum Point {
 
 impl Point {
     /// Every point, in pipeline order.
-    pub const ALL: [Point; 4] = [
+    pub const ALL: [Point; 5] = [
         Point::Import,
+        Point::Rewrite,
         Point::Partition,
         Point::TrainingProgram,
         Point::Split,
@@ -156,6 +162,7 @@ impl Point {
     pub fn name(self) -> &'static str {
         match self {
             Point::Import => "import",
+            Point::Rewrite => "rewrite",
             Point::Partition => "partition",
             Point::TrainingProgram => "training-program",
             Point::Split => "split",
@@ -200,11 +207,17 @@ pub struct Step {
 }
 
 /// The steps of the compile pipeline, in order.
-pub const STEPS: [Step; 7] = [
+pub const STEPS: [Step; 8] = [
     Step {
         name: "import",
         description: "import the ONNX model; bind its batch to the micro-batch size",
         point: Some(Point::Import),
+        needs_program: false,
+    },
+    Step {
+        name: "rewrite",
+        description: "e-graph rewriting (egg): split the --split ops into pieces, their weights into one parameter per piece",
+        point: Some(Point::Rewrite),
         needs_program: false,
     },
     Step {
@@ -484,6 +497,15 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         ),
         _ => None,
     };
+    let split_targets = a
+        .split
+        .as_deref()
+        .map(|s| {
+            ppcc_passes::rewrite::parse_split_list(&s.replace(',', ";"))
+                .map_err(|e| invalid!("--split: {e}"))
+        })
+        .transpose()?
+        .filter(|t| !t.is_empty());
     check_output_dir(&output, a.force)?;
     let profile = load_profile(&a.device_profile)?;
     let memory_limit = a
@@ -581,6 +603,16 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     c.progress("importing");
     let mut module = prepared.module;
     c.at_point(Point::Import, &mut module)?;
+    let (weight_pieces, splits) = match &split_targets {
+        Some(targets) => {
+            c.progress("rewriting");
+            let (pieces, splits, report) = rewrite_split(&mut module, targets)?;
+            (c.events)(Event::Note(report));
+            (pieces, splits)
+        }
+        None => Default::default(),
+    };
+    c.at_point(Point::Rewrite, &mut module)?;
     // Notes from the op timer (which runs inside the planner, on its threads).
     let timer_notes: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
     let optimizer = a.program.optimizer(microbatches)?;
@@ -795,6 +827,8 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         prepared_micro: prepared.micro,
         onnx_name: &prepared.onnx_name,
         weight_sources: &prepared.weight_sources,
+        weight_pieces: &weight_pieces,
+        splits: &splits,
         plan_seconds,
         native_times: native_times.as_deref(),
         model_prediction: model_prediction.clone(),
@@ -994,6 +1028,8 @@ struct PlanDoc<'a> {
     prepared_micro: u64,
     onnx_name: &'a std::collections::HashMap<String, String>,
     weight_sources: &'a std::collections::BTreeMap<String, String>,
+    weight_pieces: &'a std::collections::BTreeMap<String, doc::WeightPieces>,
+    splits: &'a [doc::SplitDoc],
     plan_seconds: f64,
     /// Per stage: measured seconds of the native fwd, bwd_input, bwd_weight, optim.
     native_times: Option<&'a [[f64; 4]]>,
@@ -1129,6 +1165,7 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
         target: d.a.target.name().into(),
         channels: None,
         training: None,
+        splits: d.splits.to_vec(),
         phases: None,
         files: None,
     };
@@ -1174,6 +1211,7 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
         params: info.params.clone(),
         updated_states: info.updated_states.clone(),
         weight_sources: d.weight_sources.clone(),
+        weight_pieces: d.weight_pieces.clone(),
         optimizer: doc::Optimizer {
             kind: o.kind.name().into(),
             lr: o.lr,
@@ -1227,4 +1265,51 @@ fn time_stage(
         6,
     )
     .map_err(|e| invalid!("timing stage {}: {e}", st.stage))
+}
+
+/// Split the `--split` ops of `@main` with the e-graph rewriter and make the weights read
+/// in pieces one parameter per piece; returns the pieces (for the plan), the splits and
+/// the rewriter's report line.
+fn rewrite_split(
+    module: &mut Module,
+    targets: &[ppcc_passes::rewrite::rules::SplitTarget],
+) -> Result<(
+    std::collections::BTreeMap<String, doc::WeightPieces>,
+    Vec<doc::SplitDoc>,
+    String,
+)> {
+    use ppcc_passes::rewrite::{params::split_params, rewrite_function, RewriteOptions};
+    let f = module
+        .function("main")
+        .ok_or_else(|| invalid!("the imported module has no @main"))?;
+    let opts = RewriteOptions {
+        split: targets.to_vec(),
+        ..Default::default()
+    };
+    let (out, report) = rewrite_function(module, f, &opts).map_err(|e| invalid!("--split: {e}"))?;
+    if let Some(slot) = module.function_mut("main") {
+        *slot = out;
+    }
+    let pieces = split_params(module, "main").map_err(|e| invalid!("--split: {e}"))?;
+    let pieces = pieces
+        .into_iter()
+        .map(|w| {
+            (
+                w.original,
+                doc::WeightPieces {
+                    axis: w.axis,
+                    pieces: w.pieces,
+                },
+            )
+        })
+        .collect();
+    let splits = report
+        .splits
+        .iter()
+        .map(|(node, what)| doc::SplitDoc {
+            node: node.clone(),
+            what: what.clone(),
+        })
+        .collect();
+    Ok((pieces, splits, report.to_string()))
 }

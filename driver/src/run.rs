@@ -948,6 +948,22 @@ fn save_onnx(plan: &PlanSpec, out: &Path, weights: &BTreeMap<String, Tensor>) ->
             model.display()
         )
     })?;
+    // Weights `--split` cut into pieces are joined back: the saved model has the original
+    // weights.
+    let mut weights = weights.clone();
+    if let Some(t) = &plan.doc.training {
+        let splits: Vec<ppcc_passes::rewrite::params::WeightSplit> = t
+            .weight_pieces
+            .iter()
+            .map(|(name, p)| ppcc_passes::rewrite::params::WeightSplit {
+                original: name.clone(),
+                axis: p.axis,
+                pieces: p.pieces.clone(),
+            })
+            .collect();
+        ppcc_passes::rewrite::params::join_pieces(&mut weights, &splits)
+            .map_err(|e| invalid!("--save-onnx: {e}"))?;
+    }
     let trained: BTreeMap<String, Tensor> = weights
         .iter()
         .filter_map(|(k, v)| Some((plan.weight_sources.get(k)?.clone(), v.clone())))

@@ -86,6 +86,9 @@ pub struct Plan {
     /// The training program's data, loss and optimizer (with a program).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training: Option<Training>,
+    /// Ops split into pieces by the rewriter (`--split`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub splits: Vec<SplitDoc>,
     /// The phases of a stage's functions, in order (with a program).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases: Option<Vec<String>>,
@@ -335,7 +338,29 @@ pub struct Training {
     pub updated_states: Vec<String>,
     /// IR weight name → ONNX initializer.
     pub weight_sources: BTreeMap<String, String>,
+    /// Weights that `--split` cut into pieces (each piece its own parameter): IR weight
+    /// name → how its trained pieces join back (for `--save-onnx`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub weight_pieces: BTreeMap<String, WeightPieces>,
     pub optimizer: Optimizer,
+}
+
+/// One entry of `training.weight_pieces`: the pieces, in order, concatenated along `axis`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightPieces {
+    pub axis: usize,
+    pub pieces: Vec<String>,
+}
+
+/// One entry of `splits`: an op `--split` cut into pieces.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitDoc {
+    /// The op's location (its ONNX node name).
+    pub node: String,
+    /// `matmul along N in 2 pieces`.
+    pub what: String,
 }
 
 /// One entry of `training.inputs`.

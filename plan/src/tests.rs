@@ -100,6 +100,7 @@ pub(crate) fn sample() -> Plan {
             params: vec!["w".into()],
             updated_states: vec![],
             weight_sources: [("w".to_string(), "W".to_string())].into(),
+            weight_pieces: Default::default(),
             optimizer: Optimizer {
                 kind: "sgd".into(),
                 lr: 0.05,
@@ -111,6 +112,7 @@ pub(crate) fn sample() -> Plan {
                 microbatches: 2,
             },
         }),
+        splits: vec![],
         phases: Some(vec!["fwd".into()]),
         files: Some(
             [(

@@ -222,6 +222,8 @@ pub struct Converted {
     pub egraph: PpEGraph,
     pub roots: Vec<Id>,
     pub names: HashMap<Id, String>,
+    /// The e-class of the (first) op with each source location.
+    pub locs: HashMap<String, Id>,
 }
 
 /// Why a function cannot enter the e-graph.
@@ -248,6 +250,7 @@ pub fn to_egraph(f: &Function) -> Result<Converted, ConvertError> {
     let mut egraph = PpEGraph::new(PpAnalysis::new(arg_types));
     let mut class_of: HashMap<ValueId, Id> = HashMap::new();
     let mut names = HashMap::new();
+    let mut locs = HashMap::new();
     for (i, v) in f.arg_values().enumerate() {
         let id = egraph.add(PpNode::Arg(i as u32));
         class_of.insert(v, id);
@@ -279,6 +282,9 @@ pub fn to_egraph(f: &Function) -> Result<Converted, ConvertError> {
         if egraph[id].data.loc.is_none() {
             egraph[id].data.loc = data.loc.clone();
         }
+        if let Some(l) = &data.loc {
+            locs.entry(l.clone()).or_insert(id);
+        }
         let results = data.results();
         if results.len() == 1 {
             class_of.insert(results[0], id);
@@ -304,10 +310,15 @@ pub fn to_egraph(f: &Function) -> Result<Converted, ConvertError> {
         .into_iter()
         .map(|(id, n)| (egraph.find(id), n))
         .collect();
+    let locs = locs
+        .into_iter()
+        .map(|(l, id)| (l, egraph.find(id)))
+        .collect();
     Ok(Converted {
         egraph,
         roots,
         names,
+        locs,
     })
 }
 

@@ -11,7 +11,9 @@
 //!    of a concat, matmuls of a concat), so that later ops can work on the pieces too;
 //! 3. **extraction** picks, in every e-class, the node of least cost (FLOPs plus bytes
 //!    moved, by the cost model); the class of a split op is forced to its cheapest split
-//!    variant with the requested number of pieces.
+//!    variant with the requested number of pieces and axis (without an axis, a cut of the
+//!    weight — N or K — before a cut of the rows, M, whose pieces all read the whole
+//!    weight and so tie it to every device that runs one).
 //!
 //! The result is verified and its returned types checked against the original's. Limits:
 //! only `matmul` and `gemm` can be split today (the issue lists attention heads, layer
@@ -102,11 +104,17 @@ impl std::fmt::Display for RewriteReport {
 pub enum RewriteError {
     #[error(transparent)]
     Convert(#[from] egraph::ConvertError),
-    #[error("@{function}: no op has the location `{loc}` (ops are named by their ONNX node; e.g. {examples})")]
+    #[error("@{function}: no op is named `{loc}` and no matmul or gemm is under `{loc}/` (ops are named by their ONNX node; matmuls and gemms here: {examples})")]
     NoSuchOp {
         function: String,
         loc: String,
         examples: String,
+    },
+    #[error("@{function}: `{loc}` names several ops that could be split ({candidates}); give the whole name")]
+    Ambiguous {
+        function: String,
+        loc: String,
+        candidates: String,
     },
     #[error("@{function}: `{loc}` is a {kind}; only pp.matmul and pp.gemm can be split")]
     NotSplittable {
@@ -128,26 +136,44 @@ pub enum RewriteError {
     Rules(String),
 }
 
-/// Rewrite `f` (see the module documentation); returns the new function and a report.
-pub fn rewrite_function(
-    module: &Module,
+/// A function's e-graph after saturation with `rules`, the variants the split rules
+/// built, and why saturation stopped.
+struct Saturated {
+    conv: egraph::Converted,
+    variants: Vec<rules::Variant>,
+    stop: String,
+    iterations: usize,
+}
+
+fn saturate(
     f: &Function,
+    targets: &[SplitTarget],
+    rules: &[Arc<dyn rules::Rule>],
     opts: &RewriteOptions,
-) -> Result<(Function, RewriteReport), RewriteError> {
-    let start = Instant::now();
-    check_targets(f, opts)?;
+    iter_limit: usize,
+) -> Result<Saturated, RewriteError> {
     let mut conv = to_egraph(f)?;
+    let mut split = vec![];
+    for t in targets {
+        let class = conv
+            .locs
+            .get(&t.loc)
+            .ok_or_else(|| RewriteError::NoSuchOp {
+                function: f.name.clone(),
+                loc: t.loc.clone(),
+                examples: "(none)".into(),
+            })?;
+        split.push((t.clone(), *class));
+    }
     let ctx = Arc::new(RuleCtx {
-        targets: Targets {
-            split: opts.split.clone(),
-        },
+        targets: Targets { split },
         ..Default::default()
     });
-    let rws = rewrites(&all_rules(), &ctx).map_err(RewriteError::Rules)?;
+    let rws = rewrites(rules, &ctx).map_err(RewriteError::Rules)?;
     let egraph = std::mem::replace(&mut conv.egraph, PpEGraph::new(Default::default()));
     let runner = Runner::default()
         .with_egraph(egraph)
-        .with_iter_limit(opts.iter_limit)
+        .with_iter_limit(iter_limit)
         .with_node_limit(opts.node_limit)
         .with_time_limit(opts.time_limit)
         .run(&rws);
@@ -164,30 +190,41 @@ pub fn rewrite_function(
     let eg = &conv.egraph;
     conv.roots = conv.roots.iter().map(|&r| eg.find(r)).collect();
     conv.names = conv.names.drain().map(|(id, n)| (eg.find(id), n)).collect();
-
-    // Choose each target's variant: the cheapest with the requested number of pieces.
+    conv.locs = conv.locs.drain().map(|(l, id)| (l, eg.find(id))).collect();
     let variants = ctx
         .variants
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
+    Ok(Saturated {
+        conv,
+        variants,
+        stop,
+        iterations,
+    })
+}
+
+/// For each target, the variant to use: of the op's own e-class, with the requested
+/// number of pieces and axis; without an axis, a cut of the weight (N, K) before a cut of
+/// the rows (M: every piece reads the whole weight, which ties it to every device running
+/// one), then the least cost.
+fn choose_variants<'v>(
+    f: &Function,
+    sat: &'v Saturated,
+    targets: &[SplitTarget],
+) -> Result<Vec<&'v rules::Variant>, RewriteError> {
+    let eg = &sat.conv.egraph;
     let base = extract(eg, &HashMap::new());
-    let mut forced: HashMap<Id, PpNode> = HashMap::new();
-    let mut splits = vec![];
-    for SplitTarget {
-        loc,
-        pieces: k,
-        axis,
-    } in &opts.split
-    {
+    let mut out = vec![];
+    for t in targets {
+        let Some(&class) = sat.conv.locs.get(&t.loc) else {
+            continue;
+        };
+        let class = eg.find(class);
         let mut best: Option<(f64, &rules::Variant)> = None;
-        for v in variants
-            .iter()
-            .filter(|v| v.pieces == *k && axis.is_none_or(|a| a == v.axis))
-        {
-            if eg[eg.find(v.class)].data.loc.as_deref() != Some(loc) {
-                continue;
-            }
+        for v in sat.variants.iter().filter(|v| {
+            v.pieces == t.pieces && t.axis.is_none_or(|a| a == v.axis) && eg.find(v.class) == class
+        }) {
             let root = v.root.clone().map_children(|c| eg.find(c));
             let cost = node_cost(eg, &root)
                 + root
@@ -195,30 +232,69 @@ pub fn rewrite_function(
                     .iter()
                     .map(|c| base.get(c).map_or(f64::INFINITY, |b| b.0))
                     .sum::<f64>();
-            if cost.is_finite() && best.as_ref().is_none_or(|b| cost < b.0) {
+            let rank = |v: &rules::Variant| u8::from(v.axis == Axis::M);
+            let better = best
+                .as_ref()
+                .is_none_or(|b| (rank(v), cost) < (rank(b.1), b.0));
+            if cost.is_finite() && better {
                 best = Some((cost, v));
             }
         }
         let Some((_, v)) = best else {
             return Err(RewriteError::NoVariant {
                 function: f.name.clone(),
-                loc: loc.clone(),
-                pieces: *k,
+                loc: t.loc.clone(),
+                pieces: t.pieces,
             });
         };
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// Rewrite `f` (see the module documentation); returns the new function and a report.
+///
+/// Two rounds: the split rules alone first, to choose each target's axis (when none is
+/// given); then every rule with the axes fixed, so that no form of a split op other than
+/// the chosen one is in the e-graph for the extractor to take.
+pub fn rewrite_function(
+    module: &Module,
+    f: &Function,
+    opts: &RewriteOptions,
+) -> Result<(Function, RewriteReport), RewriteError> {
+    let start = Instant::now();
+    let mut targets = resolve_targets(f, opts)?;
+    if targets.iter().any(|t| t.axis.is_none()) {
+        let sat = saturate(f, &targets, &rules::split_rules(), opts, 2)?;
+        let chosen: Vec<Axis> = choose_variants(f, &sat, &targets)?
+            .iter()
+            .map(|v| v.axis)
+            .collect();
+        for (t, a) in targets.iter_mut().zip(chosen) {
+            t.axis = Some(a);
+        }
+    }
+    let sat = saturate(f, &targets, &all_rules(), opts, opts.iter_limit)?;
+    let chosen = choose_variants(f, &sat, &targets)?;
+    let eg = &sat.conv.egraph;
+    let mut forced: HashMap<Id, PpNode> = HashMap::new();
+    let mut splits = vec![];
+    for (t, v) in targets.iter().zip(&chosen) {
         forced.insert(
             eg.find(v.class),
             v.root.clone().map_children(|c| eg.find(c)),
         );
-        splits.push((loc.clone(), v.what.clone()));
+        splits.push((t.loc.clone(), v.what.clone()));
     }
+    let conv = &sat.conv;
+    let (stop, iterations) = (sat.stop.clone(), sat.iterations);
     let best = extract(eg, &forced);
     let mut out = Function::new(f.name.clone());
     out.attrs = f.attrs.clone();
     for (v, kind) in f.args() {
         out.add_arg(f.value(*v).name.clone(), f.ty(*v).clone(), *kind);
     }
-    let results = from_egraph(&conv, &mut out, &|id| best.get(&id).map(|b| b.1.clone()))?;
+    let results = from_egraph(conv, &mut out, &|id| best.get(&id).map(|b| b.1.clone()))?;
     out.set_results(results);
     let mut check = module.clone();
     if let Some(slot) = check.functions.iter_mut().find(|g| g.name == f.name) {
@@ -252,47 +328,92 @@ pub fn rewrite_function(
     Ok((out, report))
 }
 
-/// The targets must name existing, splittable ops.
-fn check_targets(f: &Function, opts: &RewriteOptions) -> Result<(), RewriteError> {
-    for SplitTarget { loc, pieces: k, .. } in &opts.split {
-        if *k < 2 {
+/// Resolve the targets to op locations: a target names an op by its location (the ONNX
+/// node name) or, when no op has exactly that location, by the prefix of the one
+/// splittable op under it (`lm_head` for `lm_head/MatMul`). Each must be a matmul or gemm.
+fn resolve_targets(f: &Function, opts: &RewriteOptions) -> Result<Vec<SplitTarget>, RewriteError> {
+    let splittable =
+        |o: ppir::OpId| matches!(f.op(o).kind, ppir::OpKind::MatMul | ppir::OpKind::Gemm);
+    let mut out = vec![];
+    for t in &opts.split {
+        let (loc, k) = (&t.loc, t.pieces);
+        if k < 2 {
             return Err(RewriteError::TooFewPieces {
                 loc: loc.clone(),
-                pieces: *k,
+                pieces: k,
             });
         }
-        let op = f
+        let exact = f
             .ops()
             .iter()
-            .find(|&&o| f.op(o).loc.as_deref() == Some(loc.as_str()));
-        let Some(&op) = op else {
-            let examples: Vec<String> = f
-                .ops()
-                .iter()
-                .filter_map(|&o| f.op(o).loc.clone())
-                .take(4)
-                .map(|l| format!("`{l}`"))
-                .collect();
-            return Err(RewriteError::NoSuchOp {
-                function: f.name.clone(),
-                loc: loc.clone(),
-                examples: if examples.is_empty() {
-                    "none has a location".into()
-                } else {
-                    examples.join(", ")
-                },
-            });
+            .copied()
+            .find(|&o| f.op(o).loc.as_deref() == Some(loc.as_str()));
+        let op = match exact {
+            Some(op) => op,
+            None => {
+                let prefix = format!("{loc}/");
+                let under: Vec<ppir::OpId> = f
+                    .ops()
+                    .iter()
+                    .copied()
+                    .filter(|&o| {
+                        splittable(o)
+                            && f.op(o)
+                                .loc
+                                .as_deref()
+                                .is_some_and(|l| l.starts_with(&prefix))
+                    })
+                    .collect();
+                match under.as_slice() {
+                    [op] => *op,
+                    [] => {
+                        let examples: Vec<String> = f
+                            .ops()
+                            .iter()
+                            .filter(|&&o| splittable(o))
+                            .filter_map(|&o| f.op(o).loc.clone())
+                            .take(4)
+                            .map(|l| format!("`{l}`"))
+                            .collect();
+                        return Err(RewriteError::NoSuchOp {
+                            function: f.name.clone(),
+                            loc: loc.clone(),
+                            examples: if examples.is_empty() {
+                                "none has a location".into()
+                            } else {
+                                examples.join(", ")
+                            },
+                        });
+                    }
+                    many => {
+                        return Err(RewriteError::Ambiguous {
+                            function: f.name.clone(),
+                            loc: loc.clone(),
+                            candidates: many
+                                .iter()
+                                .filter_map(|&o| f.op(o).loc.clone())
+                                .map(|l| format!("`{l}`"))
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        })
+                    }
+                }
+            }
         };
-        let kind = f.op(op).kind;
-        if !matches!(kind, ppir::OpKind::MatMul | ppir::OpKind::Gemm) {
+        if !splittable(op) {
             return Err(RewriteError::NotSplittable {
                 function: f.name.clone(),
                 loc: loc.clone(),
-                kind: kind.to_string(),
+                kind: f.op(op).kind.to_string(),
             });
         }
+        out.push(SplitTarget {
+            loc: f.op(op).loc.clone().unwrap_or_default(),
+            pieces: k,
+            axis: t.axis,
+        });
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Least-cost node of every e-class (a fixed point over the classes; a class whose nodes

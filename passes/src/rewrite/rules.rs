@@ -45,10 +45,11 @@ pub struct SplitTarget {
     pub axis: Option<Axis>,
 }
 
-/// What the rules need besides the e-graph: the split targets.
+/// What the rules need besides the e-graph: the split targets, each with the e-class of
+/// the op it names.
 #[derive(Debug, Default)]
 pub struct Targets {
-    pub split: Vec<SplitTarget>,
+    pub split: Vec<(SplitTarget, Id)>,
 }
 
 /// One rule: for a node of a class, the classes equal to it (added to the e-graph).
@@ -69,12 +70,12 @@ pub struct RuleCtx {
 
 /// The K of a split target for `class` along `axis`, if any.
 fn target(eg: &PpEGraph, ctx: &RuleCtx, class: Id, axis: Axis) -> Option<usize> {
-    let loc = eg[class].data.loc.as_deref()?;
+    let class = eg.find(class);
     ctx.targets
         .split
         .iter()
-        .find(|t| t.loc == loc && t.axis.is_none_or(|a| a == axis))
-        .map(|t| t.pieces)
+        .find(|(t, c)| eg.find(*c) == class && t.axis.is_none_or(|a| a == axis))
+        .map(|(t, _)| t.pieces)
 }
 
 // ---- building e-nodes ----
@@ -87,17 +88,29 @@ pub(super) fn add_op(
     args: Vec<Id>,
     loc: Option<&str>,
 ) -> Option<Id> {
+    add_op_node(eg, kind, attrs, args, loc).map(|(id, _)| id)
+}
+
+/// [`add_op`], also returning the e-node added.
+fn add_op_node(
+    eg: &mut PpEGraph,
+    kind: OpKind,
+    attrs: &Attrs,
+    args: Vec<Id>,
+    loc: Option<&str>,
+) -> Option<(Id, PpNode)> {
     let types: Option<Vec<TensorType>> = args.iter().map(|&a| eg[a].data.ty().cloned()).collect();
     let results = ppir::shape::infer(kind, attrs, &types?).ok()?;
     if results.len() != 1 {
         return None;
     }
     let attrs = eg.analysis.intern(attrs);
-    let id = eg.add(PpNode::Op { kind, attrs, args });
+    let node = PpNode::Op { kind, attrs, args };
+    let id = eg.add(node.clone());
     if eg[id].data.loc.is_none() {
         eg[id].data.loc = loc.map(str::to_string);
     }
-    Some(id)
+    Some((id, node))
 }
 
 fn slice(eg: &mut PpEGraph, x: Id, axis: usize, start: u64, end: u64, loc: &str) -> Option<Id> {
@@ -111,16 +124,33 @@ fn slice(eg: &mut PpEGraph, x: Id, axis: usize, start: u64, end: u64, loc: &str)
 }
 
 fn concat(eg: &mut PpEGraph, parts: Vec<Id>, axis: usize, loc: Option<&str>) -> Option<Id> {
+    concat_node(eg, parts, axis, loc).map(|(id, _)| id)
+}
+
+fn concat_node(
+    eg: &mut PpEGraph,
+    parts: Vec<Id>,
+    axis: usize,
+    loc: Option<&str>,
+) -> Option<(Id, PpNode)> {
     let a = ConcatAttrs { axis: axis as i64 };
-    add_op(eg, OpKind::Concat, &a.to_attrs(), parts, loc)
+    add_op_node(eg, OpKind::Concat, &a.to_attrs(), parts, loc)
 }
 
 fn sum(eg: &mut PpEGraph, parts: Vec<Id>, loc: Option<&str>) -> Option<Id> {
-    let mut acc = parts[0];
+    sum_node(eg, parts, loc).map(|(id, _)| id)
+}
+
+/// The sum of `parts` (a chain of adds) and its last add.
+fn sum_node(eg: &mut PpEGraph, parts: Vec<Id>, loc: Option<&str>) -> Option<(Id, PpNode)> {
+    let mut acc = None;
+    let mut id = parts[0];
     for &p in &parts[1..] {
-        acc = add_op(eg, OpKind::Add, &Attrs::new(), vec![acc, p], loc)?;
+        let (next, node) = add_op_node(eg, OpKind::Add, &Attrs::new(), vec![id, p], loc)?;
+        id = next;
+        acc = Some((next, node));
     }
-    Some(acc)
+    acc
 }
 
 /// `[start, end)` of each of `k` near-equal pieces of `n` (the first `n % k` one larger).
@@ -152,33 +182,16 @@ fn op_parts(node: &PpNode) -> Option<(OpKind, super::egraph::AttrId, &[Id])> {
     }
 }
 
-fn record(
-    ctx: &RuleCtx,
-    eg: &PpEGraph,
-    class: Id,
-    root: Id,
-    axis: Axis,
-    what: String,
-    pieces: usize,
-) {
-    // The combining node: the one in `root`'s class that the rule just added.
-    let node = eg[root]
-        .nodes
-        .iter()
-        .rev()
-        .find(|n| matches!(n, PpNode::Op { kind, .. } if matches!(kind, OpKind::Concat | OpKind::Add)))
-        .cloned();
-    if let Some(node) = node {
-        let mut v = ctx.variants.lock().unwrap_or_else(|e| e.into_inner());
-        if !v.iter().any(|x| x.class == class && x.root == node) {
-            v.push(Variant {
-                class,
-                root: node,
-                what,
-                pieces,
-                axis,
-            });
-        }
+fn record(ctx: &RuleCtx, class: Id, root: PpNode, axis: Axis, what: String, pieces: usize) {
+    let mut v = ctx.variants.lock().unwrap_or_else(|e| e.into_inner());
+    if !v.iter().any(|x| x.class == class && x.root == root) {
+        v.push(Variant {
+            class,
+            root,
+            what,
+            pieces,
+            axis,
+        });
     }
 }
 
@@ -247,24 +260,30 @@ impl Rule for SplitMatMul {
         let (a, b) = (args[0], args[1]);
         let loc = eg[class].data.loc.clone().unwrap_or_default();
         let out = split_matmul(eg, self.0, a, b, k, &loc);
-        if let Some(root) = out {
+        if let Some((_, root)) = &out {
             record(
                 ctx,
-                eg,
                 class,
-                root,
+                root.clone(),
                 self.0,
                 format!("matmul along {} in {k} pieces", self.0.name()),
                 k,
             );
         }
-        out.into_iter().collect()
+        out.into_iter().map(|(id, _)| id).collect()
     }
 }
 
 /// The pieces of `matmul(a, b)` along `axis`, combined; `None` if that axis cannot be cut
 /// `k` ways (too small, symbolic, or absent).
-fn split_matmul(eg: &mut PpEGraph, axis: Axis, a: Id, b: Id, k: usize, loc: &str) -> Option<Id> {
+fn split_matmul(
+    eg: &mut PpEGraph,
+    axis: Axis,
+    a: Id,
+    b: Id,
+    k: usize,
+    loc: &str,
+) -> Option<(Id, PpNode)> {
     let (ta, tb) = (ty(eg, a)?, ty(eg, b)?);
     let (ra, rb) = (ta.rank(), tb.rank());
     if ra == 0 || rb == 0 || k < 2 {
@@ -296,7 +315,7 @@ fn split_matmul(eg: &mut PpEGraph, axis: Axis, a: Id, b: Id, k: usize, loc: &str
                 let bi = slice(eg, b, rb - 1, s, e, loc)?;
                 parts.push(mm(eg, a, bi, i)?);
             }
-            concat(eg, parts, result_rank - 1, Some(loc))
+            concat_node(eg, parts, result_rank - 1, Some(loc))
         }
         Axis::M => {
             if ra < 2 {
@@ -316,7 +335,7 @@ fn split_matmul(eg: &mut PpEGraph, axis: Axis, a: Id, b: Id, k: usize, loc: &str
                 let ai = slice(eg, a, ra - 2, s, e, loc)?;
                 parts.push(mm(eg, ai, b, i)?);
             }
-            concat(eg, parts, out_axis, Some(loc))
+            concat_node(eg, parts, out_axis, Some(loc))
         }
         Axis::K => {
             let kd = static_dim(&ta, ra - 1)?;
@@ -330,7 +349,7 @@ fn split_matmul(eg: &mut PpEGraph, axis: Axis, a: Id, b: Id, k: usize, loc: &str
                 let bi = slice(eg, b, b_axis, s, e, loc)?;
                 parts.push(mm(eg, ai, bi, i)?);
             }
-            sum(eg, parts, Some(loc))
+            sum_node(eg, parts, Some(loc))
         }
     }
 }
@@ -369,18 +388,17 @@ impl Rule for SplitGemm {
         };
         let loc = eg[class].data.loc.clone().unwrap_or_default();
         let out = split_gemm(eg, self.0, &g, args.to_vec(), k, &loc);
-        if let Some(root) = out {
+        if let Some((_, root)) = &out {
             record(
                 ctx,
-                eg,
                 class,
-                root,
+                root.clone(),
                 self.0,
                 format!("gemm along {} in {k} pieces", self.0.name()),
                 k,
             );
         }
-        out.into_iter().collect()
+        out.into_iter().map(|(id, _)| id).collect()
     }
 }
 
@@ -391,7 +409,7 @@ fn split_gemm(
     args: Vec<Id>,
     k: usize,
     loc: &str,
-) -> Option<Id> {
+) -> Option<(Id, PpNode)> {
     let (a, b, c) = (args[0], args[1], args.get(2).copied());
     let (ta, tb) = (ty(eg, a)?, ty(eg, b)?);
     if ta.rank() != 2 || tb.rank() != 2 || k < 2 {
@@ -459,7 +477,7 @@ fn split_gemm(
                 }
                 parts.push(gemm(eg, args, g, i)?);
             }
-            concat(eg, parts, r, Some(loc))
+            concat_node(eg, parts, r, Some(loc))
         }
         Axis::K => {
             let kd = static_dim(&ta, ka_axis)?;
@@ -478,7 +496,7 @@ fn split_gemm(
                 }
                 parts.push(gemm(eg, args, &gi, i)?);
             }
-            sum(eg, parts, Some(loc))
+            sum_node(eg, parts, Some(loc))
         }
     }
 }
@@ -738,8 +756,8 @@ impl Rule for MatMulOfConcat {
     }
 }
 
-/// Every rule, split rules first.
-pub fn all_rules() -> Vec<Arc<dyn Rule>> {
+/// The split rules.
+pub fn split_rules() -> Vec<Arc<dyn Rule>> {
     vec![
         Arc::new(SplitMatMul(Axis::N)),
         Arc::new(SplitMatMul(Axis::M)),
@@ -747,10 +765,16 @@ pub fn all_rules() -> Vec<Arc<dyn Rule>> {
         Arc::new(SplitGemm(Axis::N)),
         Arc::new(SplitGemm(Axis::M)),
         Arc::new(SplitGemm(Axis::K)),
-        Arc::new(DistributeElementwise),
-        Arc::new(SliceOfConcat),
-        Arc::new(MatMulOfConcat),
     ]
+}
+
+/// Every rule, split rules first.
+pub fn all_rules() -> Vec<Arc<dyn Rule>> {
+    let mut r = split_rules();
+    r.push(Arc::new(DistributeElementwise));
+    r.push(Arc::new(SliceOfConcat));
+    r.push(Arc::new(MatMulOfConcat));
+    r
 }
 
 // ---- egg adaptors ----

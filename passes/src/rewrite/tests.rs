@@ -295,8 +295,19 @@ fn errors_name_the_op() {
         };
         rewrite_function(&m, f, &opts).unwrap_err().to_string()
     };
+    let src2 = src.replace("loc(\"fc2\")", "loc(\"head/MatMul\")");
+    let m2 = ppir::text::parse_module(&src2).unwrap();
+    let opts = RewriteOptions {
+        split: parse_split_list("head:2:m").unwrap(),
+        ..Default::default()
+    };
+    let (_, report) = rewrite_function(&m2, m2.function("main").unwrap(), &opts).unwrap();
+    assert_eq!(
+        report.splits[0].0, "head/MatMul",
+        "a prefix names the one matmul under it"
+    );
     assert!(
-        err("nope:2").contains("no op has the location `nope`"),
+        err("nope:2").contains("no op is named `nope`"),
         "{}",
         err("nope:2")
     );
