@@ -22,11 +22,11 @@ const LOWER_TO_MLIR: &str = "lower-to-mlir";
     name = "ppcc-opt",
     version,
     about = "Run ppcc passes on textual IR (.ppir) and print the result",
-    after_help = "Examples:\n  ppcc-opt model.ppir --pass canonicalize\n  ppcc-opt stage.ppir --pass lower-to-mlir\n  ppcc-opt model.ppir --pass bind-batch{size=8} --pass infer-shapes\n  ppcc-opt model.ppir --verify-only\n  ppcc-opt --list-passes\n  ppcc-opt model.ppir --load-pass-plugin target/debug/libppcc_example_plugin.so --pass op-stats"
+    after_help = "Examples:\n  ppcc-opt model.ppir --pass canonicalize\n  ppcc-opt stage.ppir --pass lower-to-mlir\n  ppcc-opt model.ppir --pass bind-batch{size=8} --pass infer-shapes\n  ppcc-opt model.ppir --verify-only\n  ppcc-opt --list-passes\n  ppcc-opt --list-ops\n  ppcc-opt model.ppir --load-pass-plugin target/debug/libppcc_example_plugin.so --pass op-stats"
 )]
 struct Args {
     /// Input file in ppir text form; `-` reads standard input.
-    #[arg(required_unless_present = "list_passes")]
+    #[arg(required_unless_present_any = ["list_passes", "list_ops"])]
     file: Option<PathBuf>,
 
     /// A pass to run, as NAME or NAME{key=value,...}; repeat to build a pipeline.
@@ -53,6 +53,11 @@ struct Args {
     #[arg(long)]
     list_passes: bool,
 
+    /// Print the op table (each op's family, operands, attributes with kinds and defaults,
+    /// gradient support) and exit.
+    #[arg(long)]
+    list_ops: bool,
+
     /// Load a pass plugin (a shared library exporting `ppcc_pass_plugin`); its passes can
     /// then be named in --pass. Repeatable.
     #[arg(long = "load-pass-plugin", value_name = "LIB")]
@@ -61,6 +66,10 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.list_ops {
+        print!("{}", ppir::ops::table_text());
+        return ExitCode::SUCCESS;
+    }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {

@@ -312,6 +312,55 @@ impl OpKind {
     }
 }
 
+/// The op table as text, one op per line: name, family, operands, attributes (kind,
+/// `required` or the default) and gradient support — what `ppcc-opt --list-ops` prints.
+pub fn table_text() -> String {
+    let mut out = String::new();
+    for &k in OpKind::ALL {
+        let attrs: Vec<String> = k
+            .attr_spec()
+            .iter()
+            .map(|a| {
+                let kind = match a.kind {
+                    AttrKind::Int => "int",
+                    AttrKind::Bool => "bool",
+                    AttrKind::Float => "float",
+                    AttrKind::Str => "string",
+                    AttrKind::Ints => "ints",
+                    AttrKind::Floats => "floats",
+                    AttrKind::DType => "type",
+                    AttrKind::Tensor => "tensor",
+                };
+                match (a.required, a.default) {
+                    (true, _) => format!("{}: {kind} (required)", a.name),
+                    (false, Some(d)) => format!("{}: {kind} = {d}", a.name),
+                    (false, None) => format!("{}: {kind} (optional)", a.name),
+                }
+            })
+            .collect();
+        let grad = match k.gradient_support() {
+            GradSupport::Rule => "rule",
+            GradSupport::Decomposed => "decomposed",
+            GradSupport::Zero => "zero",
+            GradSupport::None => "none",
+            GradSupport::Unsupported => "unsupported",
+        };
+        out.push_str(&format!(
+            "{:<27} {:<13} {:<10} grad {:<12} {}\n",
+            k.name(),
+            format!("{:?}", k.class()).to_lowercase(),
+            k.arity().to_string(),
+            grad,
+            if attrs.is_empty() {
+                "-".to_string()
+            } else {
+                attrs.join(", ")
+            }
+        ));
+    }
+    out
+}
+
 impl fmt::Display for OpKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "pp.{}", self.name())
