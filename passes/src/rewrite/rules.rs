@@ -228,47 +228,51 @@ impl Axis {
     }
 }
 
-/// `matmul` (numpy semantics) split into K pieces along one axis.
-pub struct SplitMatMul(pub Axis);
+/// A `matmul` (numpy semantics) or `gemm` (transposes and the bias follow the cut) split
+/// into K pieces along one axis.
+pub struct SplitContraction {
+    pub kind: OpKind,
+    pub axis: Axis,
+}
 
-impl Rule for SplitMatMul {
+impl Rule for SplitContraction {
     fn name(&self) -> &'static str {
-        match self.0 {
-            Axis::M => "split-matmul-m",
-            Axis::N => "split-matmul-n",
-            Axis::K => "split-matmul-k",
+        match (self.kind, self.axis) {
+            (OpKind::Gemm, Axis::M) => "split-gemm-m",
+            (OpKind::Gemm, Axis::N) => "split-gemm-n",
+            (OpKind::Gemm, Axis::K) => "split-gemm-k",
+            (_, Axis::M) => "split-matmul-m",
+            (_, Axis::N) => "split-matmul-n",
+            (_, Axis::K) => "split-matmul-k",
         }
     }
 
     fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
-        matches!(
-            node,
-            PpNode::Op {
-                kind: OpKind::MatMul,
-                ..
-            }
-        )
+        matches!(node, PpNode::Op { kind, .. } if *kind == self.kind)
     }
 
     fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
-        let Some(k) = target(eg, ctx, class, self.0) else {
+        let Some(k) = target(eg, ctx, class, self.axis) else {
             return vec![];
         };
-        let Some((_, _, args)) = op_parts(node) else {
+        let Some((_, attrs, args)) = op_parts(node) else {
             return vec![];
         };
-        let (a, b) = (args[0], args[1]);
         let loc = eg[class].data.loc.clone().unwrap_or_default();
-        let out = split_matmul(eg, self.0, a, b, k, &loc);
+        let out = match self.kind {
+            OpKind::Gemm => match GemmAttrs::of(eg.analysis.attrs(attrs)) {
+                Ok(g) => split_gemm(eg, self.axis, &g, args.to_vec(), k, &loc),
+                Err(_) => None,
+            },
+            _ => split_matmul(eg, self.axis, args[0], args[1], k, &loc),
+        };
         if let Some((_, root)) = &out {
-            record(
-                ctx,
-                class,
-                root.clone(),
-                self.0,
-                format!("matmul along {} in {k} pieces", self.0.name()),
-                k,
+            let what = format!(
+                "{} along {} in {k} pieces",
+                self.kind.name(),
+                self.axis.name()
             );
+            record(ctx, class, root.clone(), self.axis, what, k);
         }
         out.into_iter().map(|(id, _)| id).collect()
     }
@@ -351,54 +355,6 @@ fn split_matmul(
             }
             sum_node(eg, parts, Some(loc))
         }
-    }
-}
-
-/// `gemm` split into K pieces along one axis (transposes and the bias follow the cut).
-pub struct SplitGemm(pub Axis);
-
-impl Rule for SplitGemm {
-    fn name(&self) -> &'static str {
-        match self.0 {
-            Axis::M => "split-gemm-m",
-            Axis::N => "split-gemm-n",
-            Axis::K => "split-gemm-k",
-        }
-    }
-
-    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
-        matches!(
-            node,
-            PpNode::Op {
-                kind: OpKind::Gemm,
-                ..
-            }
-        )
-    }
-
-    fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
-        let Some(k) = target(eg, ctx, class, self.0) else {
-            return vec![];
-        };
-        let Some((_, attrs, args)) = op_parts(node) else {
-            return vec![];
-        };
-        let Ok(g) = GemmAttrs::of(eg.analysis.attrs(attrs)) else {
-            return vec![];
-        };
-        let loc = eg[class].data.loc.clone().unwrap_or_default();
-        let out = split_gemm(eg, self.0, &g, args.to_vec(), k, &loc);
-        if let Some((_, root)) = &out {
-            record(
-                ctx,
-                class,
-                root.clone(),
-                self.0,
-                format!("gemm along {} in {k} pieces", self.0.name()),
-                k,
-            );
-        }
-        out.into_iter().map(|(id, _)| id).collect()
     }
 }
 
@@ -758,14 +714,13 @@ impl Rule for MatMulOfConcat {
 
 /// The split rules.
 pub fn split_rules() -> Vec<Arc<dyn Rule>> {
-    vec![
-        Arc::new(SplitMatMul(Axis::N)),
-        Arc::new(SplitMatMul(Axis::M)),
-        Arc::new(SplitMatMul(Axis::K)),
-        Arc::new(SplitGemm(Axis::N)),
-        Arc::new(SplitGemm(Axis::M)),
-        Arc::new(SplitGemm(Axis::K)),
-    ]
+    let mut out: Vec<Arc<dyn Rule>> = vec![];
+    for kind in [OpKind::MatMul, OpKind::Gemm] {
+        for axis in [Axis::N, Axis::M, Axis::K] {
+            out.push(Arc::new(SplitContraction { kind, axis }));
+        }
+    }
+    out
 }
 
 /// Every rule, split rules first.
