@@ -7,7 +7,8 @@
 //!   three for `gemm` (transposes and the bias `c` handled);
 //! - **propagation rules** move a split through what follows, so that the pieces stay
 //!   independent: elementwise ops distribute over a `concat` (`relu(concat(a, b)) =
-//!   concat(relu(a), relu(b))`, a broadcast operand sliced to match), a slice that reads
+//!   concat(relu(a), relu(b))`, a broadcast operand sliced to match), so do layer norms,
+//!   softmaxes and reductions that work across other axes than the concat's, a slice that reads
 //!   exactly one piece of a concat is that piece, and a matmul whose operand is a concat
 //!   along its contraction or row axis becomes a sum or a concat of smaller matmuls.
 //!
@@ -17,7 +18,9 @@
 use std::sync::Arc;
 
 use egg::{Id, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
-use ppir::ops::attrs::{ConcatAttrs, GemmAttrs, SliceAttrs};
+use ppir::ops::attrs::{
+    ConcatAttrs, GemmAttrs, LayerNormAttrs, ReduceAttrs, SliceAttrs, SoftmaxAttrs,
+};
 use ppir::ops::OpAttrs;
 use ppir::{Attrs, OpKind, TensorType};
 
@@ -580,6 +583,96 @@ impl Rule for DistributeElementwise {
     }
 }
 
+/// Row-wise ops distribute over a concat along an axis they do not work across: a layer
+/// norm over the last axes, a softmax over another axis, a reduction over other axes.
+pub struct DistributeRowwise;
+
+impl DistributeRowwise {
+    /// The concat axis in the result, if `kind` with `attrs` on rank-`rank` operands keeps
+    /// axis `a` independent.
+    fn result_axis(kind: OpKind, attrs: &Attrs, rank: usize, a: usize) -> Option<usize> {
+        let norm = |x: i64| if x < 0 { x + rank as i64 } else { x };
+        match kind {
+            OpKind::LayerNorm => {
+                let axis = norm(LayerNormAttrs::of(attrs).ok()?.axis);
+                ((a as i64) < axis).then_some(a)
+            }
+            OpKind::Softmax | OpKind::LogSoftmax => {
+                let axis = norm(SoftmaxAttrs::of(attrs).ok()?.axis);
+                (a as i64 != axis).then_some(a)
+            }
+            OpKind::ReduceSum | OpKind::ReduceMean | OpKind::ReduceMax | OpKind::ReduceMin => {
+                let r = ReduceAttrs::of(attrs).ok()?;
+                if r.axes.is_empty() {
+                    return None;
+                }
+                let axes: Vec<i64> = r.axes.iter().map(|&x| norm(x)).collect();
+                if axes.contains(&(a as i64)) {
+                    return None;
+                }
+                if r.keepdims {
+                    Some(a)
+                } else {
+                    Some(a - axes.iter().filter(|&&x| x < a as i64).count())
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Rule for DistributeRowwise {
+    fn name(&self) -> &'static str {
+        "distribute-rowwise"
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(
+            node,
+            PpNode::Op {
+                kind: OpKind::LayerNorm
+                    | OpKind::Softmax
+                    | OpKind::LogSoftmax
+                    | OpKind::ReduceSum
+                    | OpKind::ReduceMean
+                    | OpKind::ReduceMax
+                    | OpKind::ReduceMin,
+                ..
+            }
+        )
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+        let Some((kind, attrs_id, args)) = op_parts(node) else {
+            return vec![];
+        };
+        let attrs = eg.analysis.attrs(attrs_id).clone();
+        let loc = eg[class].data.loc.clone();
+        let x = args[0];
+        let Some(rank) = ty(eg, x).map(|t| t.rank()) else {
+            return vec![];
+        };
+        let mut out = vec![];
+        for (parts, axis) in concat_parts(eg, x) {
+            let Some(r_axis) = Self::result_axis(kind, &attrs, rank, axis) else {
+                continue;
+            };
+            let pieces: Option<Vec<Id>> = parts
+                .iter()
+                .map(|&p| {
+                    let mut piece_args = args.to_vec();
+                    piece_args[0] = p;
+                    add_op(eg, kind, &attrs, piece_args, loc.as_deref())
+                })
+                .collect();
+            if let Some(c) = pieces.and_then(|p| concat(eg, p, r_axis, loc.as_deref())) {
+                out.push(c);
+            }
+        }
+        out
+    }
+}
+
 /// A unit-step slice along a concat's axis that reads exactly one part is that part.
 pub struct SliceOfConcat;
 
@@ -727,6 +820,7 @@ pub fn split_rules() -> Vec<Arc<dyn Rule>> {
 pub fn all_rules() -> Vec<Arc<dyn Rule>> {
     let mut r = split_rules();
     r.push(Arc::new(DistributeElementwise));
+    r.push(Arc::new(DistributeRowwise));
     r.push(Arc::new(SliceOfConcat));
     r.push(Arc::new(MatMulOfConcat));
     r

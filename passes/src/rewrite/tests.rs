@@ -399,3 +399,59 @@ fn split_params_makes_pieces_parameters() {
         assert_eq!(joined, m.weights, "{target}");
     }
 }
+
+/// Layer norm, softmax and reductions distribute over a row split: the e-graph holds the
+/// per-piece form of each, and whatever the extractor takes computes the same.
+#[test]
+fn rowwise_ops_distribute_over_a_row_split() {
+    let mut rng = Rng(17);
+    for case in 0..8 {
+        let (m, k, n) = (rng.range(2, 6), rng.range(2, 6), rng.range(2, 7));
+        let keep = case % 2;
+        let (th, tw, tv) = (dims(&[m, n]), dims(&[k, n]), dims(&[n]));
+        let tx = dims(&[m, k]);
+        let tr = if keep == 1 { dims(&[m, 1]) } else { dims(&[m]) };
+        let src = format!(
+            r#"module {{
+  func @main(%x: {tx}, %w: {tw} {{param}}, %s: {tv} {{param}}, %b: {tv} {{param}}) -> ({th}, {tr}) {{
+    %h = "pp.matmul"(%x, %w) : ({tx}, {tw}) -> {th} loc("fc")
+    %n = "pp.layer_norm"(%h, %s, %b) {{axis = -1, epsilon = 1e-5}} : ({th}, {tv}, {tv}) -> {th} loc("ln")
+    %p = "pp.softmax"(%n) {{axis = 1}} : ({th}) -> {th} loc("sm")
+    %r = "pp.reduce_max"(%p) {{axes = [1], keepdims = {keep}}} : ({th}) -> {tr} loc("red")
+    return %p, %r : {th}, {tr}
+  }}
+}}"#
+        );
+        let targets = vec![SplitTarget {
+            loc: "fc".into(),
+            pieces: 2,
+            axis: Some(Axis::M),
+        }];
+        // The rule fired: each row-wise op's class also holds a concat of pieces.
+        let m_ = ppir::text::parse_module(&src).unwrap();
+        let f = m_.function("main").unwrap();
+        let sat = saturate(
+            f,
+            &targets,
+            &rules::all_rules(),
+            &RewriteOptions::default(),
+            16,
+        )
+        .unwrap();
+        let eg = &sat.conv.egraph;
+        for loc in ["ln", "sm", "red"] {
+            let class = eg.find(sat.conv.locs[loc]);
+            assert!(
+                eg[class].nodes.iter().any(|n| matches!(
+                    n,
+                    egraph::PpNode::Op {
+                        kind: OpKind::Concat,
+                        ..
+                    }
+                )),
+                "{loc}: no per-piece form"
+            );
+        }
+        check(&src, targets, &mut rng);
+    }
+}
