@@ -79,7 +79,7 @@ pub struct CompileArgs {
     /// columns or the contraction; otherwise the cheapest), comma-separated. NODE is an
     /// ONNX node name, or the prefix of the one MatMul/Gemm under it (`lm_head` for
     /// `lm_head/MatMul`). Weights read in pieces become one parameter per piece;
-    /// `ppcc run --save-onnx` joins them back.
+    /// `ppcc run --save-onnx` joins them back. `off` (the default): no split.
     #[arg(long, value_name = "NODE=K[:AXIS],...")]
     pub split: Option<String>,
     /// Write only the plan (plan.json, schedule.csv, timeline.svg, trace.json), not the

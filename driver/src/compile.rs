@@ -500,6 +500,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     let split_targets = a
         .split
         .as_deref()
+        .filter(|s| s.trim() != "off")
         .map(|s| {
             ppcc_passes::rewrite::parse_split_list(&s.replace(',', ";"))
                 .map_err(|e| invalid!("--split: {e}"))

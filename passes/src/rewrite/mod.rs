@@ -514,7 +514,7 @@ pub fn parse_split_list(s: &str) -> Result<Vec<SplitTarget>, String> {
     let mut out = vec![];
     for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
         let bad = || {
-            format!("split target `{item}` is not NODE:PIECES or NODE:PIECES:AXIS (AXIS m, n or k)")
+            format!("split target `{item}` is not NODE=K or NODE=K:AXIS (K pieces; AXIS m, n or k; `:` may stand for `=`)")
         };
         let (head, last) = item.rsplit_once([':', '=']).ok_or_else(bad)?;
         let (loc, k, axis) = match Axis::from_name(last) {
