@@ -34,12 +34,23 @@ pub struct ShapeArgs {
     input_shape: Vec<(String, Vec<u64>)>,
 }
 
-fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), String> {
+/// Why an `--input-shape` value does not parse.
+#[derive(Debug, thiserror::Error)]
+enum InputShapeError {
+    #[error("expected NAME=DIMS (e.g. x=1x3x224x224), got {0:?}")]
+    NoEquals(String),
+    #[error("expected NAME=DIMS, got {0:?}")]
+    NoName(String),
+    #[error("bad dimension {dim:?} in {text:?}")]
+    Dimension { dim: String, text: String },
+}
+
+fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), InputShapeError> {
     let (name, dims) = s
         .rsplit_once('=')
-        .ok_or_else(|| format!("expected NAME=DIMS (e.g. x=1x3x224x224), got {s:?}"))?;
+        .ok_or_else(|| InputShapeError::NoEquals(s.to_string()))?;
     if name.is_empty() {
-        return Err(format!("expected NAME=DIMS, got {s:?}"));
+        return Err(InputShapeError::NoName(s.to_string()));
     }
     let dims = if dims.is_empty() || dims == "scalar" {
         vec![]
@@ -48,7 +59,10 @@ fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), String> {
             .map(|d| {
                 d.trim()
                     .parse::<u64>()
-                    .map_err(|_| format!("bad dimension {d:?} in {s:?}"))
+                    .map_err(|_| InputShapeError::Dimension {
+                        dim: d.to_string(),
+                        text: s.to_string(),
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?
     };
@@ -469,7 +483,7 @@ pub fn conform(a: ConformArgs) -> Result<ExitCode> {
         atol: a.atol,
         executor,
     };
-    let (_, summary) = run_dirs(&a.dirs, &opts, |r| println!("{r}")).map_err(anyhow::Error::msg)?;
+    let (_, summary) = run_dirs(&a.dirs, &opts, |r| println!("{r}"))?;
     println!("{summary}");
     if summary.total() == 0 {
         bail!("no test cases found");

@@ -16,7 +16,7 @@ use ppcc_passes::partition::{apply, partition, PartitionKind, PartitionOptions};
 use ppcc_passes::split::{split_stages, SplitInfo, SplitOptions};
 use ppcc_runtime::data::default_specs;
 use ppcc_runtime::{BatchSource, Distribution, InputSpec, SyntheticSource};
-use ppir::interp::{run_function, Comm, InterpOptions};
+use ppir::interp::{run_function, Comm, CommError, InterpOptions};
 use ppir::{ArgKind, DType, Function, Module, Tensor, TensorType};
 
 fn example(name: &str) -> PathBuf {
@@ -35,21 +35,27 @@ struct Mailbox {
 }
 
 impl Comm for Mailbox {
-    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), String> {
+    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError> {
         if self.boxes.insert((self.stage, peer, channel), t).is_some() {
-            return Err(format!("channel {channel} sent twice"));
+            return Err(CommError::Transport {
+                peer,
+                channel,
+                message: format!("channel {channel} sent twice"),
+            });
         }
         Ok(())
     }
 
-    fn recv(&mut self, peer: u32, channel: i64, _ty: &TensorType) -> Result<Tensor, String> {
+    fn recv(&mut self, peer: u32, channel: i64, _ty: &TensorType) -> Result<Tensor, CommError> {
         self.boxes
             .remove(&(peer, self.stage, channel))
-            .ok_or_else(|| {
-                format!(
+            .ok_or_else(|| CommError::Transport {
+                peer,
+                channel,
+                message: format!(
                     "stage {} receives channel {channel} before stage {peer} sent it",
                     self.stage
-                )
+                ),
             })
     }
 }

@@ -484,11 +484,11 @@ impl Driver {
                         step: k,
                         micro_batch: None,
                         function: None,
-                        message: format!(
-                            "device {rank} panicked: {}",
-                            ppcc_runtime::pipeline::panic_message(&*p)
-                        ),
-                        aborted: false,
+                        error: Box::new(ppcc_runtime::pipeline::PipelineError::Panicked {
+                            rank,
+                            message: ppcc_runtime::pipeline::panic_message(&*p),
+                        }),
+                        abandoned: vec![],
                     })
                 });
                 match r {

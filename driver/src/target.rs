@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Context, Result};
 use ppcc_codegen::{build_module, BuildOptions};
 use ppcc_runtime::native::NativeModule;
+use ppir::interp::CommError;
 use ppir::Module;
 
 /// Where model code runs.
@@ -109,17 +110,21 @@ impl Drop for ScratchDir {
 pub struct NullComm;
 
 impl ppir::interp::Comm for NullComm {
-    fn send(&mut self, _peer: u32, _channel: i64, _t: ppir::Tensor) -> Result<(), String> {
+    fn send(&mut self, _peer: u32, _channel: i64, _t: ppir::Tensor) -> Result<(), CommError> {
         Ok(())
     }
 
     fn recv(
         &mut self,
-        _peer: u32,
-        _channel: i64,
+        peer: u32,
+        channel: i64,
         ty: &ppir::TensorType,
-    ) -> Result<ppir::Tensor, String> {
-        synthetic(ty).ok_or_else(|| format!("cannot make a {ty} to receive"))
+    ) -> Result<ppir::Tensor, CommError> {
+        synthetic(ty).ok_or_else(|| CommError::Transport {
+            peer,
+            channel,
+            message: format!("cannot make a {ty} to receive"),
+        })
     }
 }
 

@@ -115,17 +115,36 @@ impl fmt::Display for Action {
     }
 }
 
-/// Parse a cell: the action kind, the stage and the micro-batch (0 for `OPT`). Errors say
-/// what was expected.
-pub fn parse_action(cell: &str) -> Result<(ActionKind, usize, usize), String> {
+/// Why a schedule cell does not parse: each variant says what was expected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ActionParseError {
+    #[error("expected a stage number, then F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B or OPT, then a micro-batch number")]
+    NoStage,
+    #[error("stage number out of range")]
+    StageRange,
+    /// The text after the stage number is no action code.
+    #[error(
+        "unknown action `{rest}` (expected F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B or OPT)"
+    )]
+    UnknownAction { rest: String },
+    #[error("OPT takes no micro-batch number")]
+    OptMicroBatch,
+    #[error("expected a micro-batch number after `{code}`")]
+    NoMicroBatch { code: &'static str },
+    #[error("micro-batch number out of range")]
+    MicroBatchRange,
+}
+
+/// Parse a cell: the action kind, the stage and the micro-batch (0 for `OPT`).
+pub fn parse_action(cell: &str) -> Result<(ActionKind, usize, usize), ActionParseError> {
     let cell = cell.trim();
     let digits = cell.chars().take_while(|c| c.is_ascii_digit()).count();
     if digits == 0 {
-        return Err("expected a stage number, then F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B or OPT, then a micro-batch number".into());
+        return Err(ActionParseError::NoStage);
     }
     let stage: usize = cell[..digits]
         .parse()
-        .map_err(|_| "stage number out of range".to_string())?;
+        .map_err(|_| ActionParseError::StageRange)?;
     let rest = &cell[digits..];
     let kinds = [
         ("SEND_F", ActionKind::SendF),
@@ -139,23 +158,23 @@ pub fn parse_action(cell: &str) -> Result<(ActionKind, usize, usize), String> {
         ("B", ActionKind::FullBackward),
     ];
     let Some(&(code, kind)) = kinds.iter().find(|(c, _)| rest.starts_with(c)) else {
-        return Err(format!(
-            "unknown action `{rest}` (expected F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B or OPT)"
-        ));
+        return Err(ActionParseError::UnknownAction {
+            rest: rest.to_string(),
+        });
     };
     let micro = &rest[code.len()..];
     let micro_batch = if kind == ActionKind::OptimizerStep {
         if !micro.is_empty() {
-            return Err("OPT takes no micro-batch number".into());
+            return Err(ActionParseError::OptMicroBatch);
         }
         0
     } else {
         if micro.is_empty() || !micro.chars().all(|c| c.is_ascii_digit()) {
-            return Err(format!("expected a micro-batch number after `{code}`"));
+            return Err(ActionParseError::NoMicroBatch { code });
         }
         micro
             .parse()
-            .map_err(|_| "micro-batch number out of range".to_string())?
+            .map_err(|_| ActionParseError::MicroBatchRange)?
     };
     Ok((kind, stage, micro_batch))
 }
@@ -173,6 +192,6 @@ mod tests {
         assert!(parse_action("F1").is_err());
         assert!(parse_action("0X1").is_err());
         assert!(parse_action("0F").is_err());
-        assert!(parse_action("0OPT1").is_err());
+        assert_eq!(parse_action("0OPT1"), Err(ActionParseError::OptMicroBatch));
     }
 }

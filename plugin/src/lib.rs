@@ -168,25 +168,37 @@ where
     if out.is_null() {
         return STATUS_FAILED;
     }
-    let result = catch_unwind(AssertUnwindSafe(|| -> Result<String, String> {
+    let result = catch_unwind(AssertUnwindSafe(|| -> Result<String, RunError<E>> {
         // SAFETY: the caller guarantees both are readable for the call.
         let (module, options) = unsafe { (module.as_slice(), options.as_slice()) };
-        let text = std::str::from_utf8(module)
-            .map_err(|e| format!("the module text is not UTF-8: {e}"))?;
-        let options =
-            std::str::from_utf8(options).map_err(|e| format!("the options are not UTF-8: {e}"))?;
-        let m = parse_module(text).map_err(|e| format!("the module text does not parse: {e}"))?;
-        let m = pass(m, options).map_err(|e| e.to_string())?;
+        let text = std::str::from_utf8(module).map_err(RunError::ModuleUtf8)?;
+        let options = std::str::from_utf8(options).map_err(RunError::OptionsUtf8)?;
+        let m = parse_module(text).map_err(RunError::Parse)?;
+        let m = pass(m, options).map_err(RunError::Pass)?;
         Ok(print_module(&m, &PrintOptions::default()))
     }));
     let (status, text) = match result {
         Ok(Ok(text)) => (STATUS_OK, text),
-        Ok(Err(message)) => (STATUS_FAILED, message),
+        Ok(Err(e)) => (STATUS_FAILED, e.to_string()),
         Err(payload) => (STATUS_PANICKED, panic_message(payload.as_ref())),
     };
     // SAFETY: checked non-null above; the caller guarantees it is writable.
     unsafe { out.write(into_buffer(text.into_bytes())) };
     status
+}
+
+/// Why [`run_pass`] failed: its message is what ppcc reports.
+#[derive(Debug, thiserror::Error)]
+enum RunError<E: Display> {
+    #[error("the module text is not UTF-8: {0}")]
+    ModuleUtf8(std::str::Utf8Error),
+    #[error("the options are not UTF-8: {0}")]
+    OptionsUtf8(std::str::Utf8Error),
+    #[error("the module text does not parse: {0}")]
+    Parse(ppir::text::ParseError),
+    /// The pass's own error.
+    #[error("{0}")]
+    Pass(E),
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {

@@ -120,8 +120,12 @@ impl BatchSource for ArraySource {
         self.arrays
             .iter()
             .map(|(n, t)| {
-                let rows = try_slice_rows(t, k * self.batch, self.batch)
-                    .map_err(|e| RuntimeError::Data(format!("array `{n}`: {e}")))?;
+                let rows = try_slice_rows(t, k * self.batch, self.batch).map_err(|source| {
+                    RuntimeError::Array {
+                        name: n.clone(),
+                        source,
+                    }
+                })?;
                 Ok((n.clone(), rows))
             })
             .collect()
@@ -145,19 +149,31 @@ pub fn slice_rows(t: &Tensor, start: usize, count: usize) -> Tensor {
     }
 }
 
+/// Why [`try_slice_rows`] cannot take the rows.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SliceError {
+    #[error("a scalar has no rows")]
+    Scalar,
+    #[error("shape {shape:?} does not match its {elements} elements")]
+    Shape { shape: Vec<usize>, elements: usize },
+    #[error("rows {start}..{end} are outside its {rows} rows")]
+    Rows {
+        start: usize,
+        end: usize,
+        rows: usize,
+    },
+}
+
 /// [`slice_rows`] for data from outside: fails, without panicking, for a range outside
 /// the tensor or a tensor whose data does not match its shape (whose element count may
 /// even overflow: an `.npz` header `(2**62, 4)` with no data).
-pub fn try_slice_rows(t: &Tensor, start: usize, count: usize) -> Result<Tensor, String> {
-    let shape_err = || {
-        format!(
-            "shape {:?} does not match its {} elements",
-            t.shape,
-            t.data.len()
-        )
+pub fn try_slice_rows(t: &Tensor, start: usize, count: usize) -> Result<Tensor, SliceError> {
+    let shape_err = || SliceError::Shape {
+        shape: t.shape.clone(),
+        elements: t.data.len(),
     };
     let Some(&rows) = t.shape.first() else {
-        return Err("a scalar has no rows".into());
+        return Err(SliceError::Scalar);
     };
     let per_row = ppir::size::checked_num_elements(&t.shape[1..]).ok_or_else(shape_err)?;
     if ppir::size::checked_num_elements(&t.shape) != Some(t.data.len()) {
@@ -166,11 +182,10 @@ pub fn try_slice_rows(t: &Tensor, start: usize, count: usize) -> Result<Tensor, 
     let end = start
         .checked_add(count)
         .filter(|&e| e <= rows)
-        .ok_or_else(|| {
-            format!(
-                "rows {start}..{} are outside its {rows} rows",
-                start.saturating_add(count)
-            )
+        .ok_or(SliceError::Rows {
+            start,
+            end: start.saturating_add(count),
+            rows,
         })?;
     // Both fit: end * per_row <= rows * per_row = the element count.
     let (a, b) = (start * per_row, end * per_row);

@@ -55,6 +55,12 @@ pub enum RuntimeError {
     /// A data source cannot provide batches.
     #[error("data: {0}")]
     Data(String),
+    /// An array of the data cannot provide a batch's rows.
+    #[error("data: array `{name}`: {source}")]
+    Array {
+        name: String,
+        source: data::SliceError,
+    },
 }
 
 fn micro_suffix(micro: Option<usize>) -> String {

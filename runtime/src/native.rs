@@ -22,11 +22,11 @@ use std::ffi::{c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use ppir::interp::Comm;
+use ppir::interp::{Comm, CommError};
 use ppir::ops::attrs::CommAttrs;
 use ppir::ops::OpAttrs;
 
-use crate::pipeline::{ArgValue, Value};
+use crate::pipeline::{ArgValue, PipelineError, Value};
 use ppir::{DType, Function, Module, OpKind, Tensor, TensorData, TensorType};
 
 /// What went wrong loading or calling a native module.
@@ -42,11 +42,63 @@ pub enum NativeError {
     },
     #[error("@{function}: {message}")]
     Call { function: String, message: String },
+    /// A tensor argument of another type than the function takes.
+    #[error("@{function}: argument {index} is {got}, the function takes {expected}")]
+    Argument {
+        function: String,
+        index: usize,
+        got: String,
+        expected: String,
+    },
+    /// A send or receive of the generated code failed.
+    #[error("@{function}: {source}")]
+    Callback {
+        function: String,
+        source: CallbackError,
+    },
+    /// A CUDA module's buffers or device failed.
+    #[error("@{function}: {source}")]
+    Gpu {
+        function: String,
+        source: crate::gpu::GpuError,
+    },
     /// A value of the function is too large to count, or to fit in memory: the call would
     /// abort in the allocator (an output buffer) or crash (a failed allocation in the
     /// generated code).
     #[error("{0}")]
     TooLarge(ppir::SizeError),
+}
+
+impl NativeError {
+    /// The communicator's error, when a send or receive of the call failed there.
+    pub fn comm_error(&self) -> Option<&CommError> {
+        match self {
+            NativeError::Callback {
+                source: CallbackError::Comm(e),
+                ..
+            } => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Why a send or receive callback of the generated code failed. `peer` and `channel` are
+/// the op's attributes as the generated code passes them.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallbackError {
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// The function has no send op with these attributes (the code does not match the IR).
+    #[error("no send op to stage {peer} on channel {channel}")]
+    NoSend { peer: i64, channel: i64 },
+    #[error("no recv op from stage {peer} on channel {channel}")]
+    NoRecv { peer: i64, channel: i64 },
+    #[error("recv of a non-static type")]
+    DynamicRecv { peer: i64, channel: i64 },
+    #[error("the function {}, but no transport was given", if *.sending { "sends" } else { "receives" })]
+    NoTransport { sending: bool },
+    #[error("panic in a send/recv callback")]
+    Panic,
 }
 
 type Entry = unsafe extern "C" fn(*mut Ctx, *const *mut c_void);
@@ -255,9 +307,10 @@ impl NativeModule {
                 f.inputs.len()
             ))
         })?;
-        check_arg(index, t, want).map_err(call_err)?;
+        check_arg(function, index, t, want)?;
         Ok(NativeArg {
-            buf: Buffer::from_tensor_on(self.gpu.as_ref(), t).map_err(call_err)?,
+            buf: Buffer::from_tensor_on(self.gpu.as_ref(), t)
+                .map_err(|e| gpu_error(function, e))?,
             ty: want.clone(),
         })
     }
@@ -299,9 +352,10 @@ impl NativeModule {
         for (i, (a, want)) in args.iter().zip(&f.inputs).enumerate() {
             match a {
                 Arg::Tensor(t) => {
-                    check_arg(i, t, want).map_err(call_err)?;
+                    check_arg(function, i, t, want)?;
                     // The buffer's heap block does not move when the Vec holding it does.
-                    let mut b = Buffer::from_tensor_on(self.gpu.as_ref(), t).map_err(call_err)?;
+                    let mut b = Buffer::from_tensor_on(self.gpu.as_ref(), t)
+                        .map_err(|e| gpu_error(function, e))?;
                     in_ptrs.push(b.as_mut_ptr());
                     owned.push(b);
                 }
@@ -324,10 +378,10 @@ impl NativeModule {
             .iter()
             .map(|o| Buffer::zeroed_on(self.gpu.as_ref(), o.dtype, o.len()))
             .collect::<Result<_, _>>()
-            .map_err(call_err)?;
+            .map_err(|e| gpu_error(function, e))?;
         // A CUDA module's kernels and allocations use the device current on this thread.
         let entered = match &self.gpu {
-            Some(g) => Some(g.enter().map_err(|e| call_err(e.to_string()))?),
+            Some(g) => Some(g.enter().map_err(|e| gpu_error(function, e))?),
             None => None,
         };
         let ptrs_all: Vec<*mut u8> = in_ptrs
@@ -377,8 +431,11 @@ impl NativeModule {
                 )));
             }
         }
-        if let Some(e) = state.error {
-            return Err(call_err(e));
+        if let Some(source) = state.error {
+            return Err(NativeError::Callback {
+                function: function.to_string(),
+                source,
+            });
         }
         Ok(bufs
             .into_iter()
@@ -413,6 +470,13 @@ fn attach_gpu(
         )));
     }
     Ok(Some(device))
+}
+
+fn gpu_error(function: &str, source: crate::gpu::GpuError) -> NativeError {
+    NativeError::Gpu {
+        function: function.to_string(),
+        source,
+    }
 }
 
 fn call_error(function: &str, message: String) -> NativeError {
@@ -491,14 +555,14 @@ impl crate::pipeline::DeviceValue for NativeArg {
     }
 }
 
-fn check_arg(i: usize, t: &Tensor, want: &Static) -> Result<(), String> {
+fn check_arg(function: &str, i: usize, t: &Tensor, want: &Static) -> Result<(), NativeError> {
     if t.dtype != want.dtype || t.shape != want.shape {
-        return Err(format!(
-            "argument {i} is {}{:?}, the function takes {}",
-            t.dtype.name(),
-            t.shape,
-            want.text()
-        ));
+        return Err(NativeError::Argument {
+            function: function.to_string(),
+            index: i,
+            got: format!("{}{:?}", t.dtype.name(), t.shape),
+            expected: want.text(),
+        });
     }
     Ok(())
 }
@@ -585,19 +649,22 @@ pub struct Ctx {
 struct CallState<'a, 'c> {
     comm: Option<&'c mut (dyn Comm + 'c)>,
     f: &'a NativeFn,
-    error: Option<String>,
+    error: Option<CallbackError>,
 }
 
 /// Run `body` on the call's state unless an earlier callback failed; record its error.
-fn with_state(ctx: *mut Ctx, body: impl FnOnce(&mut CallState) -> Result<(), String>) -> i32 {
+fn with_state(
+    ctx: *mut Ctx,
+    body: impl FnOnce(&mut CallState) -> Result<(), CallbackError>,
+) -> i32 {
     // SAFETY: the generated code passes back the `ctx` it was called with, which points at
     // a live `Ctx` whose state is a live `CallState` for the whole call.
     let state = unsafe { &mut *((*ctx).state as *mut CallState) };
     if state.error.is_some() {
         return 1;
     }
-    let r = catch_unwind(AssertUnwindSafe(|| body(&mut *state)))
-        .unwrap_or_else(|_| Err("panic in a send/recv callback".into()));
+    let r =
+        catch_unwind(AssertUnwindSafe(|| body(&mut *state))).unwrap_or(Err(CallbackError::Panic));
     match r {
         Ok(()) => 0,
         Err(e) => {
@@ -612,14 +679,14 @@ extern "C" fn send_cb(ctx: *mut Ctx, peer: i64, channel: i64, data: *mut u8) -> 
         let ty =
             s.f.sends
                 .get(&(peer, channel))
-                .ok_or_else(|| format!("no send op to stage {peer} on channel {channel}"))?;
+                .ok_or(CallbackError::NoSend { peer, channel })?;
         let comm = s
             .comm
             .as_deref_mut()
-            .ok_or("the function sends, but no transport was given")?;
+            .ok_or(CallbackError::NoTransport { sending: true })?;
         // SAFETY: `data` is the dense buffer of the send's operand, of type `ty`.
         let t = unsafe { Buffer::read_raw(data, ty) };
-        comm.send(peer as u32, channel, t)
+        Ok(comm.send(peer as u32, channel, t)?)
     })
 }
 
@@ -628,20 +695,21 @@ extern "C" fn recv_cb(ctx: *mut Ctx, peer: i64, channel: i64, data: *mut u8) -> 
         let ty =
             s.f.recvs
                 .get(&(peer, channel))
-                .ok_or_else(|| format!("no recv op from stage {peer} on channel {channel}"))?;
-        let want = Static::of(ty).ok_or("recv of a non-static type")?;
+                .ok_or(CallbackError::NoRecv { peer, channel })?;
+        let want = Static::of(ty).ok_or(CallbackError::DynamicRecv { peer, channel })?;
         let comm = s
             .comm
             .as_deref_mut()
-            .ok_or("the function receives, but no transport was given")?;
+            .ok_or(CallbackError::NoTransport { sending: false })?;
         let t = comm.recv(peer as u32, channel, ty)?;
         if t.dtype != want.dtype || t.shape != want.shape {
-            return Err(format!(
-                "received {}{:?} on channel {channel}, expected {}",
-                t.dtype.name(),
-                t.shape,
-                want.text()
-            ));
+            return Err(CommError::Mismatch {
+                peer: peer as u32,
+                channel,
+                got: format!("{}{:?}", t.dtype.name(), t.shape),
+                expected: want.text(),
+            }
+            .into());
         }
         let b = Buffer::from_tensor(&t);
         // SAFETY: `data` is a fresh buffer of `want`'s size in bytes.
@@ -696,12 +764,11 @@ impl Buffer {
         gpu: Option<&std::sync::Arc<crate::gpu::GpuDevice>>,
         dtype: DType,
         len: usize,
-    ) -> Result<Buffer, String> {
+    ) -> Result<Buffer, crate::gpu::GpuError> {
         let Some(g) = gpu else {
             return Ok(Buffer::zeroed(dtype, len));
         };
-        let d = crate::gpu::DeviceBuffer::zeroed(g, len * dtype.size_bytes())
-            .map_err(|e| e.to_string())?;
+        let d = crate::gpu::DeviceBuffer::zeroed(g, len * dtype.size_bytes())?;
         Ok(Buffer {
             storage: Storage::Device(d),
             dtype,
@@ -747,7 +814,7 @@ impl Buffer {
     fn from_tensor_on(
         gpu: Option<&std::sync::Arc<crate::gpu::GpuDevice>>,
         t: &Tensor,
-    ) -> Result<Buffer, String> {
+    ) -> Result<Buffer, crate::gpu::GpuError> {
         let mut b = Buffer::zeroed_on(gpu, t.dtype, t.data.len())?;
         let out = b.bytes_mut();
         match (&t.data, t.dtype) {
@@ -894,20 +961,19 @@ impl crate::pipeline::StageExecutable for NativeStage {
         args: Vec<ArgValue<'_>>,
         keep: &[bool],
         comm: &mut dyn Comm,
-    ) -> Result<Vec<Value>, String> {
+    ) -> Result<Vec<Value>, PipelineError> {
         let f = self
             .module
             .function(function)
-            .ok_or_else(|| format!("the stage has no function @{function}"))?;
+            .ok_or_else(|| PipelineError::NoFunction {
+                function: function.to_string(),
+            })?;
         // Weights: converted once and kept (until `weights_changed`).
         for (i, (&(_, kind), a)) in f.args().iter().zip(&args).enumerate() {
             let key = (function.to_string(), i);
             if let (ppir::ArgKind::Param | ppir::ArgKind::State, ArgValue::Host(t)) = (kind, a) {
                 if !self.prepared.contains_key(&key) {
-                    let p = self
-                        .native
-                        .prepare(function, i, t.as_ref())
-                        .map_err(|e| e.to_string())?;
+                    let p = self.native.prepare(function, i, t.as_ref())?;
                     self.prepared.insert(key, p);
                 }
             }
@@ -944,10 +1010,7 @@ impl crate::pipeline::StageExecutable for NativeStage {
                 In::Owned(t) => Arg::Tensor(t),
             })
             .collect();
-        let outs = self
-            .native
-            .call_native(function, &call_args, Some(comm))
-            .map_err(|e| e.to_string())?;
+        let outs = self.native.call_native(function, &call_args, Some(comm))?;
         Ok(outs
             .into_iter()
             .enumerate()

@@ -10,9 +10,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use ppcc_passes::plugin::PassOrigin;
-use ppcc_passes::{PassManager, PassRegistry};
-use ppir::text::{parse_module, print_module, PrintOptions};
+use ppcc_codegen::LowerError;
+use ppcc_passes::plugin::{PassOrigin, PluginError};
+use ppcc_passes::{PassError, PassManager, PassRegistry};
+use ppir::text::{parse_module, print_module, ParseError, PrintOptions};
 
 /// The codegen lowering, offered as the last "pass" (it leaves ppir for MLIR).
 const LOWER_TO_MLIR: &str = "lower-to-mlir";
@@ -64,6 +65,37 @@ struct Args {
     plugins: Vec<PathBuf>,
 }
 
+/// Why `ppcc-opt` failed; printed once, by `main`. `file` is the input as given (`-` for
+/// standard input).
+#[derive(Debug, thiserror::Error)]
+enum OptError {
+    #[error("error: {0}")]
+    Plugin(PluginError),
+    #[error("error: stdin: {0}")]
+    Stdin(std::io::Error),
+    #[error("error: {file}: {error}")]
+    Read { file: String, error: std::io::Error },
+    #[error("{file}:{error}")]
+    Parse { file: String, error: ParseError },
+    #[error("error: --pass {LOWER_TO_MLIR} must be the last pass")]
+    LowerNotLast,
+    /// An unknown pass, or bad pass options.
+    #[error("error: {0}")]
+    Pass(PassError),
+    #[error("{file}: error: {error}")]
+    Run { file: String, error: PassError },
+    #[error("{file}: error: {error}")]
+    Lower {
+        file: String,
+        error: Box<LowerError>,
+    },
+    #[error("error: {}: {error}", .path.display())]
+    Write {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.list_ops {
@@ -72,19 +104,17 @@ fn main() -> ExitCode {
     }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("{msg}");
+        Err(e) => {
+            eprintln!("{e}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: Args) -> Result<(), OptError> {
     let mut registry = PassRegistry::builtin();
     for plugin in &args.plugins {
-        registry
-            .load_plugin(plugin)
-            .map_err(|e| format!("error: {e}"))?;
+        registry.load_plugin(plugin).map_err(OptError::Plugin)?;
     }
     if args.list_passes {
         for p in registry.list() {
@@ -103,16 +133,23 @@ fn run(args: Args) -> Result<(), String> {
     }
     let path = args.file.expect("clap requires FILE unless --list-passes");
     let display = path.display().to_string();
+    let file = || display.clone();
     let src = if display == "-" {
         let mut s = String::new();
         std::io::stdin()
             .read_to_string(&mut s)
-            .map_err(|e| format!("error: stdin: {e}"))?;
+            .map_err(OptError::Stdin)?;
         s
     } else {
-        std::fs::read_to_string(&path).map_err(|e| format!("error: {display}: {e}"))?
+        std::fs::read_to_string(&path).map_err(|error| OptError::Read {
+            file: file(),
+            error,
+        })?
     };
-    let mut module = parse_module(&src).map_err(|e| format!("{display}:{e}"))?;
+    let mut module = parse_module(&src).map_err(|error| OptError::Parse {
+        file: file(),
+        error,
+    })?;
 
     let mut pm = PassManager::new();
     pm.verify_each(!args.no_verify);
@@ -120,24 +157,27 @@ fn run(args: Args) -> Result<(), String> {
     for (i, spec) in args.passes.iter().enumerate() {
         if spec == LOWER_TO_MLIR {
             if i + 1 != args.passes.len() {
-                return Err(format!(
-                    "error: --pass {LOWER_TO_MLIR} must be the last pass"
-                ));
+                return Err(OptError::LowerNotLast);
             }
             to_mlir = true;
             continue;
         }
-        pm.add(registry.create(spec).map_err(|e| format!("error: {e}"))?);
+        pm.add(registry.create(spec).map_err(OptError::Pass)?);
     }
-    pm.run(&mut module)
-        .map_err(|e| format!("{display}: error: {e}"))?;
+    pm.run(&mut module).map_err(|error| OptError::Run {
+        file: file(),
+        error,
+    })?;
     if args.verify_only {
         return Ok(());
     }
     let text = if to_mlir {
         let fs: Vec<&ppir::Function> = module.functions.iter().collect();
         ppcc_codegen::lower_functions(&fs)
-            .map_err(|e| format!("{display}: error: {e}"))?
+            .map_err(|error| OptError::Lower {
+                file: file(),
+                error: Box::new(error),
+            })?
             .0
     } else {
         print_module(
@@ -149,7 +189,7 @@ fn run(args: Args) -> Result<(), String> {
     };
     match args.output {
         Some(out) => {
-            std::fs::write(&out, text).map_err(|e| format!("error: {}: {e}", out.display()))
+            std::fs::write(&out, text).map_err(|error| OptError::Write { path: out, error })
         }
         None => {
             print!("{text}");

@@ -274,11 +274,11 @@ impl ElemOp {
     }
 
     /// The op of `kind` (elementwise, other than `cast` and `dropout`) with its attributes
-    /// read through the op's typed view; the message says what is wrong with them.
-    fn with_attrs(kind: OpKind, attrs: &Attrs) -> Result<ElemOp, String> {
+    /// read through the op's typed view; the error says what is wrong with them.
+    fn with_attrs(kind: OpKind, attrs: &Attrs) -> Result<ElemOp, ElemError> {
         use OpKind::*;
-        fn of<A: OpAttrs>(attrs: &Attrs) -> Result<A, String> {
-            A::of(attrs).map_err(|e| e.to_string())
+        fn of<A: OpAttrs>(attrs: &Attrs) -> Result<A, ElemError> {
+            Ok(A::of(attrs)?)
         }
         Ok(match kind {
             LeakyRelu => ElemOp::LeakyRelu {
@@ -299,9 +299,9 @@ impl ElemOp {
                 "none" => ElemOp::Gelu { tanh: false },
                 "tanh" => ElemOp::Gelu { tanh: true },
                 other => {
-                    return Err(format!(
-                        "gelu: `approximate` must be \"none\" or \"tanh\", got \"{other}\""
-                    ))
+                    return Err(ElemError::GeluApproximate {
+                        got: other.to_string(),
+                    })
                 }
             },
             Shrink => {
@@ -317,79 +317,114 @@ impl ElemOp {
     }
 }
 
+/// Why an elementwise op cannot be lowered: its attributes, or operand and result
+/// element types the interpreter does not define it for (the caller adds the op).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub(crate) enum ElemError {
+    #[error(transparent)]
+    Attr(#[from] ppir::attr::AttrError),
+    #[error("gelu: `approximate` must be \"none\" or \"tanh\", got \"{got}\"")]
+    GeluApproximate { got: String },
+    #[error("{0} is not elementwise")]
+    NotElementwise(OpKind),
+    #[error("expected {arity} elementwise operands, got {got}")]
+    Arity { arity: usize, got: usize },
+    #[error("the result must be {want}, but the op declares {got}")]
+    Result { want: DType, got: DType },
+    #[error("operand element types differ: {0} and {1}")]
+    Differ(DType, DType),
+    /// The condition of `where`, or the operand of `not`, is not `i1`.
+    #[error("the {what} of {kind} must be i1, got {got}")]
+    NotBool {
+        what: &'static str,
+        kind: OpKind,
+        got: DType,
+    },
+    #[error("{kind} needs {what}, got {}", .got.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" and "))]
+    Operands {
+        kind: OpKind,
+        /// `a numeric operand`, `numeric operands`, `a float operand`, `i1 operands`.
+        what: &'static str,
+        got: Vec<DType>,
+    },
+}
+
 fn is_num(d: DType) -> bool {
     d.is_float() || d.is_int()
 }
 
 /// Whether the interpreter defines `kind` for operands `ins` and result `out` (dtypes);
 /// the reason when it does not.
-fn check_types(kind: OpKind, ins: &[DType], out: DType) -> Result<(), String> {
+fn check_types(kind: OpKind, ins: &[DType], out: DType) -> Result<(), ElemError> {
     use OpKind::*;
     let arity = match kind.class() {
         ppir::ops::OpClass::Unary => 1,
         ppir::ops::OpClass::Binary | ppir::ops::OpClass::Compare => 2,
         ppir::ops::OpClass::Ternary => 3,
-        _ => return Err(format!("{kind} is not elementwise")),
+        _ => return Err(ElemError::NotElementwise(kind)),
     };
     if ins.len() != arity {
-        return Err(format!(
-            "expected {arity} elementwise operands, got {}",
-            ins.len()
-        ));
+        return Err(ElemError::Arity {
+            arity,
+            got: ins.len(),
+        });
     }
     let a = ins[0];
-    let want = |r: DType| -> Result<(), String> {
+    let want = |r: DType| {
         if out == r {
             Ok(())
         } else {
-            Err(format!("the result must be {r}, but the op declares {out}"))
+            Err(ElemError::Result { want: r, got: out })
         }
     };
-    let same = || -> Result<(), String> {
+    let same = || {
         if ins[0] == ins[1] {
             Ok(())
         } else {
-            Err(format!(
-                "operand element types differ: {} and {}",
-                ins[0], ins[1]
-            ))
+            Err(ElemError::Differ(ins[0], ins[1]))
         }
+    };
+    let operands = |what: &'static str, got: &[DType]| ElemError::Operands {
+        kind,
+        what,
+        got: got.to_vec(),
     };
     match kind {
         Identity | Dropout => want(a),
         Cast => Ok(()),
         Not => {
             if a != DType::Bool {
-                return Err(format!("the operand of pp.not must be i1, got {a}"));
+                return Err(ElemError::NotBool {
+                    what: "operand",
+                    kind,
+                    got: a,
+                });
             }
             want(DType::Bool)
         }
         Relu | Abs | Neg | Sign | Clip => {
             if !is_num(a) {
-                return Err(format!("{kind} needs a numeric operand, got {a}"));
+                return Err(operands("a numeric operand", &[a]));
             }
             want(a)
         }
         LeakyRelu | Elu | Selu | Sigmoid | HardSigmoid | Tanh | Gelu | Erf | Exp | Log | Sqrt
         | Reciprocal | Softplus | Softsign | Floor | Ceil | Sin | Cos | Shrink => {
             if !a.is_float() {
-                return Err(format!("{kind} needs a float operand, got {a}"));
+                return Err(operands("a float operand", &[a]));
             }
             want(a)
         }
         Add | Sub | Mul | Div | Max | Min | PRelu => {
             same()?;
             if !is_num(a) {
-                return Err(format!("{kind} needs numeric operands, got {a}"));
+                return Err(operands("numeric operands", &[a]));
             }
             want(a)
         }
         Pow => {
             if !is_num(a) || !is_num(ins[1]) {
-                return Err(format!(
-                    "pow needs numeric operands, got {} and {}",
-                    a, ins[1]
-                ));
+                return Err(operands("numeric operands", &[a, ins[1]]));
             }
             want(a)
         }
@@ -399,26 +434,24 @@ fn check_types(kind: OpKind, ins: &[DType], out: DType) -> Result<(), String> {
         }
         And | Or => {
             if a != DType::Bool || ins[1] != DType::Bool {
-                return Err(format!(
-                    "{kind} needs i1 operands, got {} and {}",
-                    a, ins[1]
-                ));
+                return Err(operands("i1 operands", &[a, ins[1]]));
             }
             want(DType::Bool)
         }
         Where => {
             if a != DType::Bool {
-                return Err(format!("the condition of pp.where must be i1, got {a}"));
+                return Err(ElemError::NotBool {
+                    what: "condition",
+                    kind,
+                    got: a,
+                });
             }
             if ins[1] != ins[2] {
-                return Err(format!(
-                    "operand element types differ: {} and {}",
-                    ins[1], ins[2]
-                ));
+                return Err(ElemError::Differ(ins[1], ins[2]));
             }
             want(ins[1])
         }
-        _ => Err(format!("{kind} is not elementwise")),
+        _ => Err(ElemError::NotElementwise(kind)),
     }
 }
 
@@ -485,7 +518,7 @@ pub fn node_for(e: &mut Emitter, op: &OpView, args: Vec<Expr>) -> Result<Node, L
     }
     let in_dtypes = op.in_dtypes[..n_el].to_vec();
     let out = op.out_dtypes[0];
-    check_types(kind, &in_dtypes, out).map_err(|m| op.invalid(m))?;
+    check_types(kind, &in_dtypes, out).map_err(|e| op.invalid(e.to_string()))?;
     // Shapes: the result is the broadcast of the operands (prelu: x's shape).
     let shapes: Vec<&[u64]> = op.in_shapes[..n_el].iter().map(|s| s.as_slice()).collect();
     let out_shape = &op.out_shapes[0];
@@ -514,7 +547,7 @@ pub fn node_for(e: &mut Emitter, op: &OpView, args: Vec<Expr>) -> Result<Node, L
             ElemOp::Cast
         }
         Dropout => dropout_op(e, op)?,
-        k => ElemOp::with_attrs(k, &op.op.attrs).map_err(|m| op.invalid(m))?,
+        k => ElemOp::with_attrs(k, &op.op.attrs).map_err(|e| op.invalid(e.to_string()))?,
     };
     Ok(Node {
         op: elem,

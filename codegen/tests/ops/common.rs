@@ -9,7 +9,7 @@ use ppcc_codegen::{
     compile_to_shared_object, lower_functions, lower_functions_with, CompileOptions, LowerOptions,
 };
 use ppcc_runtime::native::NativeModule;
-use ppir::interp::{run_function, Comm, InterpOptions};
+use ppir::interp::{run_function, Comm, CommError, InterpOptions};
 use ppir::{DType, Function, Module, Tensor, TensorData};
 
 pub fn parse(src: &str) -> Module {
@@ -331,17 +331,26 @@ pub struct MockComm {
 }
 
 impl Comm for MockComm {
-    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), String> {
+    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError> {
         self.sent.push((peer, channel, t));
         Ok(())
     }
 
-    fn recv(&mut self, peer: u32, channel: i64, _ty: &ppir::TensorType) -> Result<Tensor, String> {
+    fn recv(
+        &mut self,
+        peer: u32,
+        channel: i64,
+        _ty: &ppir::TensorType,
+    ) -> Result<Tensor, CommError> {
         let i = self
             .to_receive
             .iter()
             .position(|(p, c, _)| *p == peer && *c == channel)
-            .ok_or_else(|| format!("nothing queued from stage {peer} on channel {channel}"))?;
+            .ok_or_else(|| CommError::Transport {
+                peer,
+                channel,
+                message: format!("nothing queued from stage {peer} on channel {channel}"),
+            })?;
         Ok(self.to_receive.remove(i).2)
     }
 }

@@ -5,6 +5,24 @@
 
 use super::proto::{attribute_type as at, AttributeProto, NodeProto, TensorProto};
 
+/// Why a node attribute cannot be read as asked (the caller adds the node).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NodeAttrError {
+    /// The attribute holds another kind of value; `attr_type` is its `AttributeProto.type`.
+    #[error("attribute `{name}` must be {expected} (attribute type {attr_type})")]
+    WrongType {
+        name: String,
+        expected: &'static str,
+        attr_type: i32,
+    },
+    #[error("attribute `{name}` is not UTF-8")]
+    NotUtf8 { name: String },
+    #[error("attribute `{name}` has no tensor")]
+    NoTensor { name: String },
+}
+
+type Res<T> = Result<T, NodeAttrError>;
+
 pub struct NodeAttrs<'a> {
     attrs: &'a [AttributeProto],
 }
@@ -53,14 +71,21 @@ impl<'a> NodeAttrs<'a> {
         }
     }
 
-    fn wrong(a: &AttributeProto, expected: &str) -> String {
-        format!(
-            "attribute `{}` must be {expected} (attribute type {})",
-            a.name, a.r#type
-        )
+    fn wrong(a: &AttributeProto, expected: &'static str) -> NodeAttrError {
+        NodeAttrError::WrongType {
+            name: a.name.clone(),
+            expected,
+            attr_type: a.r#type,
+        }
     }
 
-    pub fn int(&self, name: &str) -> Result<Option<i64>, String> {
+    fn not_utf8(name: &str) -> NodeAttrError {
+        NodeAttrError::NotUtf8 {
+            name: name.to_string(),
+        }
+    }
+
+    pub fn int(&self, name: &str) -> Res<Option<i64>> {
         match self.get(name) {
             None => Ok(None),
             Some(a) if Self::kind(a) == at::INT => Ok(Some(a.i)),
@@ -68,12 +93,12 @@ impl<'a> NodeAttrs<'a> {
         }
     }
 
-    pub fn int_or(&self, name: &str, default: i64) -> Result<i64, String> {
+    pub fn int_or(&self, name: &str, default: i64) -> Res<i64> {
         Ok(self.int(name)?.unwrap_or(default))
     }
 
     /// A float; an integer attribute is accepted.
-    pub fn float(&self, name: &str) -> Result<Option<f64>, String> {
+    pub fn float(&self, name: &str) -> Res<Option<f64>> {
         match self.get(name) {
             None => Ok(None),
             Some(a) if Self::kind(a) == at::FLOAT => Ok(Some(a.f as f64)),
@@ -82,11 +107,11 @@ impl<'a> NodeAttrs<'a> {
         }
     }
 
-    pub fn float_or(&self, name: &str, default: f64) -> Result<f64, String> {
+    pub fn float_or(&self, name: &str, default: f64) -> Res<f64> {
         Ok(self.float(name)?.unwrap_or(default))
     }
 
-    pub fn string(&self, name: &str) -> Result<Option<String>, String> {
+    pub fn string(&self, name: &str) -> Res<Option<String>> {
         match self.get(name) {
             None => Ok(None),
             Some(a)
@@ -94,18 +119,18 @@ impl<'a> NodeAttrs<'a> {
             {
                 String::from_utf8(a.s.clone())
                     .map(Some)
-                    .map_err(|_| format!("attribute `{name}` is not UTF-8"))
+                    .map_err(|_| Self::not_utf8(name))
             }
             Some(a) => Err(Self::wrong(a, "a string")),
         }
     }
 
-    pub fn string_or(&self, name: &str, default: &str) -> Result<String, String> {
+    pub fn string_or(&self, name: &str, default: &str) -> Res<String> {
         Ok(self.string(name)?.unwrap_or_else(|| default.to_string()))
     }
 
     /// An integer list (an explicitly typed empty list reads as empty).
-    pub fn ints(&self, name: &str) -> Result<Option<Vec<i64>>, String> {
+    pub fn ints(&self, name: &str) -> Res<Option<Vec<i64>>> {
         match self.get(name) {
             None => Ok(None),
             Some(a) if Self::kind(a) == at::INTS => Ok(Some(a.ints.clone())),
@@ -116,7 +141,7 @@ impl<'a> NodeAttrs<'a> {
         }
     }
 
-    pub fn floats(&self, name: &str) -> Result<Option<Vec<f64>>, String> {
+    pub fn floats(&self, name: &str) -> Res<Option<Vec<f64>>> {
         match self.get(name) {
             None => Ok(None),
             Some(a) if Self::kind(a) == at::FLOATS => {
@@ -129,29 +154,28 @@ impl<'a> NodeAttrs<'a> {
         }
     }
 
-    pub fn strings(&self, name: &str) -> Result<Option<Vec<String>>, String> {
+    pub fn strings(&self, name: &str) -> Res<Option<Vec<String>>> {
         match self.get(name) {
             None => Ok(None),
             Some(a) if Self::kind(a) == at::STRINGS => a
                 .strings
                 .iter()
-                .map(|s| {
-                    String::from_utf8(s.clone())
-                        .map_err(|_| format!("attribute `{name}` is not UTF-8"))
-                })
+                .map(|s| String::from_utf8(s.clone()).map_err(|_| Self::not_utf8(name)))
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some),
             Some(a) => Err(Self::wrong(a, "a string list")),
         }
     }
 
-    pub fn tensor(&self, name: &str) -> Result<Option<&'a TensorProto>, String> {
+    pub fn tensor(&self, name: &str) -> Res<Option<&'a TensorProto>> {
         match self.get(name) {
             None => Ok(None),
             Some(a) if Self::kind(a) == at::TENSOR => {
                 a.t.as_ref()
                     .map(Some)
-                    .ok_or_else(|| format!("attribute `{name}` has no tensor"))
+                    .ok_or_else(|| NodeAttrError::NoTensor {
+                        name: name.to_string(),
+                    })
             }
             Some(a) => Err(Self::wrong(a, "a tensor")),
         }

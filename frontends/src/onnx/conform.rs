@@ -27,7 +27,7 @@ use ppir::{ArgKind, DType, Function, Module, Tensor};
 use prost::Message;
 
 use super::proto::{DimensionValue, ModelProto, TensorProto, TypeValue};
-use super::tensor::{element_count, tensor_from_proto};
+use super::tensor::{element_count, tensor_from_proto, TensorDataError};
 use super::{import_model, ImportOptions, OnnxError};
 
 /// How close an output must be: `|actual - expected| <= atol + rtol * |expected|`.
@@ -104,6 +104,77 @@ pub enum ExecError {
     Failed(String),
 }
 
+/// Why test cases could not be found, test data not read, or an output does not match.
+#[derive(Debug, thiserror::Error)]
+pub enum ConformError {
+    #[error("cannot read {}: {error}", .dir.display())]
+    ReadDir { dir: PathBuf, error: std::io::Error },
+    #[error("{} is not a folder", .dir.display())]
+    NotAFolder { dir: PathBuf },
+    #[error("{} holds no ONNX test cases (model.onnx with test_data_set_*, or NAME.onnx with NAME_output_0.pb)", .dir.display())]
+    NoCases { dir: PathBuf },
+    /// A `TensorProto` file that cannot be read.
+    #[error("cannot read {}: {error}", .path.display())]
+    ReadData {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{}: not a TensorProto: {error}", .path.display())]
+    DecodeData {
+        path: PathBuf,
+        error: prost::DecodeError,
+    },
+    /// A `TensorProto` file that decodes but whose tensor does not; `data_type` is its
+    /// ONNX element type.
+    #[error("{}: {error}", .path.display())]
+    Data {
+        path: PathBuf,
+        data_type: i32,
+        error: Box<OnnxError>,
+    },
+    /// A `light` model whose inputs cannot be generated.
+    #[error("the model has no graph")]
+    NoGraph,
+    #[error("no input {name}")]
+    NoInput { name: String },
+    #[error("input `{name}` is not a tensor")]
+    NotATensor { name: String },
+    #[error("input `{name}`: generated inputs are float32 only, as in the onnx runner")]
+    NotFloat32 { name: String },
+    #[error(transparent)]
+    InputShape(#[from] TensorDataError),
+    #[error("input `{name}` of shape {dims:?} is too large")]
+    InputTooLarge { name: String, dims: Vec<i64> },
+    /// An output of another element type than the reference.
+    #[error("element type {actual} but expected {expected}")]
+    DType { actual: DType, expected: DType },
+    #[error("shape {actual:?} but expected {expected:?}")]
+    Shape {
+        actual: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    /// `bad` of `total` elements are out of tolerance; the first at flat `index`.
+    #[error("{bad} of {total} elements differ (first at flat index {index}: {actual} vs {expected}); max abs err {max_abs:.3e}, max rel err {max_rel:.3e} (rtol {}, atol {})", .tol.rtol, .tol.atol)]
+    Differ {
+        bad: usize,
+        total: usize,
+        index: usize,
+        actual: f64,
+        expected: f64,
+        max_abs: f64,
+        max_rel: f64,
+        tol: Tolerance,
+    },
+}
+
+impl ConformError {
+    /// Test data that is valid but of an element type ppir lacks (strings...).
+    fn is_unsupported_data(&self) -> bool {
+        matches!(self, ConformError::Data { data_type, .. }
+            if super::tensor::dtype_from_onnx(*data_type).is_none())
+    }
+}
+
 /// One model to run.
 #[derive(Clone, Debug)]
 pub struct Case {
@@ -121,8 +192,11 @@ pub enum CaseData {
     Light(Vec<PathBuf>),
 }
 
-fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, ConformError> {
+    let rd = std::fs::read_dir(dir).map_err(|error| ConformError::ReadDir {
+        dir: dir.to_path_buf(),
+        error,
+    })?;
     let mut v: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
     v.sort();
     Ok(v)
@@ -142,7 +216,7 @@ fn numbered(dir: &Path, prefix: &str, suffix: &str) -> Vec<PathBuf> {
     out
 }
 
-fn cases_in(dir: &Path) -> Result<Vec<Case>, String> {
+fn cases_in(dir: &Path) -> Result<Vec<Case>, ConformError> {
     let model = dir.join("model.onnx");
     let name = dir
         .file_name()
@@ -183,9 +257,11 @@ fn cases_in(dir: &Path) -> Result<Vec<Case>, String> {
 }
 
 /// The test cases under `dir`: the folder itself, or its sub-folders one level down.
-pub fn discover(dir: &Path) -> Result<Vec<Case>, String> {
+pub fn discover(dir: &Path) -> Result<Vec<Case>, ConformError> {
     if !dir.is_dir() {
-        return Err(format!("{} is not a folder", dir.display()));
+        return Err(ConformError::NotAFolder {
+            dir: dir.to_path_buf(),
+        });
     }
     let here = cases_in(dir)?;
     if !here.is_empty() {
@@ -198,10 +274,9 @@ pub fn discover(dir: &Path) -> Result<Vec<Case>, String> {
         }
     }
     if cases.is_empty() {
-        return Err(format!(
-            "{} holds no ONNX test cases (model.onnx with test_data_set_*, or NAME.onnx with NAME_output_0.pb)",
-            dir.display()
-        ));
+        return Err(ConformError::NoCases {
+            dir: dir.to_path_buf(),
+        });
     }
     Ok(cases)
 }
@@ -275,60 +350,49 @@ impl fmt::Display for Summary {
 }
 
 /// Read a `TensorProto` file.
-pub fn read_tensor_pb(path: &Path) -> Result<Tensor, String> {
-    read_pb(path).map_err(|e| e.message)
-}
-
-/// Why test data could not be read; `unsupported` when it is valid but of an element type
-/// ppir lacks (strings...).
-struct DataError {
-    message: String,
-    unsupported: bool,
-}
-
-fn read_pb(path: &Path) -> Result<Tensor, DataError> {
-    let plain = |message: String| DataError {
-        message,
-        unsupported: false,
-    };
-    let bytes =
-        std::fs::read(path).map_err(|e| plain(format!("cannot read {}: {e}", path.display())))?;
-    let tp = TensorProto::decode(bytes.as_slice())
-        .map_err(|e| plain(format!("{}: not a TensorProto: {e}", path.display())))?;
-    tensor_from_proto(&tp, path.parent()).map_err(|e| DataError {
-        message: format!("{}: {e}", path.display()),
-        unsupported: super::tensor::dtype_from_onnx(tp.data_type).is_none(),
+pub fn read_tensor_pb(path: &Path) -> Result<Tensor, ConformError> {
+    let bytes = std::fs::read(path).map_err(|error| ConformError::ReadData {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    let tp = TensorProto::decode(bytes.as_slice()).map_err(|error| ConformError::DecodeData {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    tensor_from_proto(&tp, path.parent()).map_err(|error| ConformError::Data {
+        path: path.to_path_buf(),
+        data_type: tp.data_type,
+        error: Box::new(error),
     })
 }
 
 /// The outcome for unreadable test data: the model's own unsupported feature when it has
 /// one (more telling than the data's element type), else the data's problem.
-fn data_outcome(model: &ModelProto, e: DataError) -> Outcome {
-    if !e.unsupported {
-        return Outcome::Error(e.message);
+fn data_outcome(model: &ModelProto, e: ConformError) -> Outcome {
+    if !e.is_unsupported_data() {
+        return Outcome::Error(e.to_string());
     }
     match import_model(model, &ImportOptions::default()) {
         Err(ie) if ie.is_unsupported() => Outcome::Unsupported(ie.short()),
-        _ => Outcome::Unsupported(e.message),
+        _ => Outcome::Unsupported(e.to_string()),
     }
 }
 
 /// The generated input of the onnx runner for a `light` model input: `arange(n) / n` as
 /// float32, a dimension without a value counting 1.
-fn dummy_input(model: &ModelProto, name: &str) -> Result<Tensor, String> {
-    let graph = model.graph.as_ref().ok_or("the model has no graph")?;
+fn dummy_input(model: &ModelProto, name: &str) -> Result<Tensor, ConformError> {
+    let name_ = || name.to_string();
+    let graph = model.graph.as_ref().ok_or(ConformError::NoGraph)?;
     let vi = graph
         .input
         .iter()
         .find(|v| v.name == name)
-        .ok_or_else(|| format!("no input {name}"))?;
+        .ok_or_else(|| ConformError::NoInput { name: name_() })?;
     let Some(Some(TypeValue::TensorType(tt))) = vi.r#type.as_ref().map(|t| t.value.clone()) else {
-        return Err(format!("input `{name}` is not a tensor"));
+        return Err(ConformError::NotATensor { name: name_() });
     };
     if tt.elem_type != super::proto::data_type::FLOAT {
-        return Err(format!(
-            "input `{name}`: generated inputs are float32 only, as in the onnx runner"
-        ));
+        return Err(ConformError::NotFloat32 { name: name_() });
     }
     let dims: Vec<i64> = tt
         .shape
@@ -344,7 +408,10 @@ fn dummy_input(model: &ModelProto, name: &str) -> Result<Tensor, String> {
         .unwrap_or_default();
     let n = element_count(&dims)?;
     if n > 1 << 28 {
-        return Err(format!("input `{name}` of shape {dims:?} is too large"));
+        return Err(ConformError::InputTooLarge {
+            name: name_(),
+            dims,
+        });
     }
     let data: Vec<f32> = (0..n).map(|i| (i as f64 / n as f64) as f32).collect();
     Ok(Tensor::from_f32(
@@ -354,18 +421,22 @@ fn dummy_input(model: &ModelProto, name: &str) -> Result<Tensor, String> {
 }
 
 /// Largest absolute and relative errors, and whether `actual` is within `tol` of `expected`.
-pub fn compare(actual: &Tensor, expected: &Tensor, tol: Tolerance) -> Result<(f64, f64), String> {
+pub fn compare(
+    actual: &Tensor,
+    expected: &Tensor,
+    tol: Tolerance,
+) -> Result<(f64, f64), ConformError> {
     if actual.dtype != expected.dtype {
-        return Err(format!(
-            "element type {} but expected {}",
-            actual.dtype, expected.dtype
-        ));
+        return Err(ConformError::DType {
+            actual: actual.dtype,
+            expected: expected.dtype,
+        });
     }
     if actual.shape != expected.shape {
-        return Err(format!(
-            "shape {:?} but expected {:?}",
-            actual.shape, expected.shape
-        ));
+        return Err(ConformError::Shape {
+            actual: actual.shape.clone(),
+            expected: expected.shape.clone(),
+        });
     }
     let (a, e) = (actual.to_f64_vec(), expected.to_f64_vec());
     let (mut max_abs, mut max_rel, mut bad, mut first_bad) = (0.0f64, 0.0f64, 0usize, None);
@@ -389,12 +460,16 @@ pub fn compare(actual: &Tensor, expected: &Tensor, tol: Tolerance) -> Result<(f6
     }
     match first_bad {
         None => Ok((max_abs, max_rel)),
-        Some((i, x, y)) => Err(format!(
-            "{bad} of {} elements differ (first at flat index {i}: {x} vs {y}); max abs err {max_abs:.3e}, max rel err {max_rel:.3e} (rtol {}, atol {})",
-            a.len(),
-            tol.rtol,
-            tol.atol
-        )),
+        Some((index, actual, expected)) => Err(ConformError::Differ {
+            bad,
+            total: a.len(),
+            index,
+            actual,
+            expected,
+            max_abs,
+            max_rel,
+            tol,
+        }),
     }
 }
 
@@ -459,12 +534,12 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
                     Ok(t) => {
                         inputs.insert(vi.name.clone(), t);
                     }
-                    Err(e) => return Outcome::Unsupported(e),
+                    Err(e) => return Outcome::Unsupported(e.to_string()),
                 }
             }
             let expected = match outputs
                 .iter()
-                .map(|p| read_pb(p))
+                .map(|p| read_tensor_pb(p))
                 .collect::<Result<Vec<_>, _>>()
             {
                 Ok(v) => v,
@@ -482,7 +557,7 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
                     let Some(vi) = graph.input.get(k) else {
                         return Outcome::Error(format!("{} has no graph input {k}", d.display()));
                     };
-                    match read_pb(p) {
+                    match read_tensor_pb(p) {
                         Ok(t) => {
                             if init_names.contains(&vi.name) {
                                 overridden.push(vi.name.clone());
@@ -494,7 +569,7 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
                 }
                 let expected = match numbered(d, "output_", ".pb")
                     .iter()
-                    .map(|p| read_pb(p))
+                    .map(|p| read_tensor_pb(p))
                     .collect::<Result<Vec<_>, _>>()
                 {
                     Ok(v) => v,
@@ -596,9 +671,9 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
             }
             match compare(got, want, tol) {
                 Ok((a, r)) => worst = (worst.0.max(a), worst.1.max(r)),
-                Err(m) => {
+                Err(e) => {
                     let name = imported.outputs.get(k).map(String::as_str).unwrap_or("?");
-                    return Outcome::Failed(format!("output {k} `{name}`: {m}"));
+                    return Outcome::Failed(format!("output {k} `{name}`: {e}"));
                 }
             }
         }
@@ -614,7 +689,7 @@ pub fn run_dirs(
     dirs: &[PathBuf],
     opts: &ConformOptions,
     mut report: impl FnMut(&CaseResult),
-) -> Result<(Vec<CaseResult>, Summary), String> {
+) -> Result<(Vec<CaseResult>, Summary), ConformError> {
     let mut results = vec![];
     let mut summary = Summary::default();
     for d in dirs {

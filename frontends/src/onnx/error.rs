@@ -3,7 +3,10 @@
 
 use std::path::PathBuf;
 
+use super::attrs::NodeAttrError;
+use super::external::LocationError;
 use super::lower::{supported_ops_list, MAX_OPSET, MIN_OPSET};
+use super::tensor::TensorDataError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OnnxError {
@@ -45,6 +48,15 @@ pub enum OnnxError {
         op_type: String,
         opset: i64,
         message: String,
+    },
+
+    /// A node attribute of the wrong kind (or unreadable).
+    #[error("node {node:?} ({op_type}, opset {opset}): {source}")]
+    Attribute {
+        node: String,
+        op_type: String,
+        opset: i64,
+        source: NodeAttrError,
     },
 
     /// A node that breaks its op's rules (wrong input count, inconsistent shapes...).
@@ -91,8 +103,22 @@ pub enum OnnxError {
     #[error("tensor `{tensor}`: {message}")]
     Tensor { tensor: String, message: String },
 
+    /// An initializer or constant tensor whose data does not fit its shape and type.
+    #[error("tensor `{tensor}`: {source}")]
+    TensorData {
+        tensor: String,
+        source: TensorDataError,
+    },
+
     #[error("external data of tensor `{tensor}`: {message}")]
     ExternalData { tensor: String, message: String },
+
+    /// The `location` of a tensor's external data names no file inside the model's folder.
+    #[error("external data of tensor `{tensor}`: {source}")]
+    ExternalLocation {
+        tensor: String,
+        source: LocationError,
+    },
 }
 
 fn qualified(domain: &str, op_type: &str) -> String {

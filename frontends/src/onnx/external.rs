@@ -19,13 +19,45 @@ fn err(tp: &TensorProto, message: impl Into<String>) -> OnnxError {
     }
 }
 
+/// Why the `location` of external data names no file the importer may read.
+#[derive(Debug, thiserror::Error)]
+pub enum LocationError {
+    #[error("empty `location`")]
+    Empty,
+    #[error("location {location:?} contains a NUL byte")]
+    NulByte { location: String },
+    #[error("location {location:?} is an absolute path; external data must be a relative path inside the model's folder")]
+    Absolute { location: String },
+    #[error(
+        "location {location:?} contains `..`; external data must stay inside the model's folder"
+    )]
+    ParentDir { location: String },
+    #[error("cannot resolve the model's folder {}: {error}", .dir.display())]
+    ModelDir { dir: PathBuf, error: std::io::Error },
+    #[error("cannot open {}: {error}", .path.display())]
+    Open {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The path leaves the folder through a symbolic link.
+    #[error("location {location:?} resolves to {}, outside the model's folder {} (through a symbolic link)", .resolved.display(), .dir.display())]
+    Outside {
+        location: String,
+        resolved: PathBuf,
+        dir: PathBuf,
+    },
+    #[error("location {location:?} is not a regular file")]
+    NotAFile { location: String },
+}
+
 /// Resolve `location` inside `model_dir`, refusing anything that could name a file outside.
-pub fn resolve_location(model_dir: &Path, location: &str) -> Result<PathBuf, String> {
+pub fn resolve_location(model_dir: &Path, location: &str) -> Result<PathBuf, LocationError> {
+    let loc = || location.to_string();
     if location.is_empty() {
-        return Err("empty `location`".into());
+        return Err(LocationError::Empty);
     }
     if location.contains('\0') {
-        return Err(format!("location {location:?} contains a NUL byte"));
+        return Err(LocationError::NulByte { location: loc() });
     }
     let rel = Path::new(location);
     // Refuse Windows-style roots too, whatever platform reads the model.
@@ -33,41 +65,40 @@ pub fn resolve_location(model_dir: &Path, location: &str) -> Result<PathBuf, Str
         && location.as_bytes()[0].is_ascii_alphabetic()
         && location.as_bytes()[1] == b':';
     if rel.is_absolute() || location.starts_with('/') || location.starts_with('\\') || drive {
-        return Err(format!("location {location:?} is an absolute path; external data must be a relative path inside the model's folder"));
+        return Err(LocationError::Absolute { location: loc() });
     }
     for c in rel.components() {
         match c {
             Component::Normal(_) | Component::CurDir => {}
-            Component::ParentDir => {
-                return Err(format!("location {location:?} contains `..`; external data must stay inside the model's folder"))
-            }
+            Component::ParentDir => return Err(LocationError::ParentDir { location: loc() }),
             Component::RootDir | Component::Prefix(_) => {
-                return Err(format!("location {location:?} is an absolute path"))
+                return Err(LocationError::Absolute { location: loc() })
             }
         }
     }
     if location.split(['/', '\\']).any(|part| part == "..") {
-        return Err(format!("location {location:?} contains `..`; external data must stay inside the model's folder"));
+        return Err(LocationError::ParentDir { location: loc() });
     }
-    let dir = model_dir.canonicalize().map_err(|e| {
-        format!(
-            "cannot resolve the model's folder {}: {e}",
-            model_dir.display()
-        )
-    })?;
-    let joined = dir.join(rel);
-    let canonical = joined
+    let dir = model_dir
         .canonicalize()
-        .map_err(|e| format!("cannot open {}: {e}", joined.display()))?;
+        .map_err(|error| LocationError::ModelDir {
+            dir: model_dir.to_path_buf(),
+            error,
+        })?;
+    let joined = dir.join(rel);
+    let canonical = joined.canonicalize().map_err(|error| LocationError::Open {
+        path: joined.clone(),
+        error,
+    })?;
     if !canonical.starts_with(&dir) {
-        return Err(format!(
-            "location {location:?} resolves to {}, outside the model's folder {} (through a symbolic link)",
-            canonical.display(),
-            dir.display()
-        ));
+        return Err(LocationError::Outside {
+            location: loc(),
+            resolved: canonical,
+            dir,
+        });
     }
     if !canonical.is_file() {
-        return Err(format!("location {location:?} is not a regular file"));
+        return Err(LocationError::NotAFile { location: loc() });
     }
     Ok(canonical)
 }
@@ -105,7 +136,10 @@ pub fn read_external(
             "stored in external file {location:?}, but the model was read from bytes with no folder; import it from its file (import_onnx_file) or set ImportOptions::model_dir"
         ))
     })?;
-    let path = resolve_location(dir, location).map_err(|m| err(tp, m))?;
+    let path = resolve_location(dir, location).map_err(|source| OnnxError::ExternalLocation {
+        tensor: tp.name.clone(),
+        source,
+    })?;
     let mut file =
         File::open(&path).map_err(|e| err(tp, format!("cannot open {}: {e}", path.display())))?;
     let file_len = file

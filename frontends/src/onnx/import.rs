@@ -25,13 +25,14 @@ use ppir::{
     ValueId,
 };
 
+use super::attrs::NodeAttrError;
 use super::error::OnnxError;
 use super::lower::{MAX_OPSET, MIN_OPSET, SUPPORTED_OPS};
 use super::proto::{
     DimensionValue, GraphProto, ModelProto, SparseTensorProto, TypeProto, TypeTensor, TypeValue,
     ValueInfoProto,
 };
-use super::tensor::{dtype_from_onnx, element_count, tensor_from_proto};
+use super::tensor::{dtype_from_onnx, element_count, tensor_from_proto, TensorDataError};
 use super::ImportOptions;
 
 /// The two stand-in values of the symbolic batch size in import-time shape arithmetic.
@@ -104,6 +105,8 @@ pub(super) enum SymInt {
 pub(super) enum Fail {
     Invalid(String),
     Unsupported(String),
+    /// An attribute of the node cannot be read.
+    Attr(NodeAttrError),
     Onnx(OnnxError),
 }
 
@@ -112,6 +115,18 @@ pub(super) type R<T> = Result<T, Fail>;
 impl From<OnnxError> for Fail {
     fn from(e: OnnxError) -> Self {
         Fail::Onnx(e)
+    }
+}
+
+impl From<NodeAttrError> for Fail {
+    fn from(e: NodeAttrError) -> Self {
+        Fail::Attr(e)
+    }
+}
+
+impl From<TensorDataError> for Fail {
+    fn from(e: TensorDataError) -> Self {
+        Fail::Invalid(e.to_string())
     }
 }
 
@@ -776,7 +791,7 @@ impl<'a> Importer<'a> {
     /// Check a node result against its `value_info` declaration: the element type, the
     /// rank and every dimension both sides know must agree (a symbolic batch dimension
     /// agrees with anything).
-    fn check_declared(&self, name: &str, v: &Val, declared: &TypeTensor) -> Result<(), String> {
+    fn check_declared(&self, name: &str, v: &Val, declared: &TypeTensor) -> R<()> {
         let Ok(ty) = self.ty(v) else { return Ok(()) };
         let mismatch = || {
             let dims: Vec<String> = declared
@@ -789,11 +804,11 @@ impl<'a> Importer<'a> {
                     None => "?".into(),
                 })
                 .collect();
-            format!(
+            Fail::Invalid(format!(
                 "value_info declares `{name}` as {} [{}], but it computes {ty}",
                 super::proto::data_type::name(declared.elem_type),
                 dims.join(", ")
-            )
+            ))
         };
         if let Some(d) = dtype_from_onnx(declared.elem_type) {
             if d != ty.dtype {
@@ -861,6 +876,12 @@ impl<'a> Importer<'a> {
                         opset,
                         message,
                     },
+                    Fail::Attr(source) => OnnxError::Attribute {
+                        node: node_name,
+                        op_type,
+                        opset,
+                        source,
+                    },
                 }
             };
             if !(node.domain.is_empty() || node.domain == "ai.onnx") {
@@ -882,8 +903,8 @@ impl<'a> Importer<'a> {
                 match outs.get(k) {
                     Some(v) => {
                         if let Some(tt) = declared.get(name.as_str()) {
-                            if let Err(message) = self.check_declared(name, v, tt) {
-                                return Err(wrap(self, Fail::Invalid(message)));
+                            if let Err(f) = self.check_declared(name, v, tt) {
+                                return Err(wrap(self, f));
                             }
                         }
                         self.define(name, v.clone())
@@ -922,8 +943,7 @@ fn type_kind(v: &TypeValue) -> &'static str {
 
 /// A tensor with every element equal to the one element of `value`.
 pub(super) fn splat_tensor(value: &Tensor, shape: &[usize]) -> R<Tensor> {
-    let n = element_count(&shape.iter().map(|&d| d as i64).collect::<Vec<_>>())
-        .map_err(Fail::Invalid)?;
+    let n = element_count(&shape.iter().map(|&d| d as i64).collect::<Vec<_>>())?;
     if n > MATERIALIZE_MAX_ELEMENTS {
         unsupported!("a constant of shape {shape:?} is too large to fold at import time");
     }
@@ -1123,7 +1143,10 @@ fn sparse_to_dense(
         message: m,
     };
     let vals = tensor_from_proto(values, model_dir)?;
-    let n = element_count(&sp.dims).map_err(err)?;
+    let n = element_count(&sp.dims).map_err(|source| OnnxError::TensorData {
+        tensor: name.clone(),
+        source,
+    })?;
     if n > MATERIALIZE_MAX_ELEMENTS {
         return Err(err(format!(
             "sparse tensor of shape {:?} is too large",
@@ -1285,6 +1308,7 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
         let id = val.map_err(|f| match f {
             Fail::Onnx(e) => e,
             Fail::Invalid(m) => OnnxError::Invalid(format!("graph output `{}`: {m}", vi.name)),
+            Fail::Attr(e) => OnnxError::Invalid(format!("graph output `{}`: {e}", vi.name)),
             Fail::Unsupported(m) => OnnxError::UnsupportedValue {
                 what: "graph output",
                 name: vi.name.clone(),

@@ -140,9 +140,9 @@ trait OrInvalid<T> {
     fn inv(self) -> R<T>;
 }
 
-impl<T> OrInvalid<T> for Result<T, String> {
+impl<T, E: Into<Fail>> OrInvalid<T> for Result<T, E> {
     fn inv(self) -> R<T> {
-        self.map_err(Fail::Invalid)
+        self.map_err(Into::into)
     }
 }
 

@@ -38,7 +38,7 @@ use ppir::{Module, Tensor};
 use prost::Message;
 
 pub use error::OnnxError;
-pub use external::resolve_location;
+pub use external::{resolve_location, LocationError};
 pub use import::{import_model, model_opset, Imported};
 pub use lower::{supported_ops_list, MAX_OPSET, MIN_OPSET, SUPPORTED_OPS};
 

@@ -41,18 +41,40 @@ pub fn dtype_to_onnx(d: DType) -> i32 {
     }
 }
 
+/// Why a tensor's shape or data cannot be decoded (the caller adds which tensor).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TensorDataError {
+    #[error("negative dimension {dim} in shape {dims:?}")]
+    NegativeDim { dim: i64, dims: Vec<i64> },
+    #[error("shape {dims:?} has too many elements")]
+    TooManyElements { dims: Vec<i64> },
+    /// `raw` data whose length is not the shape's element count times the element size.
+    #[error("shape {shape:?} of {dtype} needs {needed} bytes of data but {present} are present")]
+    RawSize {
+        shape: Vec<usize>,
+        dtype: DType,
+        needed: usize,
+        present: usize,
+    },
+}
+
 /// Element count of `dims`, refusing negative dimensions and overflow.
-pub fn element_count(dims: &[i64]) -> Result<usize, String> {
+pub fn element_count(dims: &[i64]) -> Result<usize, TensorDataError> {
     let mut n: usize = 1;
     for &d in dims {
         if d < 0 {
-            return Err(format!("negative dimension {d} in shape {dims:?}"));
+            return Err(TensorDataError::NegativeDim {
+                dim: d,
+                dims: dims.to_vec(),
+            });
         }
         n = usize::try_from(d)
             .ok()
             .and_then(|d| n.checked_mul(d))
             .filter(|&n| n <= isize::MAX as usize / 8)
-            .ok_or_else(|| format!("shape {dims:?} has too many elements"))?;
+            .ok_or_else(|| TensorDataError::TooManyElements {
+                dims: dims.to_vec(),
+            })?;
     }
     Ok(n)
 }
@@ -84,12 +106,16 @@ pub fn tensor_from_proto(tp: &TensorProto, model_dir: Option<&Path>) -> Result<T
     if tp.segment.is_some() {
         return Err(tensor_err(tp, "segmented tensors are unsupported"));
     }
-    let n = element_count(&tp.dims).map_err(|m| tensor_err(tp, m))?;
+    let data_err = |source: TensorDataError| OnnxError::TensorData {
+        tensor: tp.name.clone(),
+        source,
+    };
+    let n = element_count(&tp.dims).map_err(data_err)?;
     let shape: Vec<usize> = tp.dims.iter().map(|&d| d as usize).collect();
     let size = dtype.size_bytes();
     if tp.data_location == data_location::EXTERNAL {
         let bytes = external::read_external(tp, model_dir, n.checked_mul(size))?;
-        return from_raw(dtype, shape, n, &bytes).map_err(|m| tensor_err(tp, m));
+        return from_raw(dtype, shape, n, &bytes).map_err(data_err);
     }
     if tp.data_location != data_location::DEFAULT {
         return Err(tensor_err(
@@ -98,7 +124,7 @@ pub fn tensor_from_proto(tp: &TensorProto, model_dir: Option<&Path>) -> Result<T
         ));
     }
     if !tp.raw_data.is_empty() || n == 0 {
-        return from_raw(dtype, shape, n, &tp.raw_data).map_err(|m| tensor_err(tp, m));
+        return from_raw(dtype, shape, n, &tp.raw_data).map_err(data_err);
     }
     let count_err = |found: usize, field: &str| {
         tensor_err(
@@ -159,14 +185,20 @@ pub fn tensor_from_proto(tp: &TensorProto, model_dir: Option<&Path>) -> Result<T
 }
 
 /// Decode `n` little-endian elements of `dtype` from `raw`.
-pub fn from_raw(dtype: DType, shape: Vec<usize>, n: usize, raw: &[u8]) -> Result<Tensor, String> {
+pub fn from_raw(
+    dtype: DType,
+    shape: Vec<usize>,
+    n: usize,
+    raw: &[u8],
+) -> Result<Tensor, TensorDataError> {
     let size = dtype.size_bytes();
     if n.checked_mul(size) != Some(raw.len()) {
-        return Err(format!(
-            "shape {shape:?} of {dtype} needs {} bytes of data but {} are present",
-            n.saturating_mul(size),
-            raw.len()
-        ));
+        return Err(TensorDataError::RawSize {
+            shape,
+            dtype,
+            needed: n.saturating_mul(size),
+            present: raw.len(),
+        });
     }
     let chunks = raw.chunks_exact(size);
     let data = match dtype {

@@ -78,9 +78,57 @@ pub struct InterpOptions {
 
 /// Moves tensors between pipeline stages for `send` / `recv`.
 pub trait Comm {
-    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), String>;
+    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError>;
     /// Receive a tensor of type `ty` (its `?` dimensions are whatever the sender sent).
-    fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, String>;
+    fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, CommError>;
+}
+
+/// Why a [`Comm`] could not send or receive. `peer` is the stage at the other end.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CommError {
+    /// Another device failed and the transport was stopped: this failure is only its
+    /// consequence. `reason` says which device failed and why.
+    #[error("stopped because another device failed: {reason}")]
+    Aborted { peer: u32, reason: String },
+    /// Nothing arrived from `peer` in time. `value` is the IR value the channel carries,
+    /// when the communicator knows it.
+    #[error(
+        "waited {:.1} s for %{} (channel {channel}) from stage {peer}, micro-batch {micro_batch} (stage {peer} has not sent it)",
+        .waited.as_secs_f64(),
+        .value.as_deref().unwrap_or("?")
+    )]
+    Timeout {
+        peer: u32,
+        channel: i64,
+        value: Option<String>,
+        micro_batch: u32,
+        waited: std::time::Duration,
+    },
+    /// `peer` is not a stage of the run.
+    #[error("{} unknown stage {peer}", if *.sending { "send to" } else { "receive from" })]
+    UnknownStage { peer: u32, sending: bool },
+    /// What arrived is not of the type the receiver expects.
+    #[error("received {got} on channel {channel}, expected {expected}")]
+    Mismatch {
+        peer: u32,
+        channel: i64,
+        got: String,
+        expected: String,
+    },
+    /// The transport failed otherwise.
+    #[error("{message}")]
+    Transport {
+        peer: u32,
+        channel: i64,
+        message: String,
+    },
+}
+
+impl CommError {
+    /// Whether the failure is only the consequence of another device's failure.
+    pub fn is_aborted(&self) -> bool {
+        matches!(self, CommError::Aborted { .. })
+    }
 }
 
 /// What went wrong, and where.
@@ -123,6 +171,30 @@ pub enum InterpError {
     },
     #[error("function @{function}: {message}")]
     Function { function: String, message: String },
+    /// A `send` or `recv` op failed in the communicator.
+    #[error(
+        "{}: {} stage {peer} on channel {channel} failed: {source}",
+        describe_op(*kind, value.as_deref(), loc.as_deref()),
+        if *kind == OpKind::Send { "send to" } else { "recv from" }
+    )]
+    Comm {
+        kind: OpKind,
+        value: Option<String>,
+        loc: Option<String>,
+        peer: u32,
+        channel: i64,
+        source: Box<CommError>,
+    },
+}
+
+impl InterpError {
+    /// The communicator's error, when a `send` or `recv` failed.
+    pub fn comm_error(&self) -> Option<&CommError> {
+        match self {
+            InterpError::Comm { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
 }
 
 /// `"pp.kind" %value (loc "name")`, leaving out what is unknown.
@@ -143,24 +215,24 @@ fn tensor_desc(t: &Tensor) -> String {
 }
 
 /// Whether a tensor has the dtype of `ty` and a shape it admits (`?` accepts any size).
-fn check_tensor(t: &Tensor, ty: &TensorType) -> Result<(), String> {
+fn fits(t: &Tensor, ty: &TensorType) -> bool {
     let storage_ok = matches!(
         (&t.data, t.dtype.is_float()),
         (TensorData::Float(_), true) | (TensorData::Int(_), false)
     );
-    let fits = t.dtype == ty.dtype
+    t.dtype == ty.dtype
         && storage_ok
         && t.data.len() == t.num_elements()
         && t.shape.len() == ty.dims.len()
         && t.shape
             .iter()
             .zip(&ty.dims)
-            .all(|(&n, d)| d.known().is_none_or(|k| k == n as u64));
-    if fits {
-        Ok(())
-    } else {
-        Err(format!("a tensor of type {}", tensor_desc(t)))
-    }
+            .all(|(&n, d)| d.known().is_none_or(|k| k == n as u64))
+}
+
+/// How a tensor that does not fit is described in messages.
+fn misfit(t: &Tensor) -> String {
+    format!("a tensor of type {}", tensor_desc(t))
 }
 
 /// Evaluate one op on concrete operands. `result_types` are the declared result types;
@@ -252,7 +324,8 @@ fn finish(
     n: usize,
     opts: &InterpOptions,
 ) -> OpResult<Tensor> {
-    if let Err(got) = check_tensor(&t, ty) {
+    if !fits(&t, ty) {
+        let got = misfit(&t);
         let which = if n == 1 {
             "the result".to_string()
         } else {
@@ -415,13 +488,13 @@ pub fn run_function_cow(
         .collect();
     for (index, (t, &(v, _))) in args.into_iter().zip(f.args()).enumerate() {
         let ty = f.ty(v);
-        if let Err(got) = check_tensor(&t, ty) {
+        if !fits(&t, ty) {
             return Err(InterpError::ArgType {
                 function: function(),
                 index,
                 name: f.value(v).name.clone(),
                 expected: ty.clone(),
-                got,
+                got: misfit(&t),
             });
         }
         if remaining[v.index()] > 0 {
@@ -431,11 +504,20 @@ pub fn run_function_cow(
 
     for &op_id in f.ops() {
         let op = f.op(op_id);
+        let op_value = || op.results().first().map(|&r| f.value(r).name.clone());
         let op_error = |message: String| InterpError::Op {
             kind: op.kind,
-            value: op.results().first().map(|&r| f.value(r).name.clone()),
+            value: op_value(),
             loc: op.loc.clone(),
             message,
+        };
+        let comm_error = |peer: u32, channel: i64, source: CommError| InterpError::Comm {
+            kind: op.kind,
+            value: op_value(),
+            loc: op.loc.clone(),
+            peer,
+            channel,
+            source: Box::new(source),
         };
         let result_types: Vec<TensorType> = op.results().iter().map(|&r| f.ty(r).clone()).collect();
         let outs = {
@@ -466,11 +548,8 @@ pub fn run_function_cow(
                                 "send takes one operand and has no results".into(),
                             ));
                         }
-                        comm.send(peer, channel, inputs[0].clone()).map_err(|e| {
-                            op_error(format!(
-                                "send to stage {peer} on channel {channel} failed: {e}"
-                            ))
-                        })?;
+                        comm.send(peer, channel, inputs[0].clone())
+                            .map_err(|e| comm_error(peer, channel, e))?;
                         vec![]
                     } else {
                         if !inputs.is_empty() || result_types.len() != 1 {
@@ -479,14 +558,13 @@ pub fn run_function_cow(
                             ));
                         }
                         let ty = &result_types[0];
-                        let t = comm.recv(peer, channel, ty).map_err(|e| {
-                            op_error(format!(
-                                "recv from stage {peer} on channel {channel} failed: {e}"
-                            ))
-                        })?;
-                        if let Err(got) = check_tensor(&t, ty) {
+                        let t = comm
+                            .recv(peer, channel, ty)
+                            .map_err(|e| comm_error(peer, channel, e))?;
+                        if !fits(&t, ty) {
                             return Err(op_error(format!(
-                                "received {got}, but the op declares {ty}"
+                                "received {}, but the op declares {ty}",
+                                misfit(&t)
                             )));
                         }
                         vec![t]

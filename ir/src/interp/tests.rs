@@ -2265,20 +2265,24 @@ struct Mailbox {
 }
 
 impl Comm for Mailbox {
-    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), String> {
+    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError> {
         self.log
             .push(format!("send to {peer} on {channel}: {:?}", t.shape));
         self.queues.entry(channel).or_default().push_back(t);
         Ok(())
     }
 
-    fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, String> {
+    fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, CommError> {
         self.log
             .push(format!("recv from {peer} on {channel}: {ty}"));
         self.queues
             .get_mut(&channel)
             .and_then(|q| q.pop_front())
-            .ok_or_else(|| format!("nothing on channel {channel}"))
+            .ok_or_else(|| CommError::Transport {
+                peer,
+                channel,
+                message: format!("nothing on channel {channel}"),
+            })
     }
 }
 
@@ -2378,6 +2382,50 @@ fn run_two_stages_through_a_comm() {
     let args = bind_args(&m, f1, &HashMap::new()).unwrap();
     let e = run_function(f1, args, &opts, Some(&mut mail)).unwrap_err();
     assert!(e.to_string().contains("nothing on channel 7"), "{e}");
+}
+
+/// A communicator whose transport was stopped because another device failed.
+struct Stopped;
+
+impl Comm for Stopped {
+    fn send(&mut self, peer: u32, _channel: i64, _t: Tensor) -> Result<(), CommError> {
+        Err(CommError::Aborted {
+            peer,
+            reason: "device 0 failed".into(),
+        })
+    }
+
+    fn recv(&mut self, peer: u32, _channel: i64, _ty: &TensorType) -> Result<Tensor, CommError> {
+        Err(CommError::Aborted {
+            peer,
+            reason: "device 0 failed".into(),
+        })
+    }
+}
+
+#[test]
+fn a_comm_failure_keeps_its_variant() {
+    let m = two_stage_module();
+    let f1 = &m.functions[1];
+    let args = bind_args(&m, f1, &HashMap::new()).unwrap();
+    let e = run_function(f1, args, &InterpOptions::default(), Some(&mut Stopped)).unwrap_err();
+    match &e {
+        InterpError::Comm {
+            kind: OpKind::Recv,
+            peer: 0,
+            channel: 7,
+            source,
+            ..
+        } => assert!(source.is_aborted()),
+        other => panic!("{other:?}"),
+    }
+    assert!(e.comm_error().is_some_and(CommError::is_aborted));
+    assert!(
+        e.to_string().ends_with(
+            ": recv from stage 0 on channel 7 failed: stopped because another device failed: device 0 failed"
+        ),
+        "{e}"
+    );
 }
 
 #[test]

@@ -493,7 +493,7 @@ impl<'a> Parser<'a> {
 
         // name
         let (op_name, name_pos) = self.string("an op name such as \"pp.add\"")?;
-        let kind = op_kind(&op_name).map_err(|m| name_pos.error(m))?;
+        let kind = op_kind(&op_name, name_pos)?;
         let quoted = format!("\"{op_name}\"");
 
         // operands
@@ -833,14 +833,14 @@ fn type_body(body: &str, pos: Pos) -> PResult<TensorType> {
     Ok(ty)
 }
 
-fn op_kind(name: &str) -> Result<OpKind, String> {
+fn op_kind(name: &str, pos: Pos) -> PResult<OpKind> {
     if let Some(kind) = name.strip_prefix("pp.").and_then(OpKind::from_name) {
         return Ok(kind);
     }
     if !name.starts_with("pp.") && OpKind::from_name(name).is_some() {
-        return Err(format!(
+        return Err(pos.error(format!(
             "unknown op \"{name}\" (op names start with \"pp.\": did you mean \"pp.{name}\"?)"
-        ));
+        )));
     }
     let bare = name.strip_prefix("pp.").unwrap_or(name);
     let mut close: Vec<(usize, &str)> = OpKind::ALL
@@ -853,17 +853,17 @@ fn op_kind(name: &str) -> Result<OpKind, String> {
     let best = close.first().map_or(0, |c| c.0);
     close.retain(|c| c.0 == best);
     if close.is_empty() {
-        Err(format!("unknown op \"{name}\""))
+        Err(pos.error(format!("unknown op \"{name}\"")))
     } else {
         let names: Vec<String> = close
             .iter()
             .take(3)
             .map(|(_, n)| format!("\"pp.{n}\""))
             .collect();
-        Err(format!(
+        Err(pos.error(format!(
             "unknown op \"{name}\" (did you mean {}?)",
             names.join(" or ")
-        ))
+        )))
     }
 }
 
@@ -915,29 +915,28 @@ fn parse_float_elem(s: &str, dtype: DType, pos: Pos) -> PResult<f64> {
     }
 }
 
-/// The number of elements of a static type, or a message why there is none.
-fn static_count(ty: &TensorType) -> Result<(Vec<usize>, usize), String> {
+/// The number of elements of a static type, or an error at `pos` saying why there is none.
+fn static_count(ty: &TensorType, pos: Pos) -> PResult<(Vec<usize>, usize)> {
     let mut shape = Vec::with_capacity(ty.dims.len());
     let mut n: usize = 1;
     for d in &ty.dims {
         let Dim::Known(k) = *d else {
-            return Err(format!("a dense tensor needs a static type, found {ty}"));
+            return Err(pos.error(format!("a dense tensor needs a static type, found {ty}")));
         };
-        let k = usize::try_from(k).map_err(|_| format!("{ty} is too large"))?;
-        n = n
-            .checked_mul(k)
-            .ok_or_else(|| format!("{ty} is too large"))?;
+        let too_large = || pos.error(format!("{ty} is too large"));
+        let k = usize::try_from(k).map_err(|_| too_large())?;
+        n = n.checked_mul(k).ok_or_else(too_large)?;
         shape.push(k);
     }
     if n.checked_mul(ty.dtype.size_bytes()).is_none() {
-        return Err(format!("{ty} is too large"));
+        return Err(pos.error(format!("{ty} is too large")));
     }
     Ok((shape, n))
 }
 
 /// Check a dense literal against its type and build the tensor.
 fn make_tensor(lit: DenseLit, lit_pos: Pos, ty: &TensorType, ty_pos: Pos) -> PResult<Tensor> {
-    let (shape, n) = static_count(ty).map_err(|m| ty_pos.error(m))?;
+    let (shape, n) = static_count(ty, ty_pos)?;
     let dtype = ty.dtype;
     let data = match lit {
         DenseLit::List(elems) => {
@@ -970,7 +969,7 @@ fn make_tensor(lit: DenseLit, lit_pos: Pos, ty: &TensorType, ty_pos: Pos) -> PRe
             }
         }
         DenseLit::Hex(s) => {
-            let bytes = decode_hex(&s).map_err(|m| lit_pos.error(m))?;
+            let bytes = decode_hex(&s, lit_pos)?;
             let size = dtype.size_bytes();
             if bytes.len() != n * size {
                 return Err(lit_pos.error(format!(
@@ -1052,15 +1051,15 @@ fn int_elem(e: Elem, dtype: DType, pos: Pos) -> PResult<i64> {
     }
 }
 
-fn decode_hex(s: &str) -> Result<Vec<u8>, String> {
+fn decode_hex(s: &str, pos: Pos) -> PResult<Vec<u8>> {
     let Some(digits) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) else {
-        return Err("a dense string literal must be hex starting with \"0x\"".into());
+        return Err(pos.error("a dense string literal must be hex starting with \"0x\""));
     };
     if let Some(c) = digits.chars().find(|c| !c.is_ascii_hexdigit()) {
-        return Err(format!("invalid hex digit {c:?} in dense literal"));
+        return Err(pos.error(format!("invalid hex digit {c:?} in dense literal")));
     }
     if digits.len() % 2 != 0 {
-        return Err("dense hex literal has an odd number of digits".into());
+        return Err(pos.error("dense hex literal has an odd number of digits"));
     }
     let b = digits.as_bytes();
     Ok(b.chunks_exact(2)

@@ -3,7 +3,7 @@
 
 use ppir::{ArgKind, DType, Function, OpId, Phase};
 
-use super::op::{cost, OpCost};
+use super::op::{cost, OpCost, OpCostError};
 use super::profile::DeviceProfile;
 use super::CostError;
 
@@ -94,9 +94,9 @@ pub fn op_cost(f: &Function, op: OpId) -> Result<OpCost, CostError> {
     let data = f.op(op);
     let xs: Vec<_> = data.operands().iter().map(|&v| f.ty(v)).collect();
     let ys: Vec<_> = data.results().iter().map(|&v| f.ty(v)).collect();
-    cost(data.kind, &data.attrs, &xs, &ys).map_err(|message| CostError::Invalid {
+    cost(data.kind, &data.attrs, &xs, &ys).map_err(|source| CostError::Invalid {
         what: describe(f, op),
-        message,
+        source,
     })
 }
 
@@ -159,9 +159,7 @@ fn arg_bytes(f: &Function, kind: ArgKind) -> Result<u64, CostError> {
         let ty = f.ty(v);
         total += ty.size_bytes().ok_or_else(|| CostError::Invalid {
             what: format!("@{}: argument %{}", f.name, f.value(v).name),
-            message: format!(
-                "type {ty} has a symbolic dimension; bind the batch first (bind-batch{{size=N}})"
-            ),
+            source: OpCostError::Symbolic { ty: ty.clone() },
         })?;
     }
     Ok(total)

@@ -46,7 +46,7 @@ pub use host::{
     host_cache_path, host_key, host_profile_cached, host_profile_cached_at, measure_host,
 };
 pub use measure::{measure_function_ops, measured_op_time, op_time_in};
-pub use op::{op_cost_of, OpCost, TRANSCENDENTAL_FLOPS};
+pub use op::{op_cost_of, OpCost, OpCostError, TRANSCENDENTAL_FLOPS};
 pub use profile::{bound, comm_time, op_time, Bound, DeviceProfile, BUILTIN_PROFILES};
 
 /// Why a cost could not be computed or a profile not loaded.
@@ -54,8 +54,8 @@ pub use profile::{bound, comm_time, op_time, Bound, DeviceProfile, BUILTIN_PROFI
 pub enum CostError {
     /// An op (or argument) whose cost is undefined: a symbolic `?` dimension, a missing or
     /// ill-typed attribute, operands that do not fit the op.
-    #[error("{what}: {message}")]
-    Invalid { what: String, message: String },
+    #[error("{what}: {source}")]
+    Invalid { what: String, source: OpCostError },
     /// A device profile that does not parse or has a bad field.
     #[error("device profile `{origin}`: {}{message}", field_prefix(.path))]
     Profile {

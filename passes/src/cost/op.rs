@@ -99,12 +99,35 @@ impl std::iter::Sum for OpCost {
     }
 }
 
-type Res<T> = Result<T, String>;
+/// Why the cost of an op is undefined (the caller adds which op).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum OpCostError {
+    #[error("type {ty} has a symbolic dimension; bind the batch first (bind-batch{{size=N}})")]
+    Symbolic { ty: TensorType },
+    #[error(transparent)]
+    Attr(#[from] ppir::attr::AttrError),
+    #[error("expected an operand {index}, found {count} operand(s)")]
+    MissingOperand { index: usize, count: usize },
+    #[error("expected a result {index}, found {count} result(s)")]
+    MissingResult { index: usize, count: usize },
+    /// `what` names the operand or result (`a`, `w`, `dw`).
+    #[error("{what} has rank {rank}, expected more than {index}")]
+    Rank {
+        what: &'static str,
+        rank: usize,
+        index: usize,
+    },
+    #[error("matmul of a scalar")]
+    ScalarMatMul,
+    #[error("axis {axis} out of range for rank {rank}")]
+    Axis { axis: i64, rank: usize },
+}
+
+type Res<T> = Result<T, OpCostError>;
 
 fn shape(ty: &TensorType) -> Res<Vec<u64>> {
-    ty.static_shape().ok_or_else(|| {
-        format!("type {ty} has a symbolic dimension; bind the batch first (bind-batch{{size=N}})")
-    })
+    ty.static_shape()
+        .ok_or_else(|| OpCostError::Symbolic { ty: ty.clone() })
 }
 
 /// Product of dimensions, in f64 so huge shapes cannot overflow.
@@ -122,27 +145,31 @@ fn bytes(ty: &TensorType) -> Res<f64> {
 
 /// The typed attribute view `T` of `attrs`.
 fn view<T: OpAttrs>(attrs: &Attrs) -> Res<T> {
-    T::of(attrs).map_err(|e| e.to_string())
+    Ok(T::of(attrs)?)
 }
 
 /// Operand `i`, or an error naming how many the op has.
 fn operand<'a>(tys: &[&'a TensorType], i: usize) -> Res<&'a TensorType> {
-    tys.get(i)
-        .copied()
-        .ok_or_else(|| format!("expected an operand {i}, found {} operand(s)", tys.len()))
+    tys.get(i).copied().ok_or(OpCostError::MissingOperand {
+        index: i,
+        count: tys.len(),
+    })
 }
 
 fn result<'a>(tys: &[&'a TensorType], i: usize) -> Res<&'a TensorType> {
-    tys.get(i)
-        .copied()
-        .ok_or_else(|| format!("expected a result {i}, found {} result(s)", tys.len()))
+    tys.get(i).copied().ok_or(OpCostError::MissingResult {
+        index: i,
+        count: tys.len(),
+    })
 }
 
 /// Dimension `i` of a shape, or an error naming the rank.
-fn dim(s: &[u64], i: usize, what: &str) -> Res<u64> {
-    s.get(i)
-        .copied()
-        .ok_or_else(|| format!("{what} has rank {}, expected more than {i}", s.len()))
+fn dim(s: &[u64], i: usize, what: &'static str) -> Res<u64> {
+    s.get(i).copied().ok_or(OpCostError::Rank {
+        what,
+        rank: s.len(),
+        index: i,
+    })
 }
 
 /// Π kernel_shape of a pool.
@@ -195,7 +222,7 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         // contractions
         MatMul => {
             let a = shape(operand(xs, 0)?)?;
-            let k = *a.last().ok_or("matmul of a scalar")?;
+            let k = *a.last().ok_or(OpCostError::ScalarMatMul)?;
             2.0 * k as f64 * y_numel(0)?
         }
         Gemm => {
@@ -307,7 +334,7 @@ fn norm_axis(axis: i64, rank: usize, inclusive: bool) -> Res<usize> {
         rank as i64 - 1
     };
     if a < 0 || a > limit {
-        return Err(format!("axis {axis} out of range for rank {rank}"));
+        return Err(OpCostError::Axis { axis, rank });
     }
     Ok(a as usize)
 }
@@ -330,13 +357,13 @@ pub fn op_cost_of(
     operands: &[&TensorType],
     results: &[&TensorType],
 ) -> Result<OpCost, CostError> {
-    cost(kind, attrs, operands, results).map_err(|message| CostError::Invalid {
+    cost(kind, attrs, operands, results).map_err(|source| CostError::Invalid {
         what: kind.to_string(),
-        message,
+        source,
     })
 }
 
-/// [`op_cost_of`] with the error as a bare message (the caller adds the op's name).
+/// [`op_cost_of`] with an error that does not name the op (the caller adds it).
 pub(super) fn cost(
     kind: OpKind,
     attrs: &Attrs,

@@ -609,9 +609,18 @@ pub fn human_bytes(b: f64) -> String {
     }
 }
 
+/// Why a size (`--memory-limit`) does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    #[error("`{text}` is not a positive size")]
+    NotPositive { text: String },
+    #[error("unknown unit `{unit}` in `{text}` (K, M, G, T, KiB, MiB, GiB, TiB)")]
+    UnknownUnit { unit: String, text: String },
+}
+
 /// `16G`, `512MiB`, `1000000` → bytes (K/M/G/T are powers of 1000, KiB/MiB/GiB/TiB of
 /// 1024).
-pub fn parse_bytes(s: &str) -> Result<f64, String> {
+pub fn parse_bytes(s: &str) -> Result<f64, ByteSizeError> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -621,7 +630,9 @@ pub fn parse_bytes(s: &str) -> Result<f64, String> {
         .parse()
         .ok()
         .filter(|v: &f64| v.is_finite() && *v > 0.0)
-        .ok_or_else(|| format!("`{s}` is not a positive size"))?;
+        .ok_or_else(|| ByteSizeError::NotPositive {
+            text: s.to_string(),
+        })?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -633,9 +644,10 @@ pub fn parse_bytes(s: &str) -> Result<f64, String> {
         "gib" => (1u64 << 30) as f64,
         "tib" => (1u64 << 40) as f64,
         u => {
-            return Err(format!(
-                "unknown unit `{u}` in `{s}` (K, M, G, T, KiB, MiB, GiB, TiB)"
-            ))
+            return Err(ByteSizeError::UnknownUnit {
+                unit: u.to_string(),
+                text: s.to_string(),
+            })
         }
     };
     Ok(n * mult)

@@ -4,6 +4,7 @@
 //! idle slot. Stage numbers are virtual stages of the [`Layout`] given on import.
 
 use super::{parse_action, validate, Action, ActionKind, Layout, Schedule, ScheduleError};
+use ppir::schedule::ActionParseError;
 
 /// The schedule as CSV, one line per rank, no header, no idle cells.
 pub fn to_csv(schedule: &Schedule) -> String {
@@ -16,13 +17,22 @@ pub fn to_csv(schedule: &Schedule) -> String {
     out
 }
 
-fn parse_cell(cell: &str, layout: &Layout) -> Result<Action, String> {
+/// Why a CSV cell names no action of the layout.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CellError {
+    #[error(transparent)]
+    Parse(#[from] ActionParseError),
+    #[error("stage {stage} does not exist (the layout has {stages} stages)")]
+    NoStage { stage: usize, stages: usize },
+}
+
+fn parse_cell(cell: &str, layout: &Layout) -> Result<Action, CellError> {
     let (kind, stage, micro_batch) = parse_action(cell)?;
     if stage >= layout.num_virtual_stages() {
-        return Err(format!(
-            "stage {stage} does not exist (the layout has {} stages)",
-            layout.num_virtual_stages()
-        ));
+        return Err(CellError::NoStage {
+            stage,
+            stages: layout.num_virtual_stages(),
+        });
     }
     Ok(Action::new(
         kind,
@@ -54,11 +64,11 @@ pub fn from_csv(text: &str, layout: Layout) -> Result<Schedule, ScheduleError> {
             if cell.is_empty() {
                 continue;
             }
-            let a = parse_cell(cell, &layout).map_err(|message| ScheduleError::Csv {
+            let a = parse_cell(cell, &layout).map_err(|source| ScheduleError::CsvCell {
                 row: row + 1,
                 col: col + 1,
                 cell: cell.to_string(),
-                message,
+                source,
             })?;
             if layout.rank_of(a.stage) != row {
                 return Err(ScheduleError::Csv {

@@ -32,6 +32,14 @@ pub enum ScheduleError {
         cell: String,
         message: String,
     },
+    /// A CSV cell that names no action of the layout.
+    #[error("row {row}, column {col} (cell `{cell}`): {source}")]
+    CsvCell {
+        row: usize,
+        col: usize,
+        cell: String,
+        source: super::csv::CellError,
+    },
 }
 
 /// A rank stuck at `position` on `action`, waiting for `waits_for`.

@@ -76,10 +76,49 @@ fn fail(t: &mut MpiTransport, message: String) -> ! {
     unreachable!("abort returned")
 }
 
-fn pingpong(t: &mut MpiTransport) -> Result<(), String> {
+/// A check of the self-test that failed.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("needs at least 2 ranks, got {0}")]
+    TooFewRanks(usize),
+    #[error("send: {0}")]
+    Send(TransportError),
+    #[error("recv: {0}")]
+    Recv(TransportError),
+    #[error("barrier: {0}")]
+    Barrier(TransportError),
+    #[error("sending took {0:?}: sends block")]
+    SlowSends(Duration),
+    #[error("channel {channel} micro-batch {mb} step {step}: received {got:?}, expected {want:?}")]
+    Values {
+        channel: i64,
+        mb: u32,
+        step: u64,
+        got: Vec<f64>,
+        want: Vec<f64>,
+    },
+    #[error("timeout: tag {tag}, waited {waited:?}, took {took:?}")]
+    Timeout {
+        tag: Tag,
+        waited: Duration,
+        took: Duration,
+    },
+    #[error("the timeout does not name the channel: {0}")]
+    TimeoutText(String),
+    #[error("expected a timeout, got {0}")]
+    NoTimeout(String),
+    #[error("expected a type mismatch, got {0}")]
+    NoMismatch(String),
+    #[error("rank 0 left the barrier after {0:?}, before the last rank entered it")]
+    EarlyBarrier(Duration),
+    #[error("{0} sends still pending after the barriers")]
+    Pending(usize),
+}
+
+fn pingpong(t: &mut MpiTransport) -> Result<(), Failure> {
     let (rank, size) = (t.rank(), t.size());
     if size < 2 {
-        return Err(format!("needs at least 2 ranks, got {size}"));
+        return Err(Failure::TooFewRanks(size));
     }
     let next = (rank + 1) % size;
     let prev = (rank + size - 1) % size;
@@ -92,11 +131,11 @@ fn pingpong(t: &mut MpiTransport) -> Result<(), String> {
             tag(rank, next, channel, mb, step),
             payload(rank, channel, mb, step),
         )
-        .map_err(|e| format!("send: {e}"))?;
+        .map_err(Failure::Send)?;
     }
     let sent = started.elapsed();
     if sent > Duration::from_secs(5) {
-        return Err(format!("sending took {sent:?}: sends block"));
+        return Err(Failure::SlowSends(sent));
     }
     // Received in the reverse order of sending.
     for (channel, mb, step) in messages().into_iter().rev() {
@@ -108,13 +147,15 @@ fn pingpong(t: &mut MpiTransport) -> Result<(), String> {
                 &want.tensor_type(),
                 Duration::from_secs(30),
             )
-            .map_err(|e| format!("recv: {e}"))?;
+            .map_err(Failure::Recv)?;
         if got != want {
-            return Err(format!(
-                "channel {channel} micro-batch {mb} step {step}: received {:?}, expected {:?}",
-                &got.to_f64_vec()[..got.num_elements().min(8)],
-                &want.to_f64_vec()[..want.num_elements().min(8)]
-            ));
+            return Err(Failure::Values {
+                channel,
+                mb,
+                step,
+                got: got.to_f64_vec()[..got.num_elements().min(8)].to_vec(),
+                want: want.to_f64_vec()[..want.num_elements().min(8)].to_vec(),
+            });
         }
     }
 
@@ -129,16 +170,14 @@ fn pingpong(t: &mut MpiTransport) -> Result<(), String> {
                 || waited < Duration::from_millis(300)
                 || took > Duration::from_secs(3)
             {
-                return Err(format!(
-                    "timeout: tag {tag}, waited {waited:?}, took {took:?}"
-                ));
+                return Err(Failure::Timeout { tag, waited, took });
             }
             let text = TransportError::Timeout { tag, waited }.to_string();
             if !text.contains("channel 99") {
-                return Err(format!("the timeout does not name the channel: {text}"));
+                return Err(Failure::TimeoutText(text));
             }
         }
-        other => return Err(format!("expected a timeout, got {other:?}")),
+        other => return Err(Failure::NoTimeout(format!("{other:?}"))),
     }
 
     // A message of the wrong shape is refused.
@@ -147,7 +186,7 @@ fn pingpong(t: &mut MpiTransport) -> Result<(), String> {
         tag(rank, next, 50, 0, 0),
         Tensor::from_f32(vec![2], vec![1.0, 2.0]),
     )
-    .map_err(|e| format!("send: {e}"))?;
+    .map_err(Failure::Send)?;
     match t.recv(
         prev,
         tag(prev, rank, 50, 0, 0),
@@ -155,7 +194,7 @@ fn pingpong(t: &mut MpiTransport) -> Result<(), String> {
         Duration::from_secs(30),
     ) {
         Err(TransportError::Failed(m)) if m.contains("expected") => {}
-        other => return Err(format!("expected a type mismatch, got {other:?}")),
+        other => return Err(Failure::NoMismatch(format!("{other:?}"))),
     }
 
     // The barrier waits for the slowest rank (the last sleeps 300 ms first).
@@ -163,17 +202,15 @@ fn pingpong(t: &mut MpiTransport) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(300));
     }
     let before = Instant::now();
-    t.barrier().map_err(|e| format!("barrier: {e}"))?;
+    t.barrier().map_err(Failure::Barrier)?;
     let waited = before.elapsed();
     if rank == 0 && waited < Duration::from_millis(200) {
-        return Err(format!(
-            "rank 0 left the barrier after {waited:?}, before the last rank entered it"
-        ));
+        return Err(Failure::EarlyBarrier(waited));
     }
-    t.barrier().map_err(|e| format!("barrier: {e}"))?;
+    t.barrier().map_err(Failure::Barrier)?;
     let pending = t.pending_sends();
     if pending != 0 {
-        return Err(format!("{pending} sends still pending after the barriers"));
+        return Err(Failure::Pending(pending));
     }
     println!(
         "rank {rank} ok: {} messages each way, {:.3} s",

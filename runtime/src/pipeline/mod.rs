@@ -28,6 +28,8 @@
 //! deadline, never by joining, so a device stuck forever cannot keep the run alive.
 
 mod plan;
+#[cfg(test)]
+mod tests;
 
 pub use plan::{DataInput, PlanSpec, PlanSpecError, StageSpec, PLAN_TARGETS};
 pub use ppir::schedule::{Action, ActionKind};
@@ -36,26 +38,161 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use ppir::interp::{eval_op, run_function_cow, Comm, InterpOptions};
+use ppir::interp::{eval_op, run_function_cow, Comm, CommError, InterpError, InterpOptions};
 use ppir::{ArgKind, Attrs, DType, Function, Module, OpKind, Tensor, TensorType};
 
 use crate::data::slice_rows;
+use crate::native::NativeError;
 use crate::transport::local::LocalNet;
 use crate::transport::{Tag, Transport, TransportError};
 use crate::Batch;
 
 /// An error on one device, with the stage and what it was doing.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{}{message}", context(*.stage, *.step, *.micro_batch, .function.as_deref()))]
+#[error(
+    "{}{error}{}",
+    context(*.stage, *.step, *.micro_batch, .function.as_deref()),
+    abandoned_note(.abandoned)
+)]
 pub struct WorkerError {
     pub rank: usize,
     pub stage: Option<u32>,
     pub step: u64,
     pub micro_batch: Option<u32>,
     pub function: Option<String>,
-    pub message: String,
+    pub error: Box<PipelineError>,
+    /// Devices that did not stop after this failure and were abandoned (named after the
+    /// message).
+    pub abandoned: Vec<usize>,
+}
+
+impl WorkerError {
     /// The error is only the consequence of another device's failure.
-    pub aborted: bool,
+    pub fn aborted(&self) -> bool {
+        self.error.is_aborted()
+    }
+}
+
+/// Why a stage's function, or one device's step, failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PipelineError {
+    /// A send or receive stopped because another device failed (the transport was
+    /// aborted): this device's failure is only the consequence. `peer` is the stage at the
+    /// other end.
+    #[error("stopped because another device failed: {reason}")]
+    Aborted { peer: u32, reason: String },
+    /// The interpreter failed in a function (an op, or a send or receive).
+    #[error(transparent)]
+    Interp(#[from] InterpError),
+    /// A native module failed in a function.
+    #[error(transparent)]
+    Native(#[from] NativeError),
+    #[error("the stage has no function @{function}")]
+    NoFunction { function: String },
+    /// The plan names a function the stage's module lacks.
+    #[error("stage {stage}: no function @{function}")]
+    StageFunction { stage: u32, function: String },
+    #[error("stage {stage}: @{function} needs the weight `{name}`, which the stage's params do not hold")]
+    MissingWeight {
+        stage: u32,
+        function: String,
+        name: String,
+    },
+    #[error("device {rank} has no stage {stage} for action {action}")]
+    NoStage {
+        rank: usize,
+        stage: u32,
+        action: Action,
+    },
+    #[error("action {action} names micro-batch {micro_batch}, but a step has {microbatches} (0..{microbatches})")]
+    MicroBatch {
+        action: Action,
+        micro_batch: u32,
+        microbatches: usize,
+    },
+    #[error("{count} micro-batch(es) still stashed at the end of the step: the schedule misses their weight-gradient actions")]
+    Stashed { count: usize },
+    /// A data array whose rows are not the step's micro-batches.
+    #[error("array `{name}` has shape {shape:?}; expected {rows} rows ({microbatches} micro-batch(es) of {micro_rows})", rows = .micro_rows * .microbatches)]
+    BatchRows {
+        name: String,
+        shape: Vec<usize>,
+        microbatches: usize,
+        micro_rows: usize,
+    },
+    #[error("no value for argument %{name} (not stashed, not a weight, not in the data)")]
+    NoValue { name: String },
+    /// [`time_actions`] has no value for an argument.
+    #[error("@{function}: no value for %{name}")]
+    NoTimingValue { function: String, name: String },
+    #[error("accumulating grad.{param}: {source}")]
+    Accumulate {
+        param: String,
+        source: Box<InterpError>,
+    },
+    #[error("device {rank} panicked: {message}")]
+    Panicked { rank: usize, message: String },
+    #[error("cannot start the thread of device {rank}: {message}")]
+    Spawn { rank: usize, message: String },
+    /// The device did not finish the step long after the others had.
+    #[error(
+        "still running {:.1} s after the other devices finished the step (--recv-timeout); {}",
+        .waited.as_secs_f64(),
+        stuck_note(.abandoned)
+    )]
+    Stuck {
+        waited: Duration,
+        abandoned: Vec<usize>,
+    },
+}
+
+impl PipelineError {
+    /// The communicator's error under this one, when a send or receive failed.
+    pub fn comm_error(&self) -> Option<&CommError> {
+        match self {
+            PipelineError::Interp(e) => e.comm_error(),
+            PipelineError::Native(e) => e.comm_error(),
+            _ => None,
+        }
+    }
+
+    /// Whether this device only stopped because another one failed.
+    pub fn is_aborted(&self) -> bool {
+        matches!(self, PipelineError::Aborted { .. })
+            || self.comm_error().is_some_and(CommError::is_aborted)
+    }
+
+    /// [`PipelineError::Aborted`] when a send or receive of the failed call was aborted
+    /// (whatever the executable wrapped it in), else the error itself.
+    fn classify(self) -> Self {
+        match self.comm_error() {
+            Some(CommError::Aborted { peer, reason }) => PipelineError::Aborted {
+                peer: *peer,
+                reason: reason.clone(),
+            },
+            _ => self,
+        }
+    }
+}
+
+/// `devices 2, 3 did not stop and were abandoned`.
+fn stuck_note(stuck: &[usize]) -> String {
+    let list: Vec<String> = stuck.iter().map(|r| r.to_string()).collect();
+    format!(
+        "device{} {} did not stop and {} abandoned",
+        if stuck.len() > 1 { "s" } else { "" },
+        list.join(", "),
+        if stuck.len() > 1 { "were" } else { "was" }
+    )
+}
+
+/// ` (devices ... abandoned)` after a failure, nothing when no device was abandoned.
+fn abandoned_note(stuck: &[usize]) -> String {
+    if stuck.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", stuck_note(stuck))
+    }
 }
 
 fn context(stage: Option<u32>, step: u64, mb: Option<u32>, function: Option<&str>) -> String {
@@ -142,7 +279,7 @@ pub trait StageExecutable: Send {
         args: Vec<ArgValue<'_>>,
         keep: &[bool],
         comm: &mut dyn Comm,
-    ) -> Result<Vec<Value>, String>;
+    ) -> Result<Vec<Value>, PipelineError>;
     /// The caller replaced some of the weights (`param`/`state` arguments) it passes: an
     /// executable that keeps converted copies of them must drop those.
     fn weights_changed(&mut self) {}
@@ -166,11 +303,13 @@ impl StageExecutable for InterpretedStage {
         args: Vec<ArgValue<'_>>,
         _keep: &[bool],
         comm: &mut dyn Comm,
-    ) -> Result<Vec<Value>, String> {
+    ) -> Result<Vec<Value>, PipelineError> {
         let f = self
             .module
             .function(function)
-            .ok_or_else(|| format!("the stage has no function @{function}"))?;
+            .ok_or_else(|| PipelineError::NoFunction {
+                function: function.to_string(),
+            })?;
         let args = args
             .into_iter()
             .map(|a| match a {
@@ -178,8 +317,7 @@ impl StageExecutable for InterpretedStage {
                 ArgValue::Device(d) => Cow::Owned(d.to_tensor()),
             })
             .collect();
-        Ok(run_function_cow(f, args, &self.options, Some(comm))
-            .map_err(|e| e.to_string())?
+        Ok(run_function_cow(f, args, &self.options, Some(comm))?
             .into_iter()
             .map(Value::Host)
             .collect())
@@ -239,17 +377,21 @@ impl StageWorker {
         spec: StageSpec,
         exec: Box<dyn StageExecutable>,
         weights: BTreeMap<String, Tensor>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PipelineError> {
         for f in spec.functions() {
             let (args, _) = exec
                 .signature(f)
-                .ok_or_else(|| format!("stage {}: no function @{f}", spec.stage))?;
+                .ok_or_else(|| PipelineError::StageFunction {
+                    stage: spec.stage,
+                    function: f.to_string(),
+                })?;
             for (name, kind, _) in args {
                 if kind != ArgKind::Input && !weights.contains_key(&name) {
-                    return Err(format!(
-                        "stage {}: @{f} needs the weight `{name}`, which the stage's params do not hold",
-                        spec.stage
-                    ));
+                    return Err(PipelineError::MissingWeight {
+                        stage: spec.stage,
+                        function: f.to_string(),
+                        name,
+                    });
                 }
             }
         }
@@ -318,13 +460,38 @@ struct CallComm<'a> {
     waiting: Duration,
 }
 
+impl CallComm<'_> {
+    /// The transport's error as the communicator reports it: an abort (another device
+    /// failed) stays recognisable as such.
+    fn comm_error(&self, peer: u32, channel: i64, e: TransportError) -> CommError {
+        match e {
+            TransportError::Timeout { waited, .. } => CommError::Timeout {
+                peer,
+                channel,
+                value: self.config.channel_values.get(&channel).cloned(),
+                micro_batch: self.mb,
+                waited,
+            },
+            TransportError::Aborted(reason) => CommError::Aborted { peer, reason },
+            TransportError::Failed(message) => CommError::Transport {
+                peer,
+                channel,
+                message,
+            },
+        }
+    }
+}
+
 impl Comm for CallComm<'_> {
-    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), String> {
+    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError> {
         let to_rank = *self
             .config
             .rank_of
             .get(peer as usize)
-            .ok_or_else(|| format!("send to unknown stage {peer}"))?;
+            .ok_or(CommError::UnknownStage {
+                peer,
+                sending: true,
+            })?;
         let tag = Tag {
             from: self.stage,
             to: peer,
@@ -334,15 +501,18 @@ impl Comm for CallComm<'_> {
         };
         self.transport
             .send(to_rank, tag, t)
-            .map_err(|e| e.to_string())
+            .map_err(|e| self.comm_error(peer, channel, e))
     }
 
-    fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, String> {
+    fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, CommError> {
         let from_rank = *self
             .config
             .rank_of
             .get(peer as usize)
-            .ok_or_else(|| format!("receive from unknown stage {peer}"))?;
+            .ok_or(CommError::UnknownStage {
+                peer,
+                sending: false,
+            })?;
         let tag = Tag {
             from: peer,
             to: self.stage,
@@ -355,24 +525,9 @@ impl Comm for CallComm<'_> {
             .transport
             .recv(from_rank, tag, ty, self.config.recv_timeout);
         self.waiting += t0.elapsed();
-        r.map_err(|e| match e {
-            TransportError::Timeout { waited, .. } => format!(
-                "waited {:.1} s for %{} (channel {channel}) from stage {peer}, micro-batch {} (stage {peer} has not sent it)",
-                waited.as_secs_f64(),
-                self.config
-                    .channel_values
-                    .get(&channel)
-                    .map(String::as_str)
-                    .unwrap_or("?"),
-                self.mb
-            ),
-            TransportError::Aborted(reason) => format!("{ABORTED}{reason}"),
-            other => other.to_string(),
-        })
+        r.map_err(|e| self.comm_error(peer, channel, e))
     }
 }
-
-const ABORTED: &str = "stopped because another device failed: ";
 
 impl RankWorker {
     /// Run this device's actions of step `step` on the global batch `batch`, then the
@@ -386,17 +541,17 @@ impl RankWorker {
         let t0 = Instant::now();
         let mut report = RankReport::default();
         let rank = self.rank;
-        let err = |stage: Option<u32>, mb: Option<u32>, function: Option<&str>, message: String| {
-            let aborted = message.contains(ABORTED);
-            WorkerError {
-                rank,
-                stage,
-                step,
-                micro_batch: mb,
-                function: function.map(String::from),
-                message,
-                aborted,
-            }
+        let err = |stage: Option<u32>,
+                   mb: Option<u32>,
+                   function: Option<&str>,
+                   error: PipelineError| WorkerError {
+            rank,
+            stage,
+            step,
+            micro_batch: mb,
+            function: function.map(String::from),
+            error: Box::new(error),
+            abandoned: vec![],
         };
         let actions = self.actions.clone();
         for a in &actions {
@@ -410,7 +565,11 @@ impl RankWorker {
                         Some(a_stage),
                         None,
                         None,
-                        format!("device {rank} has no stage {} for action {a}", a_stage),
+                        PipelineError::NoStage {
+                            rank,
+                            stage: a_stage,
+                            action: *a,
+                        },
                     )
                 })?;
             if a.kind != ActionKind::OptimizerStep && a.micro_batch >= self.config.microbatches {
@@ -418,10 +577,11 @@ impl RankWorker {
                     Some(a_stage),
                     None,
                     None,
-                    format!(
-                        "action {a} names micro-batch {a_mb}, but a step has {} (0..{})",
-                        self.config.microbatches, self.config.microbatches
-                    ),
+                    PipelineError::MicroBatch {
+                        action: *a,
+                        micro_batch: a_mb,
+                        microbatches: self.config.microbatches,
+                    },
                 ));
             }
             if let Some(f) = self.config.fault {
@@ -480,7 +640,7 @@ impl RankWorker {
                     Some(stage),
                     None,
                     None,
-                    format!("{leftover} micro-batch(es) still stashed at the end of the step: the schedule misses their weight-gradient actions"),
+                    PipelineError::Stashed { count: leftover },
                 ));
             }
             let Some(f) = self.stages[idx].spec.optim.clone() else {
@@ -514,13 +674,15 @@ impl RankWorker {
         batch: &Batch,
         transport: &mut dyn Transport,
         losses: &mut Vec<f64>,
-    ) -> Result<f64, String> {
+    ) -> Result<f64, PipelineError> {
         let micro_rows = self.config.micro_rows;
         let st = &mut self.stages[idx];
-        let (args_sig, results) = st
-            .exec
-            .signature(function)
-            .ok_or_else(|| format!("no function @{function}"))?;
+        let (args_sig, results) =
+            st.exec
+                .signature(function)
+                .ok_or_else(|| PipelineError::NoFunction {
+                    function: function.to_string(),
+                })?;
         let is_optim = st.spec.optim.as_deref() == Some(function);
         let mut args = Vec::with_capacity(args_sig.len());
         for (name, kind, _ty) in &args_sig {
@@ -538,12 +700,12 @@ impl RankWorker {
                 ))))
             } else if let Some(t) = batch.get(name) {
                 if t.shape.first().copied() != Some(micro_rows * self.config.microbatches) {
-                    return Err(format!(
-                        "array `{name}` has shape {:?}; expected {} rows ({} micro-batch(es) of {micro_rows})",
-                        t.shape,
-                        micro_rows * self.config.microbatches,
-                        self.config.microbatches
-                    ));
+                    return Err(PipelineError::BatchRows {
+                        name: name.clone(),
+                        shape: t.shape.clone(),
+                        microbatches: self.config.microbatches,
+                        micro_rows,
+                    });
                 }
                 Some(ArgValue::Host(Cow::Owned(slice_rows(
                     t,
@@ -557,11 +719,7 @@ impl RankWorker {
             } else {
                 None
             };
-            args.push(t.ok_or_else(|| {
-                format!(
-                    "no value for argument %{name} (not stashed, not a weight, not in the data)"
-                )
-            })?);
+            args.push(t.ok_or_else(|| PipelineError::NoValue { name: name.clone() })?);
         }
         let mut comm = CallComm {
             transport,
@@ -583,7 +741,10 @@ impl RankWorker {
                         .is_some_and(|w| st.weights.contains_key(w))
             })
             .collect();
-        let outs = st.exec.call(function, args, &keep, &mut comm)?;
+        let outs = st
+            .exec
+            .call(function, args, &keep, &mut comm)
+            .map_err(PipelineError::classify)?;
         let waiting = comm.waiting.as_secs_f64();
         let mut weights_changed = false;
         for (name, v) in results.into_iter().zip(outs) {
@@ -600,8 +761,12 @@ impl RankWorker {
             } else if let (false, Some(p)) = (is_optim, name.strip_prefix("grad.")) {
                 let summed = match st.grads.remove(p) {
                     None => v,
-                    Some(acc) => accumulate_value(acc, v)
-                        .map_err(|e| format!("accumulating grad.{p}: {e}"))?,
+                    Some(acc) => {
+                        accumulate_value(acc, v).map_err(|source| PipelineError::Accumulate {
+                            param: p.to_string(),
+                            source: Box::new(source),
+                        })?
+                    }
                 };
                 st.grads.insert(p.to_string(), summed);
             } else if !is_optim {
@@ -617,7 +782,7 @@ impl RankWorker {
 
 /// [`accumulate`] for values: in the executable's representation when both are device
 /// values it can add, else on the host.
-fn accumulate_value(acc: Value, g: Value) -> Result<Value, String> {
+fn accumulate_value(acc: Value, g: Value) -> Result<Value, InterpError> {
     match (acc, g) {
         (Value::Device(mut a), Value::Device(b)) => {
             if a.add_assign(b.as_ref()) {
@@ -633,7 +798,7 @@ fn accumulate_value(acc: Value, g: Value) -> Result<Value, String> {
 /// `acc + g` in `acc`'s dtype, as the interpreter's `add` computes it (f64 sum rounded once
 /// to the dtype), in place for floats of the same shape; any other pair goes through the
 /// interpreter's `add`.
-fn accumulate(mut acc: Tensor, g: &Tensor) -> Result<Tensor, String> {
+fn accumulate(mut acc: Tensor, g: &Tensor) -> Result<Tensor, InterpError> {
     use ppir::TensorData;
     if acc.shape == g.shape && acc.dtype == g.dtype {
         let d = acc.dtype;
@@ -648,16 +813,15 @@ fn accumulate(mut acc: Tensor, g: &Tensor) -> Result<Tensor, String> {
         acc.dtype,
         &acc.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
     );
-    eval_op(
+    let mut out = eval_op(
         OpKind::Add,
         &Attrs::new(),
         &[&acc, g],
         &[ty],
         &InterpOptions::default(),
-    )
-    .map_err(|e| e.to_string())?
-    .pop()
-    .ok_or_else(|| "no result".to_string())
+    )?;
+    // `eval_op` returns one tensor per declared result type.
+    Ok(out.swap_remove(0))
 }
 
 /// How long [`run_local`] waits for the other devices once one has failed: the net is
@@ -712,12 +876,15 @@ pub fn run_local(
                         step,
                         micro_batch: None,
                         function: None,
-                        message: format!("device {rank} panicked: {}", panic_message(&*p)),
-                        aborted: false,
+                        error: Box::new(PipelineError::Panicked {
+                            rank,
+                            message: panic_message(&*p),
+                        }),
+                        abandoned: vec![],
                     }),
                 };
                 if let Err(e) = &r {
-                    if !e.aborted {
+                    if !e.aborted() {
                         net.abort(&format!("device {rank} failed: {e}"));
                     }
                 }
@@ -732,8 +899,11 @@ pub fn run_local(
                 step,
                 micro_batch: None,
                 function: None,
-                message: format!("cannot start the thread of device {}: {e}", ranks[i].0),
-                aborted: false,
+                error: Box::new(PipelineError::Spawn {
+                    rank: ranks[i].0,
+                    message: e.to_string(),
+                }),
+                abandoned: vec![],
             });
             break;
         }
@@ -786,7 +956,7 @@ pub fn run_local(
             Err(e) => {
                 let replace = match &first {
                     None => true,
-                    Some(f) => f.aborted && !e.aborted,
+                    Some(f) => f.aborted() && !e.aborted(),
                 };
                 if replace {
                     first = Some(e);
@@ -794,20 +964,9 @@ pub fn run_local(
             }
         }
     }
-    let stuck_note = |stuck: &[usize]| {
-        let list: Vec<String> = stuck.iter().map(|r| r.to_string()).collect();
-        format!(
-            "device{} {} did not stop and {} abandoned",
-            if stuck.len() > 1 { "s" } else { "" },
-            list.join(", "),
-            if stuck.len() > 1 { "were" } else { "was" }
-        )
-    };
     match first {
         Some(mut e) => {
-            if !stuck.is_empty() {
-                e.message = format!("{} ({})", e.message, stuck_note(&stuck));
-            }
+            e.abandoned = stuck;
             Err(e)
         }
         None if !stuck.is_empty() => {
@@ -819,12 +978,11 @@ pub fn run_local(
                 step,
                 micro_batch: None,
                 function: None,
-                message: format!(
-                    "still running {:.1} s after the other devices finished the step (--recv-timeout); {}",
-                    recv_timeout.as_secs_f64(),
-                    stuck_note(&stuck)
-                ),
-                aborted: false,
+                error: Box::new(PipelineError::Stuck {
+                    waited: recv_timeout,
+                    abandoned: stuck,
+                }),
+                abandoned: vec![],
             })
         }
         None => Ok(reports),
@@ -867,17 +1025,19 @@ pub fn time_actions(
     data: &dyn Fn(&TensorType) -> Option<Tensor>,
     comm: &mut dyn Comm,
     rounds: usize,
-) -> Result<[f64; 4], String> {
+) -> Result<[f64; 4], PipelineError> {
     type Stash = HashMap<String, Value>;
     let call = |exec: &mut dyn StageExecutable,
                 function: &str,
                 stash: &Stash,
                 grads: &HashMap<String, Value>,
                 comm: &mut dyn Comm|
-     -> Result<(f64, Vec<(String, Value)>), String> {
-        let (args_sig, results) = exec
-            .signature(function)
-            .ok_or_else(|| format!("no function @{function}"))?;
+     -> Result<(f64, Vec<(String, Value)>), PipelineError> {
+        let (args_sig, results) =
+            exec.signature(function)
+                .ok_or_else(|| PipelineError::NoFunction {
+                    function: function.to_string(),
+                })?;
         let mut args = Vec::with_capacity(args_sig.len());
         for (name, kind, ty) in &args_sig {
             let t = if *kind != ArgKind::Input {
@@ -889,7 +1049,10 @@ pub fn time_actions(
             } else {
                 data(ty).map(|t| ArgValue::Host(Cow::Owned(t)))
             };
-            args.push(t.ok_or_else(|| format!("@{function}: no value for %{name}"))?);
+            args.push(t.ok_or_else(|| PipelineError::NoTimingValue {
+                function: function.to_string(),
+                name: name.clone(),
+            })?);
         }
         let keep: Vec<bool> = results
             .iter()
@@ -926,7 +1089,12 @@ pub fn time_actions(
             if let Some(p) = name.strip_prefix("grad.") {
                 let summed = match grads.remove(p) {
                     None => v,
-                    Some(acc) => accumulate_value(acc, v)?,
+                    Some(acc) => {
+                        accumulate_value(acc, v).map_err(|source| PipelineError::Accumulate {
+                            param: p.to_string(),
+                            source: Box::new(source),
+                        })?
+                    }
                 };
                 grads.insert(p.to_string(), summed);
             }
