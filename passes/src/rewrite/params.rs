@@ -23,13 +23,25 @@ pub struct WeightSplit {
     pub pieces: Vec<String>,
 }
 
-/// Why parameters could not be split.
+/// Why parameters could not be split, or pieces joined.
 #[derive(Debug, thiserror::Error)]
 pub enum SplitParamsError {
     #[error("no function @{0}")]
     NoFunction(String),
-    #[error("weight `{name}`: {message}")]
-    Weight { name: String, message: String },
+    #[error("weight `{0}` has no initial value")]
+    NoInitialValue(String),
+    #[error("weight `{name}`: {source}")]
+    Shape {
+        name: String,
+        #[source]
+        source: ppir::shape::ShapeError,
+    },
+    #[error("weight `{name}`: {source}")]
+    Interp {
+        name: String,
+        #[source]
+        source: ppir::interp::InterpError,
+    },
 }
 
 /// One piece of a parameter: `[start, end)` along the axis, and the slices reading it.
@@ -94,8 +106,14 @@ fn pieces_of(f: &Function, p: ValueId) -> Option<(usize, Vec<Piece>)> {
     ))
 }
 
-/// Cut `t` to `[start, end)` along `axis`.
-fn cut(t: &Tensor, axis: usize, start: u64, end: u64) -> Result<Tensor, String> {
+/// Cut `t` (weight `name`) to `[start, end)` along `axis`.
+fn cut(
+    name: &str,
+    t: &Tensor,
+    axis: usize,
+    start: u64,
+    end: u64,
+) -> Result<Tensor, SplitParamsError> {
     let attrs = SliceAttrs {
         starts: vec![start as i64],
         ends: vec![end as i64],
@@ -103,11 +121,7 @@ fn cut(t: &Tensor, axis: usize, start: u64, end: u64) -> Result<Tensor, String> 
         steps: None,
     }
     .to_attrs();
-    let ty =
-        ppir::shape::infer(OpKind::Slice, &attrs, &[t.tensor_type()]).map_err(|e| e.to_string())?;
-    let mut out = ppir::interp::eval_op(OpKind::Slice, &attrs, &[t], &ty, &Default::default())
-        .map_err(|e| e.to_string())?;
-    Ok(out.remove(0))
+    eval(name, OpKind::Slice, &attrs, &[t])
 }
 
 /// Split every qualifying parameter of `function` (see the module documentation). The
@@ -145,10 +159,7 @@ pub fn split_params(m: &mut Module, function: &str) -> Result<Vec<WeightSplit>, 
         let init = m
             .weights
             .get(&name)
-            .ok_or_else(|| SplitParamsError::Weight {
-                name: name.clone(),
-                message: "has no initial value".into(),
-            })?;
+            .ok_or_else(|| SplitParamsError::NoInitialValue(name.clone()))?;
         let mut names = vec![];
         for (i, (s, e, results)) in pieces.iter().enumerate() {
             let mut piece = format!("{name}.part{i}");
@@ -160,10 +171,7 @@ pub fn split_params(m: &mut Module, function: &str) -> Result<Vec<WeightSplit>, 
             for r in results {
                 map.insert(*r, arg);
             }
-            let value = cut(init, *axis, *s, *e).map_err(|message| SplitParamsError::Weight {
-                name: name.clone(),
-                message,
-            })?;
+            let value = cut(&name, init, *axis, *s, *e)?;
             new_weights.push((piece.clone(), value));
             names.push(piece);
         }
@@ -218,7 +226,7 @@ pub fn split_params(m: &mut Module, function: &str) -> Result<Vec<WeightSplit>, 
 pub fn join_pieces(
     weights: &mut BTreeMap<String, Tensor>,
     splits: &[WeightSplit],
-) -> Result<(), String> {
+) -> Result<(), SplitParamsError> {
     for s in splits {
         let parts: Option<Vec<&Tensor>> = s.pieces.iter().map(|p| weights.get(p)).collect();
         let Some(parts) = parts else { continue };
@@ -226,17 +234,33 @@ pub fn join_pieces(
             axis: s.axis as i64,
         }
         .to_attrs();
-        let types: Vec<_> = parts.iter().map(|t| t.tensor_type()).collect();
-        let ty = ppir::shape::infer(OpKind::Concat, &attrs, &types)
-            .map_err(|e| format!("joining `{}`: {e}", s.original))?;
-        let joined =
-            ppir::interp::eval_op(OpKind::Concat, &attrs, &parts, &ty, &Default::default())
-                .map_err(|e| format!("joining `{}`: {e}", s.original))?
-                .remove(0);
+        let joined = eval(&s.original, OpKind::Concat, &attrs, &parts)?;
         for p in &s.pieces {
             weights.remove(p);
         }
         weights.insert(s.original.clone(), joined);
     }
     Ok(())
+}
+
+/// `kind` applied to `inputs` by the interpreter, for weight `name`.
+fn eval(
+    name: &str,
+    kind: OpKind,
+    attrs: &ppir::Attrs,
+    inputs: &[&Tensor],
+) -> Result<Tensor, SplitParamsError> {
+    let types: Vec<_> = inputs.iter().map(|t| t.tensor_type()).collect();
+    let ty = ppir::shape::infer(kind, attrs, &types).map_err(|source| SplitParamsError::Shape {
+        name: name.to_string(),
+        source,
+    })?;
+    let mut out =
+        ppir::interp::eval_op(kind, attrs, inputs, &ty, &Default::default()).map_err(|source| {
+            SplitParamsError::Interp {
+                name: name.to_string(),
+                source,
+            }
+        })?;
+    Ok(out.remove(0))
 }
