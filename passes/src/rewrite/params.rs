@@ -40,7 +40,7 @@ pub enum SplitParamsError {
     Interp {
         name: String,
         #[source]
-        source: ppir::interp::InterpError,
+        source: Box<ppir::interp::InterpError>,
     },
 }
 
