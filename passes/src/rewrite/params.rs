@@ -259,7 +259,7 @@ fn eval(
         ppir::interp::eval_op(kind, attrs, inputs, &ty, &Default::default()).map_err(|source| {
             SplitParamsError::Interp {
                 name: name.to_string(),
-                source,
+                source: Box::new(source),
             }
         })?;
     Ok(out.remove(0))
