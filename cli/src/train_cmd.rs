@@ -1,29 +1,18 @@
 //! `ppcc train`: single-device training, as native code (the default) or on the reference
-//! interpreter.
-//!
-//! Import → bind the micro-batch size → `@grad` (autodiff, loss appended) → `@optim` and
-//! `@accumulate` (optimizer) → [`ppcc_runtime::Trainer`] over `.npz` or synthetic data.
+//! interpreter: the arguments and the printing of [`ppcc_driver::train`].
 //! Standard output carries exactly one line per step, `step <k> loss <value>`; the value is
 //! the f64 loss in Rust's `{:?}` form: the shortest digits that read back exactly, in
 //! scientific notation below 1e-4 (`2.765547752380371`, `1.4511585504806135e-5`).
 //! Everything else goes to standard error.
 
-use ppcc_driver::target::{build_native, ScratchDir, Target};
-use ppcc_runtime::native::NativeExecutor;
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use ppcc_driver::target::Target;
+use ppcc_driver::train::{TrainEvent, TrainOptions};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
-use ppcc_passes::autodiff::LossKind;
-use ppcc_runtime::data::{default_specs, index_limits_of, with_batch};
-use ppcc_runtime::{BatchSource, SyntheticSource, Trainer, TrainerOptions};
-use ppir::{Dim, Tensor, TensorType};
+use anyhow::Result;
 
 use crate::program::{step_bar, ProgramArgs};
-use ppcc_driver::data::{label_spec, npz_source};
-use ppcc_driver::program::{build_training, prepare, Prepared, Training};
-use ppcc_runtime::npz::read_npz;
 
 /// Train a model on one device (native code by default, or the reference interpreter).
 ///
@@ -92,162 +81,34 @@ pub struct TrainArgs {
 }
 
 pub fn train(a: TrainArgs) -> Result<ExitCode> {
-    if a.microbatches == 0 {
-        bail!("--microbatches must be at least 1");
-    }
-    let Prepared {
-        mut module,
-        weight_sources,
-        onnx_name,
-        first_output,
-        global,
-        micro,
-    } = prepare(&a.model, &a.program.options(), a.microbatches)?;
-    let Training {
-        info,
-        params,
-        optimizer: opt,
-    } = build_training(&mut module, &a.program.options(), a.microbatches)?;
-    let (kind, lr) = (opt.kind, opt.lr);
-    let trainer_opts = TrainerOptions {
-        grad: info.function.clone(),
-        microbatches: a.microbatches as usize,
-        ..Default::default()
+    let opts = TrainOptions {
+        model: a.model.clone(),
+        steps: a.steps,
+        data: a.data.clone(),
+        microbatches: a.microbatches,
+        seed: a.seed,
+        save_onnx: a.save_onnx.clone(),
+        target: a.target,
+        allow_nonfinite_loss: a.allow_nonfinite_loss,
+        program: a.program.options(),
     };
-    let scratch = ScratchDir::new("train")?;
-    let mut trainer = match a.target {
-        Target::Interp => Trainer::new(module, trainer_opts)?,
-        target @ (Target::Cpu | Target::Cuda) => {
-            let names = [
-                trainer_opts.grad.as_str(),
-                trainer_opts.accumulate.as_str(),
-                trainer_opts.optim.as_str(),
-            ];
-            let native = build_native(
-                &module,
-                &names,
-                &scratch.0,
-                "the training step",
-                false,
-                target,
-            )?;
-            Trainer::with_executor(module, trainer_opts, Box::new(NativeExecutor { native }))?
+    let mut bar = indicatif::ProgressBar::hidden();
+    let result = ppcc_driver::train::train(&opts, &mut |e| match e {
+        TrainEvent::Started { steps } => bar = step_bar(steps, true),
+        TrainEvent::Step { step, loss } => {
+            bar.suspend(|| println!("{}", step_line(step, loss)));
+            bar.set_message(format!("loss {loss:.4}"));
+            bar.inc(1);
         }
-    };
-
-    // Data.
-    let grad_f = trainer
-        .module()
-        .function(&info.function)
-        .context("no gradient function")?;
-    let wanted: Vec<(String, TensorType)> = trainer
-        .data_inputs()
-        .iter()
-        .map(|n| {
-            let v = grad_f.find_value(n).expect("the trainer resolved it");
-            (n.clone(), with_batch(grad_f.ty(v), global))
-        })
-        .collect();
-    // What the integer inputs index: checked before training, on every target.
-    let limits = index_limits_of(&trainer.module().functions);
-    let mut source: Box<dyn BatchSource> = match a.data.as_str() {
-        "synthetic" | "synthetic-fresh" => {
-            let names: Vec<String> = wanted
-                .iter()
-                .map(|(n, _)| n.clone())
-                .filter(|n| n != "labels")
-                .collect();
-            let mut specs = default_specs(grad_f, &names, global);
-            if let Some((_, ty)) = wanted.iter().find(|(n, _)| n == "labels") {
-                specs.push(label_spec(ty, first_output.as_ref())?);
+        TrainEvent::Note(n) => {
+            if !bar.is_finished() && !bar.is_hidden() {
+                bar.finish_and_clear();
             }
-            let source = SyntheticSource::new(specs, a.seed, a.data == "synthetic")?;
-            source.check_indices(&limits).context("synthetic data")?;
-            Box::new(source)
+            eprintln!("{n}");
         }
-        path => {
-            let arrays = read_npz(Path::new(path))?;
-            let source = npz_source(path, arrays, &wanted, &onnx_name, global as usize)?;
-            source.check_indices(&limits).context(path.to_string())?;
-            Box::new(source)
-        }
-    };
-
-    if info.loss_kind == LossKind::CrossEntropy
-        && first_output.as_ref().and_then(|t| t.dims.last()) == Some(&Dim::Known(1))
-    {
-        eprintln!(
-            "warning: cross-entropy over a last axis of size 1 is always 0; a regression output wants --loss mse"
-        );
-    }
-    let n_params: u64 = params.iter().filter_map(|(_, t)| t.num_elements()).sum();
-    eprintln!(
-        "training {}: {} parameters ({n_params} values), loss {}, {} lr {lr}, global batch {global} = {} × {micro}, data {}",
-        a.model.display(),
-        params.len(),
-        info.loss_kind.name(),
-        kind.name(),
-        a.microbatches,
-        a.data
-    );
-
-    let bar = step_bar(a.steps, true);
-    let mut times = Vec::new();
-    for k in 0..a.steps {
-        let t0 = std::time::Instant::now();
-        let batch = source.batch(k)?;
-        let report = trainer.step(&batch)?;
-        times.push(t0.elapsed().as_secs_f64());
-        bar.suspend(|| println!("{}", step_line(k, report.loss)));
-        bar.set_message(format!("loss {:.4}", report.loss));
-        bar.inc(1);
-        if !report.loss.is_finite() && !a.allow_nonfinite_loss {
-            bar.finish_and_clear();
-            bail!(ppcc_driver::run::nonfinite_loss(k, report.loss));
-        }
-    }
+    });
     bar.finish_and_clear();
-    // The first step warms caches up; leave it out when there are more.
-    let timed = if times.len() > 2 {
-        &times[1..]
-    } else {
-        &times[..]
-    };
-    if !timed.is_empty() {
-        let mut sorted = timed.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        eprintln!(
-            "time per step: mean {:.3} ms, median {:.3} ms ({} steps, --target {})",
-            1e3 * timed.iter().sum::<f64>() / timed.len() as f64,
-            1e3 * sorted[sorted.len() / 2],
-            timed.len(),
-            a.target.name()
-        );
-    }
-
-    if let Some(out) = &a.save_onnx {
-        let bytes = std::fs::read(&a.model)
-            .with_context(|| format!("cannot read {}", a.model.display()))?;
-        // Trained values keyed by the ONNX initializer each IR weight came from.
-        let trained: BTreeMap<String, Tensor> = trainer
-            .weights()
-            .iter()
-            .filter_map(|(k, v)| Some((weight_sources.get(k)?.clone(), v.clone())))
-            .collect();
-        let (model, report) = ppcc_frontends::onnx_export::replace_initializers(&bytes, &trained)?;
-        std::fs::write(out, model).with_context(|| format!("cannot write {}", out.display()))?;
-        eprintln!(
-            "wrote {} ({} initializers updated)",
-            out.display(),
-            report.replaced.len()
-        );
-        if !report.unused.is_empty() {
-            eprintln!(
-                "warning: weights with no matching initializer: {}",
-                report.unused.join(", ")
-            );
-        }
-    }
+    result?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -259,7 +120,7 @@ pub(crate) fn step_line(step: u64, loss: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ppir::DType;
+    use ppir::{DType, Tensor, TensorType};
 
     #[test]
     fn step_lines_round_trip() {

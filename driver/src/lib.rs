@@ -25,6 +25,7 @@ mod error;
 pub mod program;
 pub mod run;
 pub mod target;
+pub mod train;
 
 pub use error::{Context, DriverError, Result};
 

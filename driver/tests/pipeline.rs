@@ -205,3 +205,46 @@ fn option_errors_are_typed() {
         .expect_err("fails");
     assert!(ppcc_driver::error_chain(&e).contains("plan.json"), "{e}");
 }
+
+/// `ppcc train` as a library call: the steps come as events, the loss falls on the
+/// repeated synthetic batch, a bad option is an error value, and the model written back
+/// has the trained weights (training it again starts from the lower loss).
+#[test]
+fn train_is_a_library_call() {
+    use ppcc_driver::train::{train, TrainEvent, TrainOptions};
+    let mut o = TrainOptions::new(repo().join("examples/mlp.onnx"));
+    o.steps = 4;
+    o.microbatches = 2;
+    o.target = Target::Interp;
+    let saved = tmp("train").with_extension("onnx");
+    o.save_onnx = Some(saved.clone());
+    let mut losses = vec![];
+    let mut notes = vec![];
+    train(&o, &mut |e| match e {
+        TrainEvent::Step { loss, .. } => losses.push(loss),
+        TrainEvent::Note(n) => notes.push(n),
+        TrainEvent::Started { steps } => assert_eq!(steps, 4),
+    })
+    .unwrap();
+    assert_eq!(losses.len(), 4);
+    assert!(losses[3] < losses[0], "{losses:?}");
+    assert!(notes.iter().any(|n| n.starts_with("wrote ")), "{notes:?}");
+
+    let mut again = TrainOptions::new(&saved);
+    again.steps = 1;
+    again.microbatches = 2;
+    again.target = Target::Interp;
+    let mut first = None;
+    train(&again, &mut |e| {
+        if let TrainEvent::Step { loss, .. } = e {
+            first = Some(loss);
+        }
+    })
+    .unwrap();
+    assert!(first.unwrap() < losses[0], "{first:?} vs {losses:?}");
+    let _ = std::fs::remove_file(&saved);
+
+    o.microbatches = 0;
+    let e = train(&o, &mut |_| {}).unwrap_err();
+    assert!(matches!(e, DriverError::Invalid(_)), "{e}");
+}
