@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use egg::{DidMerge, Id, Language};
-use ppir::{Attrs, Function, NewOp, OpKind, TensorType, ValueDef, ValueId};
+use ppir::{Attrs, Function, NewOp, OpKind, TensorType, ValueId};
 
 use crate::cost::op_cost_of;
 
@@ -418,9 +418,4 @@ pub fn from_egraph(
         results.push(memo[&eg.find(root)][0]);
     }
     Ok(results)
-}
-
-/// Whether `v` is an argument of `f`.
-pub fn is_arg(f: &Function, v: ValueId) -> bool {
-    matches!(f.value(v).def, ValueDef::Arg(_))
 }

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use ppir::ops::attrs::SliceAttrs;
 use ppir::ops::OpAttrs;
-use ppir::{ArgKind, Function, Module, NewOp, OpKind, Tensor, ValueDef, ValueId};
+use ppir::{ArgKind, Function, Module, NewOp, OpKind, Tensor, ValueId};
 
 /// One parameter replaced by its pieces.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,10 +184,7 @@ pub fn split_params(m: &mut Module, function: &str) -> Result<Vec<WeightSplit>, 
     for &op in f.ops() {
         let d = f.op(op);
         // The slices of split parameters are now arguments.
-        if d.kind == OpKind::Slice
-            && matches!(f.value(d.operands()[0]).def, ValueDef::Arg(_))
-            && plans.contains_key(&d.operands()[0])
-        {
+        if d.kind == OpKind::Slice && plans.contains_key(&d.operands()[0]) {
             continue;
         }
         let mut new = NewOp::new(
