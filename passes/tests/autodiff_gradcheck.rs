@@ -528,7 +528,7 @@ fn norm_gradients() {
 
 fn reduce_cases() -> Cases {
     let mut cases = vec![];
-    for (ki, kind) in [ReduceSum, ReduceMean, ReduceMax, ReduceMin]
+    for (ki, kind) in [ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceLogSumExp]
         .into_iter()
         .enumerate()
     {
@@ -705,6 +705,12 @@ fn loss_cases() -> Cases {
         "softmax_cross_entropy op".into(),
         b.finish(vec![l], LossKind::Output),
     ));
+    // label_logit of a vocabulary piece holding classes 3..7: labels below, in and above.
+    let mut b = ModelBuilder::new(603);
+    let logits = b.param("logits", &[2, 3, 4], std);
+    let labels = b.input("lab", i64t(&[2, 3], vec![0, 3, 5, 6, 7, -100]));
+    let p = b.op(LabelLogit, &[logits, labels], a().with("offset", Attr::Int(3)));
+    cases.push(("label_logit op".into(), b.functional(&[p])));
     // Appended cross-entropy over the last axis of a [batch, seq, vocab] output.
     let mut b = ModelBuilder::new(601);
     let x = b.draw(&[2, 3, 4], std);

@@ -917,8 +917,10 @@ fn lower_op(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
         | Softmax
         | LogSoftmax
         | SoftmaxCrossEntropy
-        | SoftmaxCrossEntropyGrad => norm::lower(e, op),
-        ReduceSum | ReduceMean | ReduceMax | ReduceMin => reduce::lower(e, op),
+        | SoftmaxCrossEntropyGrad
+        | LabelLogit
+        | LabelLogitGrad => norm::lower(e, op),
+        ReduceSum | ReduceMean | ReduceMax | ReduceMin | ReduceLogSumExp => reduce::lower(e, op),
         k if k.is_elementwise() => elementwise::lower(e, op),
         k if matches!(k.class(), OpClass::DataMovement | OpClass::Constant) => {
             movement::lower(e, op)

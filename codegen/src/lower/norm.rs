@@ -27,9 +27,16 @@
 //!   ≥ C) are an error in the interpreter; compiled code cannot fail, so such a row is
 //!   treated as ignored (it adds to neither the sum nor the count, and its gradient is 0).
 //!   No memory is ever read at the label (the picked logit is selected during the row scan).
+//! * `reduce_log_sum_exp` (called from [`super::reduce`]): the maximum over the axes (NaN
+//!   ignored, 0 when not finite) as the shift, `Σ exp(x - shift)` in f64, `shift + ln Σ`.
+//! * `label_logit`: one `linalg.generic` over the rows reading the label, and the logit at
+//!   `label - offset` through `tensor.extract` at a clamped column (so no read is out of
+//!   bounds), selected to 0 where the column is out of range. `label_logit_grad`: one
+//!   elementwise pass over `[rows, classes]`, dy where the column is the label's.
 
 use ppir::ops::attrs::{
-    BatchNormAttrs, CrossEntropyAttrs, InstanceNormAttrs, LayerNormAttrs, LrnAttrs, SoftmaxAttrs,
+    BatchNormAttrs, CrossEntropyAttrs, InstanceNormAttrs, LabelLogitAttrs, LabelLogitGradAttrs,
+    LayerNormAttrs, LrnAttrs, SoftmaxAttrs,
 };
 use ppir::{DType, OpKind};
 
@@ -47,6 +54,8 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
         OpKind::LayerNorm => layer_norm(e, op),
         OpKind::Lrn => lrn(e, op),
         OpKind::SoftmaxCrossEntropy | OpKind::SoftmaxCrossEntropyGrad => cross_entropy(e, op),
+        OpKind::LabelLogit => label_logit(e, op),
+        OpKind::LabelLogitGrad => label_logit_grad(e, op),
         _ => Err(op.unsupported("")),
     }
 }
@@ -137,6 +146,133 @@ fn sum_exp(
         },
     )
     .remove(0)
+}
+
+/// `reduce_log_sum_exp` of `src` (shape `shape`, float dtype `d`) over `axes`, with the
+/// reduced dimensions dropped.
+pub(super) fn log_sum_exp(
+    e: &mut Emitter,
+    src: &str,
+    shape: &[u64],
+    axes: &[usize],
+    d: DType,
+) -> String {
+    let shift = max_shift(e, src, shape, axes, d);
+    let s = sum_exp(e, src, shape, axes, d, &shift);
+    let ks: Vec<u64> = kept(shape.len(), axes).iter().map(|&i| shape[i]).collect();
+    pointwise(
+        e,
+        &ks,
+        &[
+            Operand::identity(shift.as_str(), &ks, DType::F64),
+            Operand::identity(s.as_str(), &ks, DType::F64),
+        ],
+        d,
+        |b| {
+            let ln = b.op("math.log %in1 : f64");
+            let v = b.op(format!("arith.addf %in0, {ln} : f64"));
+            from_f64(b, &v, d)
+        },
+    )
+}
+
+/// The column of the label `l` (i64) in a piece of `classes` columns starting at class
+/// `offset`: (in range, the column clamped into the piece as an index).
+fn label_column(b: &mut Body, l: &str, offset: i64, classes: u64) -> (String, String) {
+    let off = b.constant(DType::I64, offset as f64);
+    let c = b.op(format!("arith.subi {l}, {off} : i64"));
+    let zero = b.constant(DType::I64, 0.0);
+    let n = b.constant(DType::I64, classes as f64);
+    let lo = b.op(format!("arith.cmpi sge, {c}, {zero} : i64"));
+    let hi = b.op(format!("arith.cmpi slt, {c}, {n} : i64"));
+    let ok = b.op(format!("arith.andi {lo}, {hi} : i1"));
+    let cc = b.op(format!("arith.select {ok}, {c}, {zero} : i64"));
+    let ci = b.op(format!("arith.index_cast {cc} : i64 to index"));
+    (ok, ci)
+}
+
+fn label_logit(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let (shape, d) = float_operand(op, 0, "logits")?;
+    let Some((&classes, outer)) = shape.split_last() else {
+        return Err(op.invalid("logits must have rank >= 1 (the last axis holds the classes)"));
+    };
+    let outer = outer.to_vec();
+    let ld = op.in_dtypes[1];
+    if !ld.is_int() || op.in_shapes[1] != outer {
+        return Err(op.invalid(format!(
+            "labels must be integers of shape {outer:?} (the logits' shape without the class axis)"
+        )));
+    }
+    if op.out_dtypes[0] != d || op.out_shapes[0] != outer {
+        return Err(op.invalid(format!("the result must be {}", tensor_type(&outer, d))));
+    }
+    let rows: u64 = outer.iter().product();
+    if rows == 0 || classes == 0 {
+        return Ok(vec![e.zeros(&outer, d)]);
+    }
+    let offset = op.attrs::<LabelLogitAttrs>()?.offset;
+    let rc = [rows, classes];
+    let logits = e.name(op.op.operands()[0]);
+    let logits = e.reshape(&logits, &shape, &rc, d);
+    let labels = e.name(op.op.operands()[1]);
+    let labels = e.reshape(&labels, &outer, &[rows], ld);
+    let out = pointwise(
+        e,
+        &[rows],
+        &[Operand::identity(labels.as_str(), &[rows], ld)],
+        d,
+        |b| {
+            let l = label_i64(b, "%in0", ld);
+            let (ok, ci) = label_column(b, &l, offset, classes);
+            let r = b.op("linalg.index 0 : index");
+            let v = b.op(format!(
+                "tensor.extract {logits}[{r}, {ci}] : {}",
+                tensor_type(&rc, d)
+            ));
+            let zero = b.constant(d, 0.0);
+            b.op(format!("arith.select {ok}, {v}, {zero} : {}", elem_type(d)))
+        },
+    );
+    Ok(vec![e.reshape(&out, &[rows], &outer, d)])
+}
+
+fn label_logit_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let (outer, d) = float_operand(op, 0, "dy")?;
+    let ld = op.in_dtypes[1];
+    if !ld.is_int() || op.in_shapes[1] != outer {
+        return Err(op.invalid(format!(
+            "labels must be integers of dy's shape {outer:?}"
+        )));
+    }
+    let LabelLogitGradAttrs { offset, classes } = op.attrs()?;
+    let classes = u64::try_from(classes)
+        .map_err(|_| op.invalid(format!("`classes` must be >= 0, got {classes}")))?;
+    let mut shape = outer.clone();
+    shape.push(classes);
+    if op.out_dtypes[0] != d || op.out_shapes[0] != shape {
+        return Err(op.invalid(format!("the result must be {}", tensor_type(&shape, d))));
+    }
+    let rows: u64 = outer.iter().product();
+    if rows == 0 || classes == 0 {
+        return Ok(vec![e.zeros(&shape, d)]);
+    }
+    let rc = [rows, classes];
+    let dy = e.name(op.op.operands()[0]);
+    let dy = e.reshape(&dy, &outer, &[rows], d);
+    let labels = e.name(op.op.operands()[1]);
+    let labels = e.reshape(&labels, &outer, &[rows], ld);
+    let row = |n: &str, dt: DType| Operand::new(n, &[rows], dt, vec!["d0".into()]);
+    let out = pointwise(e, &rc, &[row(&dy, d), row(&labels, ld)], d, |b| {
+        let l = label_i64(b, "%in1", ld);
+        let off = b.constant(DType::I64, offset as f64);
+        let c = b.op(format!("arith.subi {l}, {off} : i64"));
+        let j = b.op("linalg.index 1 : index");
+        let j64 = b.op(format!("arith.index_cast {j} : index to i64"));
+        let hit = b.op(format!("arith.cmpi eq, {j64}, {c} : i64"));
+        let zero = b.constant(d, 0.0);
+        b.op(format!("arith.select {hit}, %in0, {zero} : {}", elem_type(d)))
+    });
+    Ok(vec![e.reshape(&out, &rc, &shape, d)])
 }
 
 fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {

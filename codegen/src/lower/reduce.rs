@@ -203,6 +203,7 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
                     })
                 }
             }
+            OpKind::ReduceLogSumExp => super::norm::log_sum_exp(e, &src, &x, &axes, d),
             OpKind::ReduceMax | OpKind::ReduceMin => {
                 let (init, f) = if op.kind == OpKind::ReduceMax {
                     (f64::NEG_INFINITY, "arith.maximumf")
@@ -305,6 +306,8 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
             }
             _ => return Err(op.unsupported(" (not a reduction)")),
         }
+    } else if op.kind == OpKind::ReduceLogSumExp {
+        return Err(op.invalid(format!("{} needs a float operand, got {d}", op.kind)));
     } else if d == DType::Bool {
         return Err(op.invalid("reductions need a numeric operand, got i1"));
     } else {

@@ -449,3 +449,77 @@ module {{
         check_with(&m, "f", inputs, 1e-5);
     }
 }
+
+/// `label_logit` and its gradient over logits `[.., C]` holding the classes
+/// `offset..offset + C`.
+fn label_src(logits: &[u64], ty: &str, lty: &str, offset: i64) -> String {
+    let l = t(logits, ty);
+    let outer = &logits[..logits.len() - 1];
+    let lab = t(outer, lty);
+    let y = t(outer, ty);
+    let c = logits[logits.len() - 1];
+    format!(
+        r#"
+module {{
+  func @f(%l: {l}, %lab: {lab}, %dy: {y}) -> ({y}, {l}) {{
+    %p = "pp.label_logit"(%l, %lab) {{offset = {offset}}} : ({l}, {lab}) -> {y}
+    %g = "pp.label_logit_grad"(%dy, %lab) {{offset = {offset}, classes = {c}}} : ({y}, {lab}) -> {l}
+    return %p, %g : {y}, {l}
+  }}
+}}
+"#
+    )
+}
+
+#[test]
+fn label_logit_and_gradient() {
+    // Labels below, inside and above the piece's classes 4..9.
+    for (ld, lty) in [(DType::I64, "i64"), (DType::I32, "i32")] {
+        let labels: Vec<i64> = vec![0, 3, 4, 6, 8, 9, 12, -100];
+        let inputs = vec![
+            uniform(DType::F32, &[2, 4, 5], 21, -3.0, 3.0),
+            Tensor::from_i64(ld, vec![2, 4], labels),
+            uniform(DType::F32, &[2, 4], 22, -1.0, 1.0),
+        ];
+        check(&label_src(&[2, 4, 5], "f32", lty, 4), Some(inputs));
+    }
+    let inputs = vec![
+        uniform(DType::F64, &[3, 7], 23, -3.0, 3.0),
+        Tensor::from_i64(DType::I64, vec![3], vec![6, 0, 2]),
+        uniform(DType::F64, &[3], 24, -1.0, 1.0),
+    ];
+    check(&label_src(&[3, 7], "f64", "i64", 0), Some(inputs));
+}
+
+fn lse_src(shape: &str, out: &str, attrs: &str) -> String {
+    format!(
+        r#"
+module {{
+  func @f(%x: tensor<{shape}xf32>) -> tensor<{out}xf32> {{
+    %y = "pp.reduce_log_sum_exp"(%x) {attrs} : (tensor<{shape}xf32>) -> tensor<{out}xf32>
+    return %y : tensor<{out}xf32>
+  }}
+}}
+"#
+    )
+}
+
+#[test]
+fn reduce_log_sum_exp() {
+    for (out, attrs) in [
+        ("3x4", "{axes = [-1], keepdims = 0}"),
+        ("3x1x5", "{axes = [1]}"),
+        ("1x1x1", "{}"),
+        ("4", "{axes = [0, 2], keepdims = 0}"),
+    ] {
+        let x = uniform(DType::F32, &[3, 4, 5], 25, -50.0, 50.0);
+        check(&lse_src("3x4x5", out, attrs), Some(vec![x]));
+    }
+    // Large values (no overflow), an all -inf row (-inf) and a +inf element.
+    let inf = f32::INFINITY;
+    let x = Tensor::from_f32(
+        vec![3, 3],
+        vec![800.0, 805.0, -3.0, -inf, -inf, -inf, inf, 1.0, 2.0],
+    );
+    check(&lse_src("3x3", "3", "{axes = [1], keepdims = 0}"), Some(vec![x]));
+}

@@ -12,7 +12,7 @@ use super::pool::{pool_geom, PoolGeom};
 use super::util::{fail, float_tensor, floats, ints, norm_axis, same_dtype, valid_range, OpResult};
 use crate::ops::attrs::{
     AvgPoolAttrs, AvgPoolGradAttrs, ConvGradWeightAttrs, CrossEntropyAttrs, GatherGradAttrs,
-    MaxPoolAttrs, SliceAttrs, SliceGradAttrs,
+    LabelLogitAttrs, LabelLogitGradAttrs, MaxPoolAttrs, SliceAttrs, SliceGradAttrs,
 };
 use crate::tensor::{strides_of, Tensor};
 
@@ -139,6 +139,65 @@ pub(super) fn softmax_cross_entropy_grad(
         }
     }
     Ok(float_tensor(inputs[0].dtype, inputs[0].shape.clone(), out))
+}
+
+// ---- the logit at the label, for cross-entropy over vocabulary pieces ----
+
+/// The column of `label` in a piece holding the classes `offset..offset + classes`.
+fn label_column(label: i64, offset: i64, classes: usize) -> Option<usize> {
+    let c = label.checked_sub(offset)?;
+    (0..classes as i64).contains(&c).then_some(c as usize)
+}
+
+/// `logits[.., label - offset]` where that column exists, else 0.
+pub(super) fn label_logit(attrs: &LabelLogitAttrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+    let (logits, labels) = (inputs[0], inputs[1]);
+    let lv = floats(logits, "logits")?;
+    let lab = ints(labels, "labels")?;
+    let Some((&classes, outer)) = logits.shape.split_last() else {
+        fail!("logits must have rank >= 1 (the last axis holds the classes)");
+    };
+    if labels.shape != outer {
+        fail!(
+            "labels must have shape {outer:?} (the logits' shape without the class axis), got {:?}",
+            labels.shape
+        );
+    }
+    let out: Vec<f64> = lab
+        .iter()
+        .enumerate()
+        .map(|(r, &l)| label_column(l, attrs.offset, classes).map_or(0.0, |c| lv[r * classes + c]))
+        .collect();
+    Ok(float_tensor(logits.dtype, outer.to_vec(), out))
+}
+
+/// dy in the column of each label (where it is in range), 0 elsewhere.
+pub(super) fn label_logit_grad(
+    attrs: &LabelLogitGradAttrs,
+    inputs: &[&Tensor],
+) -> OpResult<Tensor> {
+    let (dy, labels) = (inputs[0], inputs[1]);
+    let dv = floats(dy, "dy")?;
+    let lab = ints(labels, "labels")?;
+    if labels.shape != dy.shape {
+        fail!(
+            "labels must have the shape of dy {:?}, got {:?}",
+            dy.shape,
+            labels.shape
+        );
+    }
+    let Ok(classes) = usize::try_from(attrs.classes) else {
+        fail!("`classes` must be >= 0, got {}", attrs.classes);
+    };
+    let mut out = vec![0.0; dv.len() * classes];
+    for (r, (&l, &g)) in lab.iter().zip(dv).enumerate() {
+        if let Some(c) = label_column(l, attrs.offset, classes) {
+            out[r * classes + c] = g;
+        }
+    }
+    let mut shape = dy.shape.clone();
+    shape.push(classes);
+    Ok(float_tensor(dy.dtype, shape, out))
 }
 
 // ---- pooling ----

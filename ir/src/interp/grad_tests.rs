@@ -473,3 +473,68 @@ fn training_dropout_draws_a_keyed_mask() {
     let e = eval_err(OpKind::Dropout, &at, &[&x], &[n]);
     assert!(e.contains("needs its key operand"), "{e}");
 }
+
+// ---- the logit at the label, and log-sum-exp: a cross-entropy over vocabulary pieces ----
+
+#[test]
+fn label_logit_by_hand() {
+    // Two rows of a piece holding classes 2..5.
+    let logits = f64t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let a = attrs(&[("offset", Attr::Int(2))]);
+    let labels = i64t(&[2], &[3, 7]);
+    let y = eval1(OpKind::LabelLogit, &a, &[&logits, &labels], &[2]);
+    assert_close(&y, &[2.0, 0.0], 0.0);
+    let labels = i64t(&[2], &[1, 4]);
+    let y = eval1(OpKind::LabelLogit, &a, &[&logits, &labels], &[2]);
+    assert_close(&y, &[0.0, 6.0], 0.0);
+    // The gradient is the adjoint: Σ label_logit(x)·dy = Σ x·grad(dy).
+    let dy = f64t(&[2], &[0.5, -2.0]);
+    let g = attrs(&[("offset", Attr::Int(2)), ("classes", Attr::Int(3))]);
+    let dx = eval1(OpKind::LabelLogitGrad, &g, &[&dy, &labels], &[2, 3]);
+    assert_close(&dx, &[0.0, 0.0, 0.0, 0.0, 0.0, -2.0], 0.0);
+}
+
+#[test]
+fn pieces_merge_to_the_cross_entropy() {
+    // log-sum-exp over the pieces' log-sum-exps minus the sum of the pieces' label logits
+    // is the cross-entropy of the whole row, for every split of the classes.
+    let row = [0.3, -1.2, 2.5, 0.0, 1.1, -0.7];
+    let logits = f64t(&[1, 6], &row);
+    for label in 0..6i64 {
+        let labels = i64t(&[1], &[label]);
+        let want = eval1(
+            OpKind::SoftmaxCrossEntropy,
+            &Attrs::new(),
+            &[&logits, &labels],
+            &[],
+        );
+        for cut in 1..6usize {
+            let mut lses = vec![];
+            let mut picked = 0.0;
+            for (lo, hi) in [(0, cut), (cut, 6)] {
+                let piece = f64t(&[1, hi - lo], &row[lo..hi]);
+                let lse = attrs(&[("axes", ints(&[-1])), ("keepdims", Attr::Int(0))]);
+                let l = eval1(OpKind::ReduceLogSumExp, &lse, &[&piece], &[1]);
+                lses.push(l.as_f64().unwrap()[0]);
+                let a = attrs(&[("offset", Attr::Int(lo as i64))]);
+                let p = eval1(OpKind::LabelLogit, &a, &[&piece, &labels], &[1]);
+                picked += p.as_f64().unwrap()[0];
+            }
+            let both = f64t(&[2], &lses);
+            let all = attrs(&[("keepdims", Attr::Int(0))]);
+            let lse = eval1(OpKind::ReduceLogSumExp, &all, &[&both], &[]);
+            assert_close(&want, &[lse.as_f64().unwrap()[0] - picked], 1e-14);
+        }
+    }
+}
+
+#[test]
+fn reduce_log_sum_exp_edges() {
+    let a = attrs(&[("axes", ints(&[1])), ("keepdims", Attr::Int(0))]);
+    let inf = f64::INFINITY;
+    let x = f64t(&[3, 2], &[1000.0, 1000.0, -inf, -inf, inf, 0.0]);
+    let y = eval1(OpKind::ReduceLogSumExp, &a, &[&x], &[3]);
+    let y = y.as_f64().unwrap();
+    assert!((y[0] - (1000.0 + 2f64.ln())).abs() < 1e-12, "{y:?}");
+    assert_eq!(&y[1..], &[-inf, inf]);
+}

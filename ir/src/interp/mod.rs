@@ -395,7 +395,7 @@ fn compute(
         LayerNorm => norm::layer_norm(&LayerNormAttrs::of(attrs)?, inputs, result_types),
         Lrn => one(norm::lrn(&LrnAttrs::of(attrs)?, inputs[0])?),
         Softmax | LogSoftmax => one(norm::softmax(kind, &SoftmaxAttrs::of(attrs)?, inputs[0])?),
-        ReduceSum | ReduceMean | ReduceMax | ReduceMin => {
+        ReduceSum | ReduceMean | ReduceMax | ReduceMin | ReduceLogSumExp => {
             one(reduce::reduce(kind, &ReduceAttrs::of(attrs)?, inputs[0])?)
         }
         Reshape => one(movement::reshape(&ShapeAttrs::of(attrs)?, inputs[0])?),
@@ -422,6 +422,11 @@ fn compute(
             let a = CrossEntropyAttrs::of(attrs)?;
             one(grad::softmax_cross_entropy_grad(&a, inputs)?)
         }
+        LabelLogit => one(grad::label_logit(&LabelLogitAttrs::of(attrs)?, inputs)?),
+        LabelLogitGrad => one(grad::label_logit_grad(
+            &LabelLogitGradAttrs::of(attrs)?,
+            inputs,
+        )?),
         MaxPoolGrad => {
             let a = MaxPoolAttrs::of(attrs)?;
             one(grad::max_pool_grad(&a, inputs[0], inputs[1])?)

@@ -1,5 +1,9 @@
-//! Reductions: reduce_sum, reduce_mean, reduce_max, reduce_min over `axes` (empty = all),
-//! keeping the reduced dimensions as 1s when `keepdims` = 1.
+//! Reductions: reduce_sum, reduce_mean, reduce_max, reduce_min, reduce_log_sum_exp over
+//! `axes` (empty = all), keeping the reduced dimensions as 1s when `keepdims` = 1.
+//!
+//! `reduce_log_sum_exp` is `m + ln Σ exp(x - m)` with `m` the maximum (NaN ignored), or 0
+//! where the maximum is not finite: an empty or all `-inf` set gives `-inf`, a `+inf`
+//! element `+inf`.
 
 use super::util::{
     fail, float_tensor, for_each_broadcast, int_tensor, max_nan, min_nan, norm_axes, OpResult,
@@ -45,6 +49,20 @@ pub(super) fn reduce(kind: OpKind, attrs: &ReduceAttrs, x: &Tensor) -> OpResult<
                 }
                 OpKind::ReduceMax => fold(v, &x.shape, &kept, f64::NEG_INFINITY, max_nan),
                 OpKind::ReduceMin => fold(v, &x.shape, &kept, f64::INFINITY, min_nan),
+                OpKind::ReduceLogSumExp => {
+                    let max = fold(v, &x.shape, &kept, f64::NEG_INFINITY, f64::max);
+                    let shift: Vec<f64> = max
+                        .iter()
+                        .map(|&m| if m.is_finite() { m } else { 0.0 })
+                        .collect();
+                    let mut sum = vec![0.0; out_len];
+                    let mut i = 0;
+                    for_each_broadcast(&x.shape, [&kept], |[j]| {
+                        sum[j] += (v[i] - shift[j]).exp();
+                        i += 1;
+                    });
+                    sum.iter().zip(&shift).map(|(s, m)| m + s.ln()).collect()
+                }
                 _ => unreachable!("{kind} is not a reduction"),
             };
             if kind == OpKind::ReduceMean {
@@ -53,6 +71,9 @@ pub(super) fn reduce(kind: OpKind, attrs: &ReduceAttrs, x: &Tensor) -> OpResult<
                 }
             }
             return Ok(float_tensor(x.dtype, shape, acc));
+        }
+        TensorData::Int(_) if kind == OpKind::ReduceLogSumExp => {
+            fail!("{kind} needs a float operand, got {}", x.dtype)
         }
         TensorData::Int(v) if x.dtype.is_int() => v,
         _ => fail!("{kind} needs a numeric operand, got {}", x.dtype),

@@ -335,7 +335,8 @@ attr_sets! {
     LrnAttrs { size: Int [required], alpha: Float [= 1e-4], beta: Float [= 0.75], bias: Float [= 1.0] }
     /// `softmax`, `log_softmax`: one axis (the opset-13 meaning).
     SoftmaxAttrs { axis: Int [= -1] }
-    /// `reduce_sum reduce_mean reduce_max reduce_min`: empty `axes` reduce all.
+    /// `reduce_sum reduce_mean reduce_max reduce_min reduce_log_sum_exp`: empty `axes`
+    /// reduce all.
     ReduceAttrs { axes: Ints [= vec![]], keepdims: Bool [= true] }
     /// `reshape` (static, at most one -1, no 0) and `expand` (bidirectional broadcast).
     ShapeAttrs { shape: Ints [required] }
@@ -369,6 +370,10 @@ attr_sets! {
     /// `softmax_cross_entropy` and its gradient: labels equal to `ignore_index` count
     /// neither in the sum nor in the mean.
     CrossEntropyAttrs { ignore_index: Int [optional] }
+    /// `label_logit`: the logits hold the classes `offset..offset + C`.
+    LabelLogitAttrs { offset: Int [= 0] }
+    /// `label_logit_grad`: as `label_logit`, plus the logits' class count.
+    LabelLogitGradAttrs { offset: Int [= 0], classes: Int [required] }
     /// `avg_pool_grad`: as `avg_pool`, plus x's full shape.
     AvgPoolGradAttrs {
         kernel_shape: Ints [required],

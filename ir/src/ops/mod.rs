@@ -40,6 +40,7 @@
 //! | `lrn` | x | `size` *required*, `alpha` = 1e-4, `beta` = 0.75, `bias` = 1.0 |
 //! | `softmax`, `log_softmax` | x | `axis` = -1 (one axis, opset-13 meaning) |
 //! | `reduce_sum reduce_mean reduce_max reduce_min` | x | `axes` = [] (all), `keepdims` = 1 |
+//! | `reduce_log_sum_exp` | x (float) | as the reductions; result: `m + ln Σ exp(x - m)` with `m` the maximum (0 where it is not finite), so `-inf` for an empty or all `-inf` set |
 //! | `reshape` | x | `shape` *required* (static; at most one -1, no 0) |
 //! | `transpose` | x | `perm` = reversed axes |
 //! | `concat` | x.. (≥1) | `axis` *required* |
@@ -55,6 +56,8 @@
 //! | `constant` | — | `value` *required* (tensor) |
 //! | `softmax_cross_entropy` | logits `[.., C]` (float), labels `[..]` (integer, logits' shape without the last axis) | `ignore_index` (labels equal to it count neither in the sum nor in the mean); result: the scalar mean over positions of `-log_softmax(logits)[label]` (0 if every position is ignored) |
 //! | `softmax_cross_entropy_grad` | logits, labels, dloss (scalar) | `ignore_index`; result: `(softmax(logits) - onehot(labels)) · dloss / count`, 0 on ignored positions |
+//! | `label_logit` | logits `[.., C]` (float), labels `[..]` (integer, logits' shape without the last axis) | `offset` = 0; result `[..]`: `logits[.., label - offset]` where `0 ≤ label - offset < C`, else 0 (a vocabulary piece's share of the logit at the label) |
+//! | `label_logit_grad` | dy `[..]`, labels `[..]` | `offset` = 0, `classes` *required*; result `[.., classes]`: dy in the column `label - offset` (where it is in range), 0 elsewhere |
 //! | `max_pool_grad` | x, dy (the max_pool result's shape) | as `max_pool`; result: dx, each dy routed to the first maximum of its window |
 //! | `avg_pool_grad` | dy | as `avg_pool`, plus `input_shape` *required* (x's full shape); result: dx |
 //! | `conv_grad_weight` | x, dy (the conv result's shape) | `strides`, `pads`, `dilations`, `group` as `conv`, plus `kernel_shape` *required* (spatial); result: dw `[M, C/group, k..]` |
@@ -206,6 +209,7 @@ define_ops! {
     ReduceMean = "reduce_mean", Reduce, Exact(1), ReduceAttrs, Rule;
     ReduceMax = "reduce_max", Reduce, Exact(1), ReduceAttrs, Rule;
     ReduceMin = "reduce_min", Reduce, Exact(1), ReduceAttrs, Rule;
+    ReduceLogSumExp = "reduce_log_sum_exp", Reduce, Exact(1), ReduceAttrs, Rule;
     // ---- data movement ----
     Reshape = "reshape", DataMovement, Exact(1), ShapeAttrs, Rule;
     Transpose = "transpose", DataMovement, Exact(1), TransposeAttrs, Rule;
@@ -223,6 +227,8 @@ define_ops! {
     // ---- losses and gradient helpers (made by autodiff) ----
     SoftmaxCrossEntropy = "softmax_cross_entropy", Norm, Exact(2), CrossEntropyAttrs, Rule, dx [0];
     SoftmaxCrossEntropyGrad = "softmax_cross_entropy_grad", Norm, Exact(3), CrossEntropyAttrs, Unsupported;
+    LabelLogit = "label_logit", Norm, Exact(2), LabelLogitAttrs, Rule, dx [0];
+    LabelLogitGrad = "label_logit_grad", Norm, Exact(2), LabelLogitGradAttrs, Unsupported;
     MaxPoolGrad = "max_pool_grad", Pool, Exact(2), MaxPoolAttrs, Unsupported;
     AvgPoolGrad = "avg_pool_grad", Pool, Exact(1), AvgPoolGradAttrs, Unsupported;
     ConvGradWeight = "conv_grad_weight", Contraction, Exact(2), ConvGradWeightAttrs, Unsupported;

@@ -75,6 +75,33 @@ pub(super) fn softmax_cross_entropy_grad(ops: &[TensorType]) -> Res<TensorType> 
     Ok(ops[0].clone())
 }
 
+/// `label_logit`: logits `[.., C]`, labels `[..]` → `[..]`.
+pub(super) fn label_logit(ops: &[TensorType]) -> Res<TensorType> {
+    logits_labels(ops)?;
+    Ok(TensorType::new(
+        ops[0].dtype,
+        ops[0].dims[..ops[0].rank() - 1].to_vec(),
+    ))
+}
+
+/// `label_logit_grad`: dy `[..]`, labels `[..]` → `[.., classes]`.
+pub(super) fn label_logit_grad(classes: i64, ops: &[TensorType]) -> Res<TensorType> {
+    let (dy, labels) = (&ops[0], &ops[1]);
+    check_elem(dy, 0, Elem::Float)?;
+    check_elem(labels, 1, Elem::Integer)?;
+    if classes < 0 {
+        bail!("'classes' is {classes}; it must be >= 0");
+    }
+    let ok = labels.rank() == dy.rank()
+        && labels.dims.iter().zip(&dy.dims).all(|(a, b)| a.compatible(*b));
+    if !ok {
+        bail!("labels {labels} must have the shape of the incoming gradient {dy}");
+    }
+    let mut dims = dy.dims.clone();
+    dims.push(Dim::Known(classes as u64));
+    Ok(TensorType::new(dy.dtype, dims))
+}
+
 pub(super) fn max_pool_grad(attrs: &MaxPoolAttrs, ops: &[TensorType]) -> Res<TensorType> {
     let (x, dy) = (&ops[0], &ops[1]);
     check_elem(x, 0, Elem::Float)?;

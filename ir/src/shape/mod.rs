@@ -124,7 +124,7 @@ fn infer_rule(
         LayerNorm => one(contraction::layer_norm(&LayerNormAttrs::of(attrs)?, ops)?),
         Lrn => one(contraction::lrn(&LrnAttrs::of(attrs)?, &ops[0])?),
         Softmax | LogSoftmax => one(contraction::softmax(&SoftmaxAttrs::of(attrs)?, &ops[0])?),
-        ReduceSum | ReduceMean | ReduceMax | ReduceMin => {
+        ReduceSum | ReduceMean | ReduceMax | ReduceMin | ReduceLogSumExp => {
             one(movement::reduce(kind, &ReduceAttrs::of(attrs)?, &ops[0])?)
         }
         Reshape => one(movement::reshape(&ShapeAttrs::of(attrs)?, &ops[0])?),
@@ -152,6 +152,14 @@ fn infer_rule(
             CrossEntropyAttrs::of(attrs)?;
             one(grad::softmax_cross_entropy_grad(ops)?)
         }
+        LabelLogit => {
+            LabelLogitAttrs::of(attrs)?;
+            one(grad::label_logit(ops)?)
+        }
+        LabelLogitGrad => one(grad::label_logit_grad(
+            LabelLogitGradAttrs::of(attrs)?.classes,
+            ops,
+        )?),
         MaxPoolGrad => one(grad::max_pool_grad(&MaxPoolAttrs::of(attrs)?, ops)?),
         AvgPoolGrad => one(grad::avg_pool_grad(&AvgPoolGradAttrs::of(attrs)?, &ops[0])?),
         ConvGradWeight => one(grad::conv_grad_weight(

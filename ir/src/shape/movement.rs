@@ -16,6 +16,9 @@ pub(super) fn reduce(kind: OpKind, attrs: &ReduceAttrs, x: &TensorType) -> Res<T
     if matches!(kind, OpKind::ReduceSum | OpKind::ReduceMean) {
         check_elem(x, 0, Elem::Numeric)?;
     }
+    if kind == OpKind::ReduceLogSumExp {
+        check_elem(x, 0, Elem::Float)?;
+    }
     let axes = norm_axes(&attrs.axes, x.rank(), "axes")?;
     let keepdims = attrs.keepdims;
     let all = axes.is_empty();

@@ -380,7 +380,9 @@ pub(super) fn vjp(
         }
 
         // ---- reductions ----
-        ReduceSum | ReduceMean | ReduceMax | ReduceMin => reduce(em, op, dy, &mut out)?,
+        ReduceSum | ReduceMean | ReduceMax | ReduceMin | ReduceLogSumExp => {
+            reduce(em, op, dy, &mut out)?
+        }
 
         // ---- data movement ----
         Reshape | Flatten | Squeeze | Unsqueeze => {
@@ -458,6 +460,15 @@ pub(super) fn vjp(
             let labels = op.operands[1];
             out[0] = Some(em.op(SoftmaxCrossEntropyGrad, &[x, labels, dy], a.clone())?);
         }
+        LabelLogit => {
+            let labels = op.operands[1];
+            let classes = em.shape(x).last().copied().unwrap_or(0) as i64;
+            let g = LabelLogitGradAttrs {
+                offset: view::<LabelLogitAttrs>(a)?.offset,
+                classes,
+            };
+            out[0] = Some(em.op(LabelLogitGrad, &[dy, labels], g.to_attrs())?);
+        }
         Split => unreachable!("handled above"),
         Sign
         | Floor
@@ -474,6 +485,7 @@ pub(super) fn vjp(
         | Send
         | Recv
         | SoftmaxCrossEntropyGrad
+        | LabelLogitGrad
         | MaxPoolGrad
         | AvgPoolGrad
         | ConvGradWeight
@@ -791,7 +803,8 @@ fn batch_norm_inference(
 }
 
 /// Reductions: the gradient of the kept shape, broadcast back (divided by the count for
-/// the mean; for max/min routed to the extreme elements, ties sharing it evenly).
+/// the mean; for max/min routed to the extreme elements, ties sharing it evenly; for the
+/// log-sum-exp weighted by the softmax `exp(x - y)`).
 fn reduce(em: &mut Emitter, op: &FwdOp, dy: ValueId, out: &mut [Option<ValueId>]) -> Res<()> {
     let x = op.operands[0];
     let shape = em.shape(x);
@@ -812,6 +825,12 @@ fn reduce(em: &mut Emitter, op: &FwdOp, dy: ValueId, out: &mut [Option<ValueId>]
             let count: u64 = axes.iter().map(|&a| shape[a]).product();
             let q = em.scale(gk, 1.0 / count as f64)?;
             em.expand(q, &shape)?
+        }
+        OpKind::ReduceLogSumExp => {
+            let yk = em.reshape(op.results[0], &kept)?;
+            let t = em.sub(x, yk)?;
+            let p = em.unary(OpKind::Exp, t)?;
+            em.mul(p, gk)?
         }
         _ => {
             let yk = em.reshape(op.results[0], &kept)?;

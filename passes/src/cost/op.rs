@@ -16,7 +16,9 @@
 //!   pow`; composites add their parts (`sigmoid` = exp + add + div, `gelu` = erf + 4,
 //!   tanh-`gelu` = tanh + 7, `softplus` = exp + log + add, ...). `identity` and inference
 //!   `dropout` are 0 (copies).
-//! - Reductions: one FLOP per input element (`reduce_mean` adds one division per output).
+//! - Reductions: one FLOP per input element (`reduce_mean` adds one division per output;
+//!   `reduce_log_sum_exp` is exp + 3 per input element — max, subtract, sum — plus a log
+//!   per output).
 //! - Pools: |y|·Πk for `max_pool`, |y|·(Πk + 1) for `avg_pool`, |x| (+|y|) for the global
 //!   forms; `max_pool_grad` |dy|·(Πk + 1) (re-find the maximum, accumulate),
 //!   `avg_pool_grad` |dy|·(Πk + 1).
@@ -24,7 +26,9 @@
 //!   `log_softmax` exp + 4 plus a log per row, `softmax_cross_entropy` as `log_softmax` plus
 //!   2 per row, its gradient exp + 6; `batch_norm` (inference form) 3 plus 3 per channel;
 //!   `layer_norm` / `instance_norm` 8 (mean 1, variance 3, normalise 4; 7 without bias)
-//!   plus sqrt + 2 per normalised group; `lrn` 2·size + pow + 3.
+//!   plus sqrt + 2 per normalised group; `lrn` 2·size + pow + 3. `label_logit` is 2 per
+//!   result (a range check and a select) and reads only the labels and one logit per row;
+//!   `label_logit_grad` 1 per element it writes.
 //! - Data movement, constants, `send`/`recv`, `slice_grad`: 0 FLOPs; `gather_grad` one add
 //!   per element of dy.
 
@@ -290,6 +294,8 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         }
         SoftmaxCrossEntropy => (T + 4.0) * x_numel(0)? + (T + 2.0) * rows(operand(xs, 0)?, -1)?,
         SoftmaxCrossEntropyGrad => (T + 6.0) * x_numel(0)?,
+        LabelLogit => 2.0 * y_numel(0)?,
+        LabelLogitGrad => y_numel(0)?,
         BatchNorm => {
             let x = shape(operand(xs, 0)?)?;
             let c = x.get(1).copied().unwrap_or(1) as f64;
@@ -315,6 +321,7 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         // reductions
         ReduceSum | ReduceMax | ReduceMin => x_numel(0)?,
         ReduceMean => x_numel(0)? + y_numel(0)?,
+        ReduceLogSumExp => (T + 3.0) * x_numel(0)? + T * y_numel(0)?,
         // data movement
         Reshape | Transpose | Concat | Split | Slice | Gather | Expand | Pad | Tile | Squeeze
         | Unsqueeze | Flatten | SliceGrad | Constant => 0.0,
@@ -370,8 +377,13 @@ pub(super) fn cost(
     operands: &[&TensorType],
     results: &[&TensorType],
 ) -> Res<OpCost> {
-    let bytes_read = operands.iter().map(|t| bytes(t)).sum::<Res<f64>>()?;
     let bytes_written = results.iter().map(|t| bytes(t)).sum::<Res<f64>>()?;
+    let bytes_read = if kind == OpKind::LabelLogit {
+        // The labels and the one logit of each row.
+        bytes(operand(operands, 1)?)? + bytes_written
+    } else {
+        operands.iter().map(|t| bytes(t)).sum::<Res<f64>>()?
+    };
     Ok(OpCost {
         flops: flops(kind, attrs, operands, results)?,
         bytes_read,
