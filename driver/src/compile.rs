@@ -604,9 +604,18 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     c.progress("importing");
     let mut module = prepared.module;
     c.at_point(Point::Import, &mut module)?;
+    // With a rewrite, @main computes its own loss first (so that the rewriter sees it: a
+    // cross-entropy splits along the vocabulary with its LM head); autodiff then
+    // differentiates that output.
+    let mut prog_opts = a.program.clone();
+    let mut appended: Option<ppcc_passes::autodiff::AppendedLoss> = None;
     let (weight_pieces, splits) = match &split_targets {
         Some(targets) => {
             c.progress("rewriting");
+            let loss = ppcc_passes::autodiff::append_loss(&mut module, "main", prog_opts.loss)
+                .map_err(|e| invalid!("appending the loss to @main: {e}"))?;
+            prog_opts.loss = ppcc_passes::autodiff::LossKind::Output;
+            appended = Some(loss);
             let (pieces, splits, report) = rewrite_split(&mut module, targets)?;
             (c.events)(Event::Note(report));
             (pieces, splits)
@@ -643,7 +652,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         profile: profile.clone(),
         memory_limit,
         pinned: pinned.clone(),
-        autodiff: a.program.autodiff(),
+        autodiff: prog_opts.autodiff(),
         optimizer_state,
         op_timer: (a.target == Target::Cpu && profile.measure_ops).then(|| {
             // Partition by what the generated code takes, not the interpreter.
@@ -709,7 +718,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         None
     } else {
         c.progress("building the training program");
-        let training = build_training(&mut module, &a.program, microbatches)?;
+        let training = build_training(&mut module, &prog_opts, microbatches)?;
         c.at_point(Point::TrainingProgram, &mut module)?;
         let data = data_specs(&module, prepared.first_output.as_ref(), prepared.micro)?;
         c.progress("inserting send/recv");
@@ -830,6 +839,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         weight_sources: &prepared.weight_sources,
         weight_pieces: &weight_pieces,
         splits: &splits,
+        appended: appended.as_ref(),
         plan_seconds,
         native_times: native_times.as_deref(),
         model_prediction: model_prediction.clone(),
@@ -1031,6 +1041,8 @@ struct PlanDoc<'a> {
     weight_sources: &'a std::collections::BTreeMap<String, String>,
     weight_pieces: &'a std::collections::BTreeMap<String, doc::WeightPieces>,
     splits: &'a [doc::SplitDoc],
+    /// The loss appended to @main before the rewrite, if any (autodiff then saw `output`).
+    appended: Option<&'a ppcc_passes::autodiff::AppendedLoss>,
     plan_seconds: f64,
     /// Per stage: measured seconds of the native fwd, bwd_input, bwd_weight, optim.
     native_times: Option<&'a [[f64; 4]]>,
@@ -1204,9 +1216,12 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
         })
         .collect();
     out.training = Some(doc::Training {
-        loss: info.loss_kind.name().into(),
+        loss: d.appended.map_or(info.loss_kind, |l| l.kind).name().into(),
         train_mode: !d.a.program.eval_mode,
-        labels: info.labels.as_ref().map(|t| t.to_string()),
+        labels: d
+            .appended
+            .map_or(info.labels.as_ref(), |l| l.labels.as_ref())
+            .map(|t| t.to_string()),
         needs_rng: info.needs_rng_key,
         inputs,
         params: info.params.clone(),

@@ -709,7 +709,11 @@ fn loss_cases() -> Cases {
     let mut b = ModelBuilder::new(603);
     let logits = b.param("logits", &[2, 3, 4], std);
     let labels = b.input("lab", i64t(&[2, 3], vec![0, 3, 5, 6, 7, -100]));
-    let p = b.op(LabelLogit, &[logits, labels], a().with("offset", Attr::Int(3)));
+    let p = b.op(
+        LabelLogit,
+        &[logits, labels],
+        a().with("offset", Attr::Int(3)),
+    );
     cases.push(("label_logit op".into(), b.functional(&[p])));
     // Appended cross-entropy over the last axis of a [batch, seq, vocab] output.
     let mut b = ModelBuilder::new(601);

@@ -240,9 +240,7 @@ fn label_logit_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerEr
     let (outer, d) = float_operand(op, 0, "dy")?;
     let ld = op.in_dtypes[1];
     if !ld.is_int() || op.in_shapes[1] != outer {
-        return Err(op.invalid(format!(
-            "labels must be integers of dy's shape {outer:?}"
-        )));
+        return Err(op.invalid(format!("labels must be integers of dy's shape {outer:?}")));
     }
     let LabelLogitGradAttrs { offset, classes } = op.attrs()?;
     let classes = u64::try_from(classes)
@@ -270,7 +268,10 @@ fn label_logit_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerEr
         let j64 = b.op(format!("arith.index_cast {j} : index to i64"));
         let hit = b.op(format!("arith.cmpi eq, {j64}, {c} : i64"));
         let zero = b.constant(d, 0.0);
-        b.op(format!("arith.select {hit}, %in0, {zero} : {}", elem_type(d)))
+        b.op(format!(
+            "arith.select {hit}, %in0, {zero} : {}",
+            elem_type(d)
+        ))
     });
     Ok(vec![e.reshape(&out, &rc, &shape, d)])
 }

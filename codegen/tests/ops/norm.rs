@@ -521,5 +521,8 @@ fn reduce_log_sum_exp() {
         vec![3, 3],
         vec![800.0, 805.0, -3.0, -inf, -inf, -inf, inf, 1.0, 2.0],
     );
-    check(&lse_src("3x3", "3", "{axes = [1], keepdims = 0}"), Some(vec![x]));
+    check(
+        &lse_src("3x3", "3", "{axes = [1], keepdims = 0}"),
+        Some(vec![x]),
+    );
 }

@@ -93,7 +93,11 @@ pub(super) fn label_logit_grad(classes: i64, ops: &[TensorType]) -> Res<TensorTy
         bail!("'classes' is {classes}; it must be >= 0");
     }
     let ok = labels.rank() == dy.rank()
-        && labels.dims.iter().zip(&dy.dims).all(|(a, b)| a.compatible(*b));
+        && labels
+            .dims
+            .iter()
+            .zip(&dy.dims)
+            .all(|(a, b)| a.compatible(*b));
     if !ok {
         bail!("labels {labels} must have the shape of the incoming gradient {dy}");
     }

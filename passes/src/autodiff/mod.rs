@@ -591,47 +591,112 @@ impl<'m> Builder<'m> {
         // The loss.
         em.at(None, Some("loss".into()));
         let y = self.map[&main.results()[0]];
-        let loss = Name::Reserved("loss");
-        let loss = match self.loss_kind {
-            LossKind::Output => {
-                if em.rank(y) == 0 {
-                    em.op_as(loss, OpKind::Identity, &[y], Attrs::new())?
-                } else {
-                    let scalar = ShapeAttrs { shape: vec![] };
-                    em.op_as(loss, OpKind::Reshape, &[y], scalar.to_attrs())?
-                }
-            }
-            LossKind::CrossEntropy => {
-                let labels = labels.expect("cross-entropy has labels");
-                em.op_as(
-                    loss,
-                    OpKind::SoftmaxCrossEntropy,
-                    &[y, labels],
-                    Attrs::new(),
-                )?
-            }
-            LossKind::Mse => {
-                let labels = labels.expect("mse has labels");
-                let d = em.sub(y, labels)?;
-                let sq = em.mul(d, d)?;
-                let rank = em.rank(sq);
-                if rank == 0 {
-                    em.op_as(loss, OpKind::Identity, &[sq], Attrs::new())?
-                } else {
-                    let mean = ReduceAttrs {
-                        axes: (0..rank as i64).collect(),
-                        keepdims: false,
-                    };
-                    em.op_as(loss, OpKind::ReduceMean, &[sq], mean.to_attrs())?
-                }
-            }
-            LossKind::Auto => unreachable!("resolved"),
-        };
+        let loss = emit_loss(&mut em, self.loss_kind, y, labels, Name::Reserved("loss"))?;
         let fwd_ops = std::mem::take(&mut em.emitted);
         drop(em);
         self.names = names;
         Ok((fwd_ops, loss, updates))
     }
+}
+
+/// Append the loss `kind` of the model output `y` (against `labels`) with `em`.
+fn emit_loss(
+    em: &mut Emitter,
+    kind: LossKind,
+    y: ValueId,
+    labels: Option<ValueId>,
+    loss: Name<'_>,
+) -> Res<ValueId> {
+    let need_labels =
+        || labels.ok_or_else(|| internal(format!("loss {} needs labels", kind.name())));
+    match kind {
+        LossKind::Output => {
+            if em.rank(y) == 0 {
+                em.op_as(loss, OpKind::Identity, &[y], Attrs::new())
+            } else {
+                let scalar = ShapeAttrs { shape: vec![] };
+                em.op_as(loss, OpKind::Reshape, &[y], scalar.to_attrs())
+            }
+        }
+        LossKind::CrossEntropy => em.op_as(
+            loss,
+            OpKind::SoftmaxCrossEntropy,
+            &[y, need_labels()?],
+            Attrs::new(),
+        ),
+        LossKind::Mse => {
+            let d = em.sub(y, need_labels()?)?;
+            let sq = em.mul(d, d)?;
+            let rank = em.rank(sq);
+            if rank == 0 {
+                em.op_as(loss, OpKind::Identity, &[sq], Attrs::new())
+            } else {
+                let mean = ReduceAttrs {
+                    axes: (0..rank as i64).collect(),
+                    keepdims: false,
+                };
+                em.op_as(loss, OpKind::ReduceMean, &[sq], mean.to_attrs())
+            }
+        }
+        LossKind::Auto => Err(internal("the loss kind is not resolved")),
+    }
+}
+
+/// What [`append_loss`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppendedLoss {
+    /// The loss appended (`Auto` resolved).
+    pub kind: LossKind,
+    /// The `labels` argument added, if the loss has labels.
+    pub labels: Option<TensorType>,
+}
+
+/// Make `@function` compute its own training loss: the loss `kind` of its first result is
+/// appended (against a new input argument `labels` where the loss has labels) and becomes
+/// the function's only result; ops that only fed the other results are removed. The
+/// gradient function is then built with [`LossKind::Output`]. This lets rewrites before
+/// autodiff see the loss (a cross-entropy split along the vocabulary with its LM head).
+pub fn append_loss(
+    m: &mut Module,
+    function: &str,
+    kind: LossKind,
+) -> Result<AppendedLoss, PassError> {
+    let f = m
+        .function_mut(function)
+        .ok_or_else(|| unsupported(format!("the module has no function @{function}")))?;
+    check_input(f)?;
+    let (kind, labels_ty) = resolve_loss(f, kind)?;
+    let mut names = Names::default();
+    for i in 0..f.num_values() {
+        names.claim(&f.value(ValueId(i as u32)).name);
+    }
+    if labels_ty.is_some() && names.is_taken("labels") {
+        return Err(unsupported(format!(
+            "@{function} already has a value named %labels, the name of the loss's labels"
+        )));
+    }
+    let y = f.results()[0];
+    let labels = labels_ty
+        .as_ref()
+        .map(|t| f.add_arg(names.claim("labels"), t.clone(), ArgKind::Input));
+    let mut em = Emitter::new(f, &mut names, Phase::Fwd);
+    em.at(None, Some("loss".into()));
+    let loss = emit_loss(&mut em, kind, y, labels, Name::Like("loss"))?;
+    let emitted = std::mem::take(&mut em.emitted);
+    for op in emitted {
+        f.op_mut(op).phase = None;
+    }
+    f.set_results(vec![loss]);
+    for op in f.ops().to_vec().into_iter().rev() {
+        let data = f.op(op);
+        if !data.kind.has_side_effect() && data.results().iter().all(|&r| f.users(r).is_empty()) {
+            f.remove_op(op);
+        }
+    }
+    Ok(AppendedLoss {
+        kind,
+        labels: labels_ty,
+    })
 }
 
 /// Gradient bookkeeping of the reverse sweep.

@@ -141,6 +141,8 @@ pub enum RewriteError {
 struct Saturated {
     conv: egraph::Converted,
     variants: Vec<rules::Variant>,
+    /// Forms the propagation rules require (class, node, what).
+    forced: Vec<(Id, PpNode, String)>,
     stop: String,
     iterations: usize,
 }
@@ -196,9 +198,11 @@ fn saturate(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
+    let forced = ctx.forced.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(Saturated {
         conv,
         variants,
+        forced,
         stop,
         iterations,
     })
@@ -285,6 +289,15 @@ pub fn rewrite_function(
             v.root.clone().map_children(|c| eg.find(c)),
         );
         splits.push((t.loc.clone(), v.what.clone()));
+    }
+    for (class, node, what) in &sat.forced {
+        let class = eg.find(*class);
+        if forced.contains_key(&class) {
+            continue;
+        }
+        let loc = eg[class].data.loc.clone().unwrap_or_default();
+        forced.insert(class, node.clone().map_children(|c| eg.find(c)));
+        splits.push((loc, what.clone()));
     }
     let conv = &sat.conv;
     let (stop, iterations) = (sat.stop.clone(), sat.iterations);

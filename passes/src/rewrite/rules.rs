@@ -10,7 +10,10 @@
 //!   concat(relu(a), relu(b))`, a broadcast operand sliced to match), so do layer norms,
 //!   softmaxes and reductions that work across other axes than the concat's, a slice that reads
 //!   exactly one piece of a concat is that piece, and a matmul whose operand is a concat
-//!   along its contraction or row axis becomes a sum or a concat of smaller matmuls.
+//!   along its contraction or row axis becomes a sum or a concat of smaller matmuls;
+//! - **`split-cross-entropy`**: a softmax cross-entropy of logits concatenated along the
+//!   classes becomes per-piece log-sum-exps and label logits merged exactly (so an LM head
+//!   split along the vocabulary never gathers the whole logits).
 //!
 //! Every rule only adds e-nodes whose types check (the analysis's shape inference); which
 //! variant ends up in the function is the extractor's choice.
@@ -19,10 +22,11 @@ use std::sync::Arc;
 
 use egg::{Id, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
 use ppir::ops::attrs::{
-    ConcatAttrs, GemmAttrs, LayerNormAttrs, ReduceAttrs, SliceAttrs, SoftmaxAttrs,
+    CastAttrs, ConcatAttrs, ConstantAttrs, CrossEntropyAttrs, GemmAttrs, LabelLogitAttrs,
+    LayerNormAttrs, ReduceAttrs, SliceAttrs, SoftmaxAttrs,
 };
 use ppir::ops::OpAttrs;
-use ppir::{Attrs, OpKind, TensorType};
+use ppir::{Attrs, OpKind, Tensor, TensorType};
 
 use super::egraph::{PpAnalysis, PpEGraph, PpNode};
 
@@ -69,6 +73,10 @@ pub trait Rule: Send + Sync {
 pub struct RuleCtx {
     pub targets: Targets,
     pub variants: std::sync::Mutex<Vec<Variant>>,
+    /// Forms a propagation rule found that must be extracted whenever their class is
+    /// (a form that the tree-cost extractor would misjudge because its pieces are shared):
+    /// the class, its node, and what the form is, for the report.
+    pub forced: std::sync::Mutex<Vec<(Id, PpNode, String)>>,
 }
 
 /// The K of a split target for `class` along `axis`, if any.
@@ -805,6 +813,162 @@ impl Rule for MatMulOfConcat {
     }
 }
 
+/// A softmax cross-entropy of logits concatenated along the class axis is computed from
+/// the pieces, so that no device needs the whole logits: each piece gives its log-sum-exp
+/// (`reduce_log_sum_exp` over its classes) and the logit at the label if the label is one
+/// of its classes (`label_logit` with the piece's first class as `offset`); the merge is
+/// `lse = log-sum-exp of the pieces' log-sum-exps`, `loss = mean(lse - Σ picked)` over the
+/// positions (with `ignore_index`, over those not ignored, 0 if none). The form is forced
+/// wherever the loss is extracted: its pieces are shared between the two per-piece ops,
+/// which the tree cost would count twice.
+pub struct SplitCrossEntropy;
+
+impl SplitCrossEntropy {
+    fn merge(
+        eg: &mut PpEGraph,
+        parts: &[Id],
+        labels: Id,
+        ignore: Option<i64>,
+        loc: &str,
+    ) -> Option<(Id, PpNode)> {
+        let rank = ty(eg, parts[0])?.rank();
+        let last = rank.checked_sub(1)?;
+        let ext = extents(eg, parts, last)?;
+        let keep = ReduceAttrs {
+            axes: vec![-1],
+            keepdims: true,
+        }
+        .to_attrs();
+        let mut lses = vec![];
+        let mut picks = vec![];
+        for (&p, &(start, _)) in parts.iter().zip(&ext) {
+            lses.push(add_op(
+                eg,
+                OpKind::ReduceLogSumExp,
+                &keep,
+                vec![p],
+                Some(loc),
+            )?);
+            let a = LabelLogitAttrs {
+                offset: start as i64,
+            };
+            picks.push(add_op(
+                eg,
+                OpKind::LabelLogit,
+                &a.to_attrs(),
+                vec![p, labels],
+                Some(loc),
+            )?);
+        }
+        let lses = concat(eg, lses, last, Some(loc))?;
+        let drop = ReduceAttrs {
+            axes: vec![-1],
+            keepdims: false,
+        }
+        .to_attrs();
+        let lse = add_op(eg, OpKind::ReduceLogSumExp, &drop, vec![lses], Some(loc))?;
+        let picked = if picks.len() == 1 {
+            picks[0]
+        } else {
+            sum(eg, picks, Some(loc))?
+        };
+        let l = add_op(eg, OpKind::Sub, &Attrs::new(), vec![lse, picked], Some(loc))?;
+        let all = ReduceAttrs {
+            axes: vec![],
+            keepdims: false,
+        }
+        .to_attrs();
+        let Some(c) = ignore else {
+            return add_op_node(eg, OpKind::ReduceMean, &all, vec![l], Some(loc));
+        };
+        let fdt = ty(eg, l)?.dtype;
+        let ldt = ty(eg, labels)?.dtype;
+        let constant = |eg: &mut PpEGraph, t: Tensor| {
+            add_op(
+                eg,
+                OpKind::Constant,
+                &ConstantAttrs { value: t }.to_attrs(),
+                vec![],
+                Some(loc),
+            )
+        };
+        let ci = constant(eg, Tensor::from_i64(ldt, vec![], vec![c]))?;
+        let eq = add_op(
+            eg,
+            OpKind::Equal,
+            &Attrs::new(),
+            vec![labels, ci],
+            Some(loc),
+        )?;
+        let valid = add_op(eg, OpKind::Not, &Attrs::new(), vec![eq], Some(loc))?;
+        let m = add_op(
+            eg,
+            OpKind::Cast,
+            &CastAttrs { to: fdt }.to_attrs(),
+            vec![valid],
+            Some(loc),
+        )?;
+        let lm = add_op(eg, OpKind::Mul, &Attrs::new(), vec![l, m], Some(loc))?;
+        let num = add_op(eg, OpKind::ReduceSum, &all, vec![lm], Some(loc))?;
+        let cnt = add_op(eg, OpKind::ReduceSum, &all, vec![m], Some(loc))?;
+        let one = constant(eg, Tensor::scalar_f64(fdt, 1.0))?;
+        let den = add_op(eg, OpKind::Max, &Attrs::new(), vec![cnt, one], Some(loc))?;
+        add_op_node(eg, OpKind::Div, &Attrs::new(), vec![num, den], Some(loc))
+    }
+}
+
+impl Rule for SplitCrossEntropy {
+    fn name(&self) -> &'static str {
+        "split-cross-entropy"
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(
+            node,
+            PpNode::Op {
+                kind: OpKind::SoftmaxCrossEntropy,
+                ..
+            }
+        )
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+        let Some((_, attrs_id, args)) = op_parts(node) else {
+            return vec![];
+        };
+        let Ok(ce) = CrossEntropyAttrs::of(eg.analysis.attrs(attrs_id)) else {
+            return vec![];
+        };
+        let (logits, labels) = (args[0], args[1]);
+        let Some(rank) = ty(eg, logits).map(|t| t.rank()) else {
+            return vec![];
+        };
+        let loc = eg[class].data.loc.clone().unwrap_or_else(|| "loss".into());
+        let mut out = vec![];
+        for (parts, axis) in concat_parts(eg, logits) {
+            if axis + 1 != rank {
+                continue;
+            }
+            let Some((id, root)) = Self::merge(eg, &parts, labels, ce.ignore_index, &loc) else {
+                continue;
+            };
+            let mut forced = ctx.forced.lock().unwrap_or_else(|e| e.into_inner());
+            if !forced.iter().any(|(c, n, _)| *c == class && *n == root) {
+                forced.push((
+                    class,
+                    root,
+                    format!(
+                        "softmax_cross_entropy along the classes in {} pieces (log-sum-exp merge)",
+                        parts.len()
+                    ),
+                ));
+            }
+            out.push(id);
+        }
+        out
+    }
+}
+
 /// The split rules.
 pub fn split_rules() -> Vec<Arc<dyn Rule>> {
     let mut out: Vec<Arc<dyn Rule>> = vec![];
@@ -823,6 +987,7 @@ pub fn all_rules() -> Vec<Arc<dyn Rule>> {
     r.push(Arc::new(DistributeRowwise));
     r.push(Arc::new(SliceOfConcat));
     r.push(Arc::new(MatMulOfConcat));
+    r.push(Arc::new(SplitCrossEntropy));
     r
 }
 

@@ -59,6 +59,10 @@ fn run(m: &Module, name: &str, inputs: &[Tensor]) -> Vec<Tensor> {
 }
 
 fn assert_close(a: &[Tensor], b: &[Tensor], what: &str) {
+    assert_close_tol(a, b, 1e-9, what)
+}
+
+fn assert_close_tol(a: &[Tensor], b: &[Tensor], tol: f64, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: result count");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         assert_eq!(x.shape, y.shape, "{what}: result {i} shape");
@@ -66,7 +70,7 @@ fn assert_close(a: &[Tensor], b: &[Tensor], what: &str) {
         let scale = xs.iter().fold(1.0f64, |m, v| m.max(v.abs()));
         for (j, (p, q)) in xs.iter().zip(&ys).enumerate() {
             assert!(
-                (p - q).abs() <= 1e-9 * scale,
+                (p - q).abs() <= tol * scale,
                 "{what}: result {i}[{j}]: {p} vs {q}"
             );
         }
@@ -454,4 +458,150 @@ fn rowwise_ops_distribute_over_a_row_split() {
         }
         check(&src, targets, &mut rng);
     }
+}
+
+/// An LM head (matmul and bias) under a softmax cross-entropy against `labels`.
+fn lm_head(batch: &[u64], d: u64, v: u64, ignore: Option<i64>) -> String {
+    let mut hs = batch.to_vec();
+    hs.push(d);
+    let mut ys = batch.to_vec();
+    ys.push(v);
+    let (th, ty, tl) = (dims(&hs), dims(&ys), dims(batch).replace("f32", "i64"));
+    let (tw, tb) = (dims(&[d, v]), dims(&[v]));
+    let attrs = ignore.map_or(String::new(), |c| format!(" {{ignore_index = {c}}}"));
+    format!(
+        r#"module {{
+  func @main(%h: {th}, %w: {tw} {{param}}, %b: {tb} {{param}}, %labels: {tl}) -> (tensor<f32>) {{
+    %z = "pp.matmul"(%h, %w) : ({th}, {tw}) -> {ty} loc("lm_head")
+    %y = "pp.add"(%z, %b) : ({ty}, {tb}) -> {ty} loc("lm_head/bias")
+    %loss = "pp.softmax_cross_entropy"(%y, %labels){attrs} : ({ty}, {tl}) -> tensor<f32> loc("loss")
+    return %loss : tensor<f32>
+  }}
+}}"#
+    )
+}
+
+#[test]
+fn cross_entropy_splits_along_the_vocabulary_with_the_lm_head() {
+    let mut rng = Rng(13);
+    for case in 0..16 {
+        let batch: Vec<u64> = if case % 2 == 0 {
+            vec![rng.range(1, 3), rng.range(2, 5)]
+        } else {
+            vec![rng.range(2, 6)]
+        };
+        let (d, v) = (rng.range(2, 6), rng.range(4, 40));
+        let ignore = [None, Some(-100), Some(1)][case % 3];
+        let k = rng.range(2, v.min(5)) as usize;
+        let src = lm_head(&batch, d, v, ignore);
+        let m = ppir::text::parse_module(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+        let f = m.function("main").unwrap();
+        let opts = RewriteOptions {
+            split: vec![SplitTarget {
+                loc: "lm_head".into(),
+                pieces: k,
+                axis: Some(Axis::N),
+            }],
+            ..Default::default()
+        };
+        let (out, report) = rewrite_function(&m, f, &opts).unwrap_or_else(|e| panic!("{e}"));
+        let count = |kind: OpKind| {
+            out.ops()
+                .iter()
+                .filter(|&&o| out.op(o).kind == kind)
+                .count()
+        };
+        assert_eq!(count(OpKind::SoftmaxCrossEntropy), 0, "{report}");
+        assert_eq!(count(OpKind::LabelLogit), k, "{report}");
+        assert_eq!(
+            count(OpKind::Concat),
+            1,
+            "only the log-sum-exps are joined\n{report}"
+        );
+        assert!(
+            report
+                .splits
+                .iter()
+                .any(|(_, w)| w.contains("log-sum-exp merge")),
+            "{report}"
+        );
+        let mut m2 = m.clone();
+        *m2.function_mut("main").unwrap() = out;
+        // Inputs: labels in range, some equal to the ignore index.
+        let mut inputs = vec![];
+        for v_id in f.arg_values() {
+            let t = f.ty(v_id);
+            if t.dtype == DType::I64 {
+                let n: usize = t.static_shape().unwrap().iter().product::<u64>() as usize;
+                let labels = (0..n)
+                    .map(|_| match ignore {
+                        Some(c) if rng.range(0, 3) == 0 => c,
+                        _ => rng.range(0, v - 1) as i64,
+                    })
+                    .collect();
+                let shape = t
+                    .static_shape()
+                    .unwrap()
+                    .iter()
+                    .map(|&x| x as usize)
+                    .collect();
+                inputs.push(Tensor::from_i64(DType::I64, shape, labels));
+            } else {
+                inputs.push(random_tensor(&mut rng, t));
+            }
+        }
+        let what = format!("case {case}: batch {batch:?} d {d} v {v} k {k} ignore {ignore:?}");
+        assert_close(
+            &run(&m, "main", &inputs),
+            &run(&m2, "main", &inputs),
+            &format!("loss, {what}"),
+        );
+        let ad = AutodiffOptions {
+            loss: LossKind::Output,
+            ..Default::default()
+        };
+        let (mut g1, mut g2) = (m.clone(), m2.clone());
+        build_gradient_function(&mut g1, &ad).unwrap_or_else(|e| panic!("{e}"));
+        build_gradient_function(&mut g2, &ad).unwrap_or_else(|e| panic!("{e}"));
+        // The merged form's mean divides by an f32 constant 1/count (the fused op divides
+        // in f64): one f32 rounding apart.
+        assert_close_tol(
+            &run(&g1, "grad", &inputs),
+            &run(&g2, "grad", &inputs),
+            2e-7,
+            &format!("gradients, {what}"),
+        );
+    }
+}
+
+#[test]
+fn appended_cross_entropy_splits_with_the_lm_head() {
+    // The driver's path: the model returns logits, the loss is appended to @main.
+    let src = r#"module {
+  func @main(%h: tensor<2x3x4xf32>, %w: tensor<4x10xf32> {param}) -> (tensor<2x3x10xf32>) {
+    %z = "pp.matmul"(%h, %w) : (tensor<2x3x4xf32>, tensor<4x10xf32>) -> tensor<2x3x10xf32> loc("lm_head/MatMul")
+    return %z : tensor<2x3x10xf32>
+  }
+}"#;
+    let mut m = ppir::text::parse_module(src).unwrap();
+    let appended = crate::autodiff::append_loss(&mut m, "main", LossKind::Auto)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(appended.kind, LossKind::CrossEntropy);
+    let f = m.function("main").unwrap();
+    assert_eq!(f.results().len(), 1);
+    assert!(f.find_value("labels").is_some());
+    let opts = RewriteOptions {
+        split: vec![SplitTarget {
+            loc: "lm_head".into(),
+            pieces: 3,
+            axis: None,
+        }],
+        ..Default::default()
+    };
+    let (out, report) = rewrite_function(&m, f, &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert!(report.to_string().contains("log-sum-exp merge"), "{report}");
+    assert!(out
+        .ops()
+        .iter()
+        .all(|&o| out.op(o).kind != OpKind::SoftmaxCrossEntropy));
 }
