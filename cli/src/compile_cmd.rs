@@ -75,12 +75,16 @@ pub struct CompileArgs {
     #[arg(long, value_name = "NAME,NAME")]
     pub stage_layout: Option<String>,
     /// Split ops into K independent pieces before partitioning, so that one large op (an
-    /// LM head) can be spread over devices: NODE=K or NODE=K:AXIS (AXIS m, n or k: rows,
-    /// columns or the contraction; otherwise the cheapest), comma-separated. NODE is an
-    /// ONNX node name, or the prefix of the one MatMul/Gemm under it (`lm_head` for
-    /// `lm_head/MatMul`). Weights read in pieces become one parameter per piece;
-    /// `ppcc run --save-onnx` joins them back. `off` (the default): no split.
-    #[arg(long, value_name = "NODE=K[:AXIS],...")]
+    /// LM head) can be spread over devices. `auto` (the default): the largest matmuls and
+    /// gemms (at least half a device's share of the FLOPs) are tried in 2, 4 and 8 pieces
+    /// and the plan with the shortest predicted iteration is kept if it is 2% faster; `off`:
+    /// no split; or NODE=K or NODE=K:AXIS (AXIS m, n or k: rows, columns or the
+    /// contraction; otherwise the cheapest), comma-separated, where NODE is an ONNX node
+    /// name or the prefix of the one MatMul/Gemm under it (`lm_head` for `lm_head/MatMul`).
+    /// A softmax cross-entropy over an LM head split along the vocabulary is split with it
+    /// (log-sum-exp merge). Weights read in pieces become one parameter per piece;
+    /// `ppcc run --save-onnx` joins them back.
+    #[arg(long, value_name = "auto|off|NODE=K[:AXIS],...")]
     pub split: Option<String>,
     /// Write only the plan (plan.json, schedule.csv, timeline.svg, trace.json), not the
     /// per-stage programs: for exploring plans quickly.

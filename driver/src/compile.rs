@@ -497,16 +497,19 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         ),
         _ => None,
     };
-    let split_targets = a
-        .split
-        .as_deref()
-        .filter(|s| s.trim() != "off")
-        .map(|s| {
-            ppcc_passes::rewrite::parse_split_list(&s.replace(',', ";"))
-                .map_err(|e| invalid!("--split: {e}"))
-        })
-        .transpose()?
-        .filter(|t| !t.is_empty());
+    let split_targets = match a.split.as_deref().map(str::trim) {
+        None | Some("auto") => SplitChoice::Auto,
+        Some("off") | Some("") => SplitChoice::Off,
+        Some(s) => {
+            let t = ppcc_passes::rewrite::parse_split_list(&s.replace(',', ";"))
+                .map_err(|e| invalid!("--split: {e}"))?;
+            if t.is_empty() {
+                SplitChoice::Off
+            } else {
+                SplitChoice::Targets(t)
+            }
+        }
+    };
     check_output_dir(&output, a.force)?;
     let profile = load_profile(&a.device_profile)?;
     let memory_limit = a
@@ -604,25 +607,6 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     c.progress("importing");
     let mut module = prepared.module;
     c.at_point(Point::Import, &mut module)?;
-    // With a rewrite, @main computes its own loss first (so that the rewriter sees it: a
-    // cross-entropy splits along the vocabulary with its LM head); autodiff then
-    // differentiates that output.
-    let mut prog_opts = a.program.clone();
-    let mut appended: Option<ppcc_passes::autodiff::AppendedLoss> = None;
-    let (weight_pieces, splits) = match &split_targets {
-        Some(targets) => {
-            c.progress("rewriting");
-            let loss = ppcc_passes::autodiff::append_loss(&mut module, "main", prog_opts.loss)
-                .map_err(|e| invalid!("appending the loss to @main: {e}"))?;
-            prog_opts.loss = ppcc_passes::autodiff::LossKind::Output;
-            appended = Some(loss);
-            let (pieces, splits, report) = rewrite_split(&mut module, targets)?;
-            (c.events)(Event::Note(report));
-            (pieces, splits)
-        }
-        None => Default::default(),
-    };
-    c.at_point(Point::Rewrite, &mut module)?;
     // Notes from the op timer (which runs inside the planner, on its threads).
     let timer_notes: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
     let optimizer = a.program.optimizer(microbatches)?;
@@ -642,7 +626,8 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
                 .collect()
         })
         .unwrap_or_default();
-    let options = PlannerOptions {
+    // Planner options without the op timer (which needs the final weights).
+    let base_options = PlannerOptions {
         function: "main".into(),
         ranks: a.stages,
         microbatches: microbatches as usize,
@@ -652,8 +637,43 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         profile: profile.clone(),
         memory_limit,
         pinned: pinned.clone(),
-        autodiff: prog_opts.autodiff(),
+        autodiff: a.program.autodiff(),
         optimizer_state,
+        op_timer: None,
+    };
+    let split_targets = match split_targets {
+        SplitChoice::Off => None,
+        SplitChoice::Targets(t) => Some(t),
+        SplitChoice::Auto => {
+            c.progress("choosing ops to split");
+            let (targets, notes) = auto_splits(&module, &base_options)?;
+            for n in notes {
+                (c.events)(Event::Note(n));
+            }
+            (!targets.is_empty()).then_some(targets)
+        }
+    };
+    // With a rewrite, @main computes its own loss first (so that the rewriter sees it: a
+    // cross-entropy splits along the vocabulary with its LM head); autodiff then
+    // differentiates that output.
+    let mut prog_opts = a.program.clone();
+    let mut appended: Option<ppcc_passes::autodiff::AppendedLoss> = None;
+    let (weight_pieces, splits) = match &split_targets {
+        Some(targets) => {
+            c.progress("rewriting");
+            let loss = ppcc_passes::autodiff::append_loss(&mut module, "main", prog_opts.loss)
+                .map_err(|e| invalid!("appending the loss to @main: {e}"))?;
+            prog_opts.loss = ppcc_passes::autodiff::LossKind::Output;
+            appended = Some(loss);
+            let (pieces, splits, report) = rewrite_split(&mut module, targets)?;
+            (c.events)(Event::Note(report));
+            (pieces, splits)
+        }
+        None => Default::default(),
+    };
+    c.at_point(Point::Rewrite, &mut module)?;
+    let options = PlannerOptions {
+        autodiff: prog_opts.autodiff(),
         op_timer: (a.target == Target::Cpu && profile.measure_ops).then(|| {
             // Partition by what the generated code takes, not the interpreter.
             // The plan and its sequential baseline cost the same training step: remember
@@ -684,6 +704,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
                 v
             }))
         }),
+        ..base_options.clone()
     };
     c.progress(format!("planning ({} partition)", kind.name()));
     let plan_started = Instant::now();
@@ -1281,6 +1302,122 @@ fn time_stage(
         6,
     )
     .map_err(|e| invalid!("timing stage {}: {e}", st.stage))
+}
+
+/// What `--split` asks for.
+enum SplitChoice {
+    Off,
+    Auto,
+    Targets(Vec<ppcc_passes::rewrite::rules::SplitTarget>),
+}
+
+/// Largest contractions considered by `--split auto`, and the piece counts tried.
+const AUTO_SPLIT_CANDIDATES: usize = 2;
+const AUTO_SPLIT_PIECES: [usize; 3] = [2, 4, 8];
+/// A contraction is a candidate when its FLOPs are at least this share of one device's
+/// balanced work (total FLOPs / devices).
+const AUTO_SPLIT_SHARE: f64 = 0.5;
+/// A split is kept only if it makes the predicted iteration at least this much faster.
+const AUTO_SPLIT_GAIN: f64 = 0.02;
+
+/// `--split auto`: the matmuls and gemms of `@main` whose FLOPs are at least half a
+/// device's balanced share (at most the two largest) are split into 2, 4 or 8 pieces (no
+/// more than the devices; the rewriter picks the axis) and the whole plan is made for
+/// each; the variant with the shortest predicted iteration is kept if it beats the
+/// unsplit plan by 2%. Returns the targets (none to keep the model whole) and notes that
+/// say what was compared.
+fn auto_splits(
+    module: &Module,
+    options: &PlannerOptions,
+) -> Result<(Vec<ppcc_passes::rewrite::rules::SplitTarget>, Vec<String>)> {
+    use ppcc_passes::rewrite::rules::SplitTarget;
+    let f = module
+        .function("main")
+        .ok_or_else(|| invalid!("the imported module has no @main"))?;
+    if options.ranks < 2 || !f.ty(f.results()[0]).is_static() {
+        return Ok((vec![], vec![]));
+    }
+    let mut total = 0.0;
+    let mut contractions: Vec<(f64, String)> = vec![];
+    for &op in f.ops() {
+        let d = f.op(op);
+        let xs: Vec<&ppir::TensorType> = d.operands().iter().map(|&v| f.ty(v)).collect();
+        let ys: Vec<&ppir::TensorType> = d.results().iter().map(|&v| f.ty(v)).collect();
+        let Ok(cost) = ppcc_passes::cost::op_cost_of(d.kind, &d.attrs, &xs, &ys) else {
+            continue;
+        };
+        total += cost.flops;
+        if matches!(d.kind, ppir::OpKind::MatMul | ppir::OpKind::Gemm) {
+            if let Some(loc) = &d.loc {
+                contractions.push((cost.flops, loc.clone()));
+            }
+        }
+    }
+    let share = AUTO_SPLIT_SHARE * total / options.ranks as f64;
+    contractions.retain(|(fl, _)| *fl >= share && *fl > 0.0);
+    contractions.sort_by(|a, b| b.0.total_cmp(&a.0));
+    contractions.truncate(AUTO_SPLIT_CANDIDATES);
+    if contractions.is_empty() {
+        return Ok((vec![], vec![]));
+    }
+    let base = plan(module, options)?.report.makespan;
+    let ms = |t: f64| format!("{:.3} ms", t * 1e3);
+    let mut notes = vec![];
+    let mut best: Option<(f64, SplitTarget)> = None;
+    for (flops, loc) in &contractions {
+        let mut tried = vec![format!("unsplit {}", ms(base))];
+        for k in AUTO_SPLIT_PIECES
+            .into_iter()
+            .filter(|&k| k <= options.ranks)
+        {
+            let target = SplitTarget {
+                loc: loc.clone(),
+                pieces: k,
+                axis: None,
+            };
+            let mut m = module.clone();
+            let outcome = ppcc_passes::autodiff::append_loss(&mut m, "main", options.autodiff.loss)
+                .map_err(|e| invalid!("{e}"))
+                .and_then(|_| rewrite_split(&mut m, std::slice::from_ref(&target)))
+                .and_then(|_| {
+                    let mut o = options.clone();
+                    o.autodiff.loss = ppcc_passes::autodiff::LossKind::Output;
+                    Ok(plan(&m, &o)?.report.makespan)
+                });
+            match outcome {
+                Ok(t) => {
+                    tried.push(format!("{k} pieces {}", ms(t)));
+                    if best.as_ref().is_none_or(|b| t < b.0) {
+                        best = Some((t, target));
+                    }
+                }
+                Err(e) => tried.push(format!("{k} pieces: {}", crate::error_chain(&e))),
+            }
+        }
+        notes.push(format!(
+            "split auto: {loc} ({:.0}% of the FLOPs): {}",
+            100.0 * flops / total,
+            tried.join(", ")
+        ));
+    }
+    match best {
+        Some((t, target)) if t < base * (1.0 - AUTO_SPLIT_GAIN) => {
+            notes.push(format!(
+                "split auto: chose {}={} ({} -> {})",
+                target.loc,
+                target.pieces,
+                ms(base),
+                ms(t)
+            ));
+            Ok((vec![target], notes))
+        }
+        _ => {
+            notes.push(
+                "split auto: no split predicts a faster iteration; the ops stay whole".into(),
+            );
+            Ok((vec![], notes))
+        }
+    }
 }
 
 /// Split the `--split` ops of `@main` with the e-graph rewriter and make the weights read
