@@ -919,7 +919,8 @@ fn lower_op(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
         | SoftmaxCrossEntropy
         | SoftmaxCrossEntropyGrad
         | LabelLogit
-        | LabelLogitGrad => norm::lower(e, op),
+        | LabelLogitGrad
+        | LogSumExpGrad => norm::lower(e, op),
         ReduceSum | ReduceMean | ReduceMax | ReduceMin | ReduceLogSumExp => reduce::lower(e, op),
         k if k.is_elementwise() => elementwise::lower(e, op),
         k if matches!(k.class(), OpClass::DataMovement | OpClass::Constant) => {

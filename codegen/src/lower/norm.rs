@@ -36,7 +36,7 @@
 
 use ppir::ops::attrs::{
     BatchNormAttrs, CrossEntropyAttrs, InstanceNormAttrs, LabelLogitAttrs, LabelLogitGradAttrs,
-    LayerNormAttrs, LrnAttrs, SoftmaxAttrs,
+    LayerNormAttrs, LrnAttrs, ReduceAttrs, SoftmaxAttrs,
 };
 use ppir::{DType, OpKind};
 
@@ -56,6 +56,7 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
         OpKind::SoftmaxCrossEntropy | OpKind::SoftmaxCrossEntropyGrad => cross_entropy(e, op),
         OpKind::LabelLogit => label_logit(e, op),
         OpKind::LabelLogitGrad => label_logit_grad(e, op),
+        OpKind::LogSumExpGrad => log_sum_exp_grad(e, op),
         _ => Err(op.unsupported("")),
     }
 }
@@ -260,20 +261,86 @@ fn label_logit_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerEr
     let labels = e.name(op.op.operands()[1]);
     let labels = e.reshape(&labels, &outer, &[rows], ld);
     let row = |n: &str, dt: DType| Operand::new(n, &[rows], dt, vec!["d0".into()]);
-    let out = pointwise(e, &rc, &[row(&dy, d), row(&labels, ld)], d, |b| {
+    let mut ins = vec![row(&dy, d), row(&labels, ld)];
+    if let Some(&base) = op.op.operands().get(2) {
+        if op.in_dtypes[2] != d || op.in_shapes[2] != shape {
+            return Err(op.invalid(format!("base must be {}", tensor_type(&shape, d))));
+        }
+        let base = e.name(base);
+        let base = e.reshape(&base, &shape, &rc, d);
+        ins.push(Operand::identity(base, &rc, d));
+    }
+    let with_base = ins.len() == 3;
+    let out = pointwise(e, &rc, &ins, d, |b| {
         let l = label_i64(b, "%in1", ld);
         let off = b.constant(DType::I64, offset as f64);
         let c = b.op(format!("arith.subi {l}, {off} : i64"));
         let j = b.op("linalg.index 1 : index");
         let j64 = b.op(format!("arith.index_cast {j} : index to i64"));
         let hit = b.op(format!("arith.cmpi eq, {j64}, {c} : i64"));
+        let ty = elem_type(d);
+        if with_base {
+            let s = b.op(format!("arith.addf %in2, %in0 : {ty}"));
+            return b.op(format!("arith.select {hit}, {s}, %in2 : {ty}"));
+        }
         let zero = b.constant(d, 0.0);
-        b.op(format!(
-            "arith.select {hit}, %in0, {zero} : {}",
-            elem_type(d)
-        ))
+        b.op(format!("arith.select {hit}, %in0, {zero} : {ty}"))
     });
     Ok(vec![e.reshape(&out, &rc, &shape, d)])
+}
+
+/// `exp(x - y) · dy` with y and dy broadcast over the reduced axes, in f64.
+fn log_sum_exp_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let (x, d) = float_operand(op, 0, "x")?;
+    let rank = x.len();
+    let ReduceAttrs { axes, keepdims } = op.attrs()?;
+    let axes = super::reduce::reduce_axes(op, &axes, rank)?;
+    let ks: Vec<u64> = kept(rank, &axes).iter().map(|&i| x[i]).collect();
+    let ones: Vec<u64> = (0..rank)
+        .map(|i| if axes.contains(&i) { 1 } else { x[i] })
+        .collect();
+    let given = if keepdims { &ones } else { &ks };
+    for i in [1, 2] {
+        if op.in_dtypes[i] != d || op.in_shapes[i] != *given {
+            return Err(op.invalid(format!(
+                "operand {i} must be {} (the reduction's result)",
+                tensor_type(given, d)
+            )));
+        }
+    }
+    if op.out_dtypes[0] != d || op.out_shapes[0] != x {
+        return Err(op.invalid(format!("the result must be {}", tensor_type(&x, d))));
+    }
+    let src = e.name(op.op.operands()[0]);
+    let mut stats = vec![];
+    for i in [1, 2] {
+        let n = e.name(op.op.operands()[i]);
+        stats.push(if keepdims {
+            e.reshape(&n, &ones, &ks, d)
+        } else {
+            n
+        });
+    }
+    let out = pointwise(
+        e,
+        &x,
+        &[
+            Operand::identity(src.as_str(), &x, d),
+            stat(&stats[0], &x, &axes, d),
+            stat(&stats[1], &x, &axes, d),
+        ],
+        d,
+        |b| {
+            let v = to_f64(b, "%in0", d);
+            let y = to_f64(b, "%in1", d);
+            let g = to_f64(b, "%in2", d);
+            let t = b.op(format!("arith.subf {v}, {y} : f64"));
+            let p = exp_of(b, &t, d);
+            let r = b.op(format!("arith.mulf {p}, {g} : f64"));
+            from_f64(b, &r, d)
+        },
+    );
+    Ok(vec![out])
 }
 
 fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {

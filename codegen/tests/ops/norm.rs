@@ -461,10 +461,11 @@ fn label_src(logits: &[u64], ty: &str, lty: &str, offset: i64) -> String {
     format!(
         r#"
 module {{
-  func @f(%l: {l}, %lab: {lab}, %dy: {y}) -> ({y}, {l}) {{
+  func @f(%l: {l}, %lab: {lab}, %dy: {y}) -> ({y}, {l}, {l}) {{
     %p = "pp.label_logit"(%l, %lab) {{offset = {offset}}} : ({l}, {lab}) -> {y}
     %g = "pp.label_logit_grad"(%dy, %lab) {{offset = {offset}, classes = {c}}} : ({y}, {lab}) -> {l}
-    return %p, %g : {y}, {l}
+    %a = "pp.label_logit_grad"(%dy, %lab, %l) {{offset = {offset}, classes = {c}}} : ({y}, {lab}, {l}) -> {l}
+    return %p, %g, %a : {y}, {l}, {l}
   }}
 }}
 "#
@@ -495,9 +496,10 @@ fn lse_src(shape: &str, out: &str, attrs: &str) -> String {
     format!(
         r#"
 module {{
-  func @f(%x: tensor<{shape}xf32>) -> tensor<{out}xf32> {{
+  func @f(%x: tensor<{shape}xf32>, %dy: tensor<{out}xf32>) -> (tensor<{out}xf32>, tensor<{shape}xf32>) {{
     %y = "pp.reduce_log_sum_exp"(%x) {attrs} : (tensor<{shape}xf32>) -> tensor<{out}xf32>
-    return %y : tensor<{out}xf32>
+    %g = "pp.log_sum_exp_grad"(%x, %y, %dy) {attrs} : (tensor<{shape}xf32>, tensor<{out}xf32>, tensor<{out}xf32>) -> tensor<{shape}xf32>
+    return %y, %g : tensor<{out}xf32>, tensor<{shape}xf32>
   }}
 }}
 "#
@@ -513,7 +515,9 @@ fn reduce_log_sum_exp() {
         ("4", "{axes = [0, 2], keepdims = 0}"),
     ] {
         let x = uniform(DType::F32, &[3, 4, 5], 25, -50.0, 50.0);
-        check(&lse_src("3x4x5", out, attrs), Some(vec![x]));
+        let n: Vec<usize> = out.split('x').map(|d| d.parse().unwrap()).collect();
+        let dy = uniform(DType::F32, &n, 26, -1.0, 1.0);
+        check(&lse_src("3x4x5", out, attrs), Some(vec![x, dy]));
     }
     // Large values (no overflow), an all -inf row (-inf) and a +inf element.
     let inf = f32::INFINITY;
@@ -521,8 +525,10 @@ fn reduce_log_sum_exp() {
         vec![3, 3],
         vec![800.0, 805.0, -3.0, -inf, -inf, -inf, inf, 1.0, 2.0],
     );
+    // dy is 0 on the infinite rows (their gradient is NaN on both sides: inf - inf).
+    let dy = Tensor::from_f32(vec![3], vec![0.5, 0.0, 0.0]);
     check(
         &lse_src("3x3", "3", "{axes = [1], keepdims = 0}"),
-        Some(vec![x]),
+        Some(vec![x, dy]),
     );
 }

@@ -189,10 +189,19 @@ pub(super) fn label_logit_grad(
     let Ok(classes) = usize::try_from(attrs.classes) else {
         fail!("`classes` must be >= 0, got {}", attrs.classes);
     };
-    let mut out = vec![0.0; dv.len() * classes];
+    let mut out = match inputs.get(2) {
+        Some(base) => {
+            let b = floats(base, "base")?;
+            if b.len() != dv.len() * classes {
+                fail!("base must have shape [.., {classes}], got {:?}", base.shape);
+            }
+            b.to_vec()
+        }
+        None => vec![0.0; dv.len() * classes],
+    };
     for (r, (&l, &g)) in lab.iter().zip(dv).enumerate() {
         if let Some(c) = label_column(l, attrs.offset, classes) {
-            out[r * classes + c] = g;
+            out[r * classes + c] += g;
         }
     }
     let mut shape = dy.shape.clone();

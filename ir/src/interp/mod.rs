@@ -422,6 +422,7 @@ fn compute(
             let a = CrossEntropyAttrs::of(attrs)?;
             one(grad::softmax_cross_entropy_grad(&a, inputs)?)
         }
+        LogSumExpGrad => one(reduce::log_sum_exp_grad(&ReduceAttrs::of(attrs)?, inputs)?),
         LabelLogit => one(grad::label_logit(&LabelLogitAttrs::of(attrs)?, inputs)?),
         LabelLogitGrad => one(grad::label_logit_grad(
             &LabelLogitGradAttrs::of(attrs)?,

@@ -101,6 +101,44 @@ pub(super) fn reduce(kind: OpKind, attrs: &ReduceAttrs, x: &Tensor) -> OpResult<
     Ok(int_tensor(x.dtype, shape, acc))
 }
 
+/// `log_sum_exp_grad`: `exp(x - y) · dy` with y and dy (the reduction's shape) broadcast
+/// over the reduced axes.
+pub(super) fn log_sum_exp_grad(attrs: &ReduceAttrs, inputs: &[&Tensor]) -> OpResult<Tensor> {
+    let (x, y, dy) = (inputs[0], inputs[1], inputs[2]);
+    let (TensorData::Float(xv), TensorData::Float(yv), TensorData::Float(dv)) =
+        (&x.data, &y.data, &dy.data)
+    else {
+        fail!("log_sum_exp_grad needs float operands");
+    };
+    let rank = x.shape.len();
+    let axes = if attrs.axes.is_empty() {
+        (0..rank).collect()
+    } else {
+        norm_axes(&attrs.axes, rank)?
+    };
+    let kept: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+        .collect();
+    let n: usize = kept.iter().product();
+    if yv.len() != n || dv.len() != n {
+        fail!(
+            "y and dy must have the reduction's {n} elements, got {} and {}",
+            yv.len(),
+            dv.len()
+        );
+    }
+    let mut out = Vec::with_capacity(xv.len());
+    let mut i = 0;
+    for_each_broadcast(&x.shape, [&kept], |[j]| {
+        out.push((xv[i] - yv[j]).exp() * dv[j]);
+        i += 1;
+    });
+    Ok(float_tensor(x.dtype, x.shape.clone(), out))
+}
+
 /// Fold every element of `v` (shape `shape`) into the result element it reduces to.
 fn fold<T: Copy>(
     v: &[T],

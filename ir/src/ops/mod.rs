@@ -57,7 +57,8 @@
 //! | `softmax_cross_entropy` | logits `[.., C]` (float), labels `[..]` (integer, logits' shape without the last axis) | `ignore_index` (labels equal to it count neither in the sum nor in the mean); result: the scalar mean over positions of `-log_softmax(logits)[label]` (0 if every position is ignored) |
 //! | `softmax_cross_entropy_grad` | logits, labels, dloss (scalar) | `ignore_index`; result: `(softmax(logits) - onehot(labels)) · dloss / count`, 0 on ignored positions |
 //! | `label_logit` | logits `[.., C]` (float), labels `[..]` (integer, logits' shape without the last axis) | `offset` = 0; result `[..]`: `logits[.., label - offset]` where `0 ≤ label - offset < C`, else 0 (a vocabulary piece's share of the logit at the label) |
-//! | `label_logit_grad` | dy `[..]`, labels `[..]` | `offset` = 0, `classes` *required*; result `[.., classes]`: dy in the column `label - offset` (where it is in range), 0 elsewhere |
+//! | `label_logit_grad` | dy `[..]`, labels `[..]`, \[base `[.., classes]`\] | `offset` = 0, `classes` *required*; result `[.., classes]`: dy in the column `label - offset` (where it is in range), 0 elsewhere; plus `base` when given (the sum autodiff would otherwise add) |
+//! | `log_sum_exp_grad` | x, y (the `reduce_log_sum_exp` result), dy (y's shape) | as `reduce_log_sum_exp`; result: `exp(x - y) · dy`, y and dy broadcast over the reduced axes |
 //! | `max_pool_grad` | x, dy (the max_pool result's shape) | as `max_pool`; result: dx, each dy routed to the first maximum of its window |
 //! | `avg_pool_grad` | dy | as `avg_pool`, plus `input_shape` *required* (x's full shape); result: dx |
 //! | `conv_grad_weight` | x, dy (the conv result's shape) | `strides`, `pads`, `dilations`, `group` as `conv`, plus `kernel_shape` *required* (spatial); result: dw `[M, C/group, k..]` |
@@ -228,7 +229,8 @@ define_ops! {
     SoftmaxCrossEntropy = "softmax_cross_entropy", Norm, Exact(2), CrossEntropyAttrs, Rule, dx [0];
     SoftmaxCrossEntropyGrad = "softmax_cross_entropy_grad", Norm, Exact(3), CrossEntropyAttrs, Unsupported;
     LabelLogit = "label_logit", Norm, Exact(2), LabelLogitAttrs, Rule, dx [0];
-    LabelLogitGrad = "label_logit_grad", Norm, Exact(2), LabelLogitGradAttrs, Unsupported;
+    LabelLogitGrad = "label_logit_grad", Norm, Range(2, 3), LabelLogitGradAttrs, Unsupported;
+    LogSumExpGrad = "log_sum_exp_grad", Reduce, Exact(3), ReduceAttrs, Unsupported;
     MaxPoolGrad = "max_pool_grad", Pool, Exact(2), MaxPoolAttrs, Unsupported;
     AvgPoolGrad = "avg_pool_grad", Pool, Exact(1), AvgPoolGradAttrs, Unsupported;
     ConvGradWeight = "conv_grad_weight", Contraction, Exact(2), ConvGradWeightAttrs, Unsupported;

@@ -8,8 +8,9 @@
 use super::{bail, check_elem, dims_str, min_rank, same_dtype, Elem, Res};
 use crate::ops::attrs::{
     AvgPoolAttrs, AvgPoolGradAttrs, ConvAttrs, ConvGradWeightAttrs, GatherGradAttrs, MaxPoolAttrs,
-    SliceAttrs, SliceGradAttrs,
+    ReduceAttrs, SliceAttrs, SliceGradAttrs,
 };
+use crate::ops::OpKind;
 use crate::types::{Dim, TensorType};
 
 /// `dy` (operand `index`) must have the dims `expected` (what the forward op gives).
@@ -84,7 +85,19 @@ pub(super) fn label_logit(ops: &[TensorType]) -> Res<TensorType> {
     ))
 }
 
-/// `label_logit_grad`: dy `[..]`, labels `[..]` → `[.., classes]`.
+/// `log_sum_exp_grad`: x, y and dy of the `reduce_log_sum_exp` → x's type.
+pub(super) fn log_sum_exp_grad(attrs: &ReduceAttrs, ops: &[TensorType]) -> Res<TensorType> {
+    let (x, y, dy) = (&ops[0], &ops[1], &ops[2]);
+    check_elem(x, 0, Elem::Float)?;
+    same_dtype(ops, 0, 1)?;
+    same_dtype(ops, 0, 2)?;
+    let want = super::movement::reduce(OpKind::ReduceLogSumExp, attrs, x)?;
+    check_dy(y, 1, &want)?;
+    check_dy(dy, 2, &want)?;
+    Ok(x.clone())
+}
+
+/// `label_logit_grad`: dy `[..]`, labels `[..]`, [base] → `[.., classes]`.
 pub(super) fn label_logit_grad(classes: i64, ops: &[TensorType]) -> Res<TensorType> {
     let (dy, labels) = (&ops[0], &ops[1]);
     check_elem(dy, 0, Elem::Float)?;
@@ -103,7 +116,12 @@ pub(super) fn label_logit_grad(classes: i64, ops: &[TensorType]) -> Res<TensorTy
     }
     let mut dims = dy.dims.clone();
     dims.push(Dim::Known(classes as u64));
-    Ok(TensorType::new(dy.dtype, dims))
+    let out = TensorType::new(dy.dtype, dims);
+    if let Some(base) = ops.get(2) {
+        same_dtype(ops, 0, 2)?;
+        check_dy(base, 2, &out)?;
+    }
+    Ok(out)
 }
 
 pub(super) fn max_pool_grad(attrs: &MaxPoolAttrs, ops: &[TensorType]) -> Res<TensorType> {

@@ -160,6 +160,7 @@ fn infer_rule(
             LabelLogitGradAttrs::of(attrs)?.classes,
             ops,
         )?),
+        LogSumExpGrad => one(grad::log_sum_exp_grad(&ReduceAttrs::of(attrs)?, ops)?),
         MaxPoolGrad => one(grad::max_pool_grad(&MaxPoolAttrs::of(attrs)?, ops)?),
         AvgPoolGrad => one(grad::avg_pool_grad(&AvgPoolGradAttrs::of(attrs)?, &ops[0])?),
         ConvGradWeight => one(grad::conv_grad_weight(

@@ -788,9 +788,29 @@ impl Gradients {
                 em.loc = em.f.op(p).loc.clone();
             }
         }
+        // A one-hot contribution (`label_logit_grad`) adds into the sum of the others: one
+        // pass over the logits instead of writing the one-hot gradient and adding it (the
+        // unfused op is left dead and removed).
+        let mut parts = parts;
+        let onehot = (parts.len() > 1)
+            .then(|| {
+                parts.iter().position(|&p| {
+                    em.f.producer(p).is_some_and(|o| {
+                        let d = em.f.op(o);
+                        d.kind == OpKind::LabelLogitGrad && d.operands().len() == 2
+                    })
+                })
+            })
+            .flatten()
+            .map(|i| parts.remove(i));
         let mut sum = parts[0];
         for &p in &parts[1..] {
             sum = em.add(sum, p)?;
+        }
+        if let Some(o) = onehot.and_then(|p| em.f.producer(p)) {
+            let d = em.f.op(o);
+            let (dy, labels, attrs) = (d.operands()[0], d.operands()[1], d.attrs.clone());
+            sum = em.op(OpKind::LabelLogitGrad, &[dy, labels, sum], attrs)?;
         }
         (em.stage, em.loc) = saved;
         self.done.insert(v, sum);

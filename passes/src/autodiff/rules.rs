@@ -486,6 +486,7 @@ pub(super) fn vjp(
         | Recv
         | SoftmaxCrossEntropyGrad
         | LabelLogitGrad
+        | LogSumExpGrad
         | MaxPoolGrad
         | AvgPoolGrad
         | ConvGradWeight
@@ -826,12 +827,11 @@ fn reduce(em: &mut Emitter, op: &FwdOp, dy: ValueId, out: &mut [Option<ValueId>]
             let q = em.scale(gk, 1.0 / count as f64)?;
             em.expand(q, &shape)?
         }
-        OpKind::ReduceLogSumExp => {
-            let yk = em.reshape(op.results[0], &kept)?;
-            let t = em.sub(x, yk)?;
-            let p = em.unary(OpKind::Exp, t)?;
-            em.mul(p, gk)?
-        }
+        OpKind::ReduceLogSumExp => em.op(
+            OpKind::LogSumExpGrad,
+            &[x, op.results[0], dy],
+            op.attrs.clone(),
+        )?,
         _ => {
             let yk = em.reshape(op.results[0], &kept)?;
             let eq = em.op(OpKind::Equal, &[x, yk], Attrs::new())?;

@@ -28,7 +28,8 @@
 //!   `layer_norm` / `instance_norm` 8 (mean 1, variance 3, normalise 4; 7 without bias)
 //!   plus sqrt + 2 per normalised group; `lrn` 2·size + pow + 3. `label_logit` is 2 per
 //!   result (a range check and a select) and reads only the labels and one logit per row;
-//!   `label_logit_grad` 1 per element it writes.
+//!   `label_logit_grad` 1 per element it writes (2 with a base to add to);
+//!   `log_sum_exp_grad` exp + 2 per element of x.
 //! - Data movement, constants, `send`/`recv`, `slice_grad`: 0 FLOPs; `gather_grad` one add
 //!   per element of dy.
 
@@ -295,7 +296,8 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         SoftmaxCrossEntropy => (T + 4.0) * x_numel(0)? + (T + 2.0) * rows(operand(xs, 0)?, -1)?,
         SoftmaxCrossEntropyGrad => (T + 6.0) * x_numel(0)?,
         LabelLogit => 2.0 * y_numel(0)?,
-        LabelLogitGrad => y_numel(0)?,
+        LabelLogitGrad => y_numel(0)? * if xs.len() > 2 { 2.0 } else { 1.0 },
+        LogSumExpGrad => (T + 2.0) * y_numel(0)?,
         BatchNorm => {
             let x = shape(operand(xs, 0)?)?;
             let c = x.get(1).copied().unwrap_or(1) as f64;
