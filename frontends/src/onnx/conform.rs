@@ -423,9 +423,10 @@ pub struct CaseInfo {
 }
 
 /// The [`CaseInfo`] of each case. The op type is that of the model's only node (not
-/// counting `Constant`s); a model of several nodes (an `_expanded` node test is the op's
-/// function body) takes the longest op type of the single-node cases, or of the ops ppcc
-/// maps, that its name starts with (`test_reduce_log_sum_exp_..._expanded`:
+/// counting `Constant`s). A model of several nodes takes the op type of the case it
+/// expands (`test_sce_mean_expanded`, the op's function body, is `test_sce_mean`'s
+/// `SoftmaxCrossEntropyLoss`), else the longest op type of the single-node cases, or of
+/// the ops ppcc maps, that its name starts with (`test_reduce_log_sum_exp_...`:
 /// `ReduceLogSumExp`, underscores and case ignored); anything else, such as a whole
 /// network, is `(model)`.
 pub fn case_infos(cases: &[Case]) -> Vec<CaseInfo> {
@@ -446,6 +447,11 @@ pub fn case_infos(cases: &[Case]) -> Vec<CaseInfo> {
             _ => None,
         }
     };
+    let by_name: HashMap<&str, String> = cases
+        .iter()
+        .zip(&decoded)
+        .filter_map(|(c, m)| Some((c.name.as_str(), single(m.as_ref()?)?)))
+        .collect();
     let squash = |s: &str| s.replace('_', "").to_ascii_lowercase();
     let mut known: Vec<(String, String)> = decoded
         .iter()
@@ -467,7 +473,11 @@ pub fn case_infos(cases: &[Case]) -> Vec<CaseInfo> {
                     .map(|o| o.version)
                     .max()
             });
-            let op_type = m.as_ref().and_then(single).or_else(|| {
+            let expands = case
+                .name
+                .find("_expanded")
+                .and_then(|at| by_name.get(&case.name[..at]).cloned());
+            let op_type = m.as_ref().and_then(single).or(expands).or_else(|| {
                 let name = squash(case.name.strip_prefix("test_").unwrap_or(&case.name));
                 known
                     .iter()
