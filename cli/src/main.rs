@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod compile_cmd;
+mod conform_cmd;
 mod onnx_cmds;
 mod program;
 mod run_cmd;
@@ -48,7 +49,7 @@ enum Command {
     /// Run a model's forward pass with the reference interpreter.
     Eval(onnx_cmds::EvalArgs),
     /// Run ONNX test-data folders against their reference outputs.
-    Conform(onnx_cmds::ConformArgs),
+    Conform(conform_cmd::ConformArgs),
     /// Train a model on one device with the reference interpreter.
     Train(train_cmd::TrainArgs),
     /// Simulate a pipeline schedule (built-in or torch CSV) on synthetic stage costs.
@@ -133,7 +134,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Run(a) => run_cmd::run(a),
         Command::Import(a) => onnx_cmds::import(a),
         Command::Eval(a) => onnx_cmds::eval(a),
-        Command::Conform(a) => onnx_cmds::conform(a),
+        Command::Conform(a) => conform_cmd::conform(a),
         Command::Train(a) => train_cmd::train(a),
         Command::Simulate(a) => simulate_cmd::simulate_cmd(a),
     }

@@ -1,4 +1,5 @@
-//! `ppcc import`, `ppcc eval`, `ppcc conform`: the ONNX frontend on the command line.
+//! `ppcc import`, `ppcc eval`: the ONNX frontend on the command line (`ppcc conform` is in
+//! `conform_cmd`).
 
 use ppcc_runtime::npz;
 
@@ -7,15 +8,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
-use ppcc_codegen::{build_module, BuildOptions, CodegenError, LowerError};
-use ppcc_frontends::onnx::conform::{
-    compare, run_dirs, ConformOptions, ExecError, Executor, Tolerance,
-};
+use anyhow::{Context, Result};
+use ppcc_frontends::onnx::conform::{compare, Tolerance};
 use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions, Imported};
-use ppcc_runtime::native::{Arg as NativeArgRef, NativeModule};
+use ppcc_runtime::native::Arg as NativeArgRef;
 use ppir::interp::{run_function, InterpOptions, Precision};
-use ppir::{Function, Module};
 
 use ppcc_driver::target::{build_native, ScratchDir, Target};
 use ppir::text::{print_module, PrintOptions};
@@ -380,118 +377,6 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
-}
-
-/// Run ONNX test-data folders against their reference outputs.
-///
-/// Each DIR is a test folder (`model.onnx` with `test_data_set_*/input_K.pb` and
-/// `output_K.pb`), a folder in the onnx package's `light/` layout (`NAME.onnx` with
-/// `NAME_output_0.pb`; inputs are generated as the onnx runner does:
-/// `arange(n).reshape(shape) / n` in float32), or a folder of test folders.
-///
-/// Prints one row per model — `passed` (with the largest errors), `failed` (which output,
-/// how far off), `unsupported` (the op or feature) or `error` (why it could not run) —
-/// and ends with `N passed, N failed, N unsupported` (errors count as failed). Exits
-/// non-zero if any model failed.
-///
-/// Tolerances (`|actual - expected| <= atol + rtol * |expected|`, per output dtype, as
-/// numpy.testing.assert_allclose in the onnx backend tests): f32/f64 rtol 1e-3, atol 1e-7
-/// (light DenseNet-121: rtol 2e-3, as in onnx); f16 rtol 1e-3, atol 1e-3; bf16 rtol 2^-6,
-/// atol 1e-3; integers and bools exact.
-#[derive(clap::Args)]
-#[command(after_help = "\
-Layouts: DIR/model.onnx with DIR/test_data_set_*/input_K.pb and output_K.pb (TensorProto
-files); or the onnx package's light/ layout, NAME.onnx with NAME_output_0.pb, whose inputs
-are generated as the onnx runner does (arange(n).reshape(shape) / n, float32). A DIR may
-also hold test folders one level down.
-
-Output: one row per model, `passed` (largest errors), `failed` (which output, how far
-off), `unsupported` (the op or feature) or `error` (why it could not run), then the line
-`N passed, N failed, N unsupported` (errors count as failed). Exit status 1 if any failed.
-
-Tolerances, per output element type, |actual - expected| <= atol + rtol * |expected| as
-numpy.testing.assert_allclose in the onnx backend tests:
-  f32, f64   rtol 1e-3, atol 1e-7   (light DenseNet-121: rtol 2e-3, as in onnx)
-  f16        rtol 1e-3, atol 1e-3
-  bf16       rtol 2^-6, atol 1e-3
-  integers, bool: exact
---rtol/--atol override them for float outputs.
-
-Examples:
-  ppcc conform $(python -c 'import onnx,os;print(os.path.dirname(onnx.__file__))')/backend/test/data/light
-  ppcc conform data/pytorch-converted data/pytorch-operator data/simple
-  ppcc conform my_test_dir --rtol 1e-4")]
-pub struct ConformArgs {
-    /// Test folders (or folders of test folders).
-    #[arg(required = true, value_name = "DIR")]
-    dirs: Vec<PathBuf>,
-    /// Relative tolerance for float outputs (overrides the per-dtype default).
-    #[arg(long)]
-    rtol: Option<f64>,
-    /// Absolute tolerance for float outputs (overrides the per-dtype default).
-    #[arg(long)]
-    atol: Option<f64>,
-    /// Run the models on the reference interpreter or as native code (each model is
-    /// compiled through MLIR to a temporary module.so; ops codegen does not lower yet count
-    /// as `unsupported`).
-    #[arg(long, value_enum, default_value_t = Target::Interp)]
-    target: Target,
-}
-
-pub fn conform(a: ConformArgs) -> Result<ExitCode> {
-    let executor: Option<Executor> = match a.target {
-        Target::Interp => None,
-        target @ (Target::Cpu | Target::Cuda) => Some(std::sync::Arc::new(
-            move |m: &Module, f: &Function, args: Vec<ppir::Tensor>| {
-                let scratch =
-                    ScratchDir::new("conform").map_err(|e| ExecError::Failed(e.to_string()))?;
-                let built = build_module(
-                    m,
-                    &[&f.name],
-                    &scratch.0,
-                    "the model",
-                    &BuildOptions {
-                        cuda: target.cuda(),
-                        ..Default::default()
-                    },
-                )
-                .map_err(|e| match e {
-                    CodegenError::Lower { ref source, .. }
-                        if matches!(**source, LowerError::Unsupported { .. }) =>
-                    {
-                        ExecError::Unsupported(format!("codegen: {source}"))
-                    }
-                    e => ExecError::Failed(format!(
-                        "{e}: {}",
-                        std::error::Error::source(&e)
-                            .map(|s| s.to_string())
-                            .unwrap_or_default()
-                    )),
-                })?;
-                let native = NativeModule::load(&built.so, m, Some(&[&f.name]))
-                    .map_err(|e| ExecError::Failed(e.to_string()))?;
-                let refs: Vec<&ppir::Tensor> = args.iter().collect();
-                native
-                    .call(&f.name, &refs, None)
-                    .map_err(|e| ExecError::Failed(e.to_string()))
-            },
-        )),
-    };
-    let opts = ConformOptions {
-        rtol: a.rtol,
-        atol: a.atol,
-        executor,
-    };
-    let (_, summary) = run_dirs(&a.dirs, &opts, |r| println!("{r}"))?;
-    println!("{summary}");
-    if summary.total() == 0 {
-        bail!("no test cases found");
-    }
-    Ok(if summary.failed > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
     })
 }
 

@@ -126,18 +126,77 @@ fn conform_reports_rows_and_a_summary() {
     );
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).lines().last(),
-        Some("1 passed, 1 failed, 0 unsupported")
+        Some("1 passed, 1 failed, 0 unsupported, 0 crashed")
+    );
+    // The table per op type, with its total.
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let table: Vec<Vec<&str>> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("op type"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        table[1..3],
+        [
+            vec!["Relu", "1", "1", "0", "0"],
+            vec!["total", "1", "1", "0", "0"]
+        ],
+        "{out}"
     );
     let o = ppcc(&["conform", root.join("test_good").to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("1 passed, 0 failed, 0 unsupported"));
+    assert!(text(&o).contains("1 passed, 0 failed, 0 unsupported, 0 crashed"));
+}
+
+/// A case whose process dies is that case's `crashed` row; the cases after it still run,
+/// in order, whatever the number of jobs.
+#[test]
+fn conform_reports_a_crash_and_goes_on() {
+    let root = scratch();
+    for name in ["test_a", "test_b", "test_c", "test_d"] {
+        relu_case(&root.join(name), &[0.0, 0.5, 2.0]);
+    }
+    for jobs in ["1", "3"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+            .args(["conform", "--jobs", jobs, root.to_str().unwrap()])
+            .env("PPCC_CONFORM_TEST_ABORT_ON", "test_b")
+            .output()
+            .expect("ppcc runs");
+        let out = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{out}");
+        let rows: Vec<(&str, &str)> = out
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                Some((w.next()?, w.next()?))
+            })
+            .filter(|(_, n)| n.starts_with("test_"))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("passed", "test_a"),
+                ("crashed", "test_b"),
+                ("passed", "test_c"),
+                ("passed", "test_d")
+            ],
+            "{out}"
+        );
+        assert!(out.contains("signal 6 (SIGABRT)"), "{out}");
+        assert!(
+            String::from_utf8_lossy(&o.stdout)
+                .ends_with("3 passed, 0 failed, 0 unsupported, 1 crashed\n"),
+            "{out}"
+        );
+    }
 }
 
 #[test]
 fn conform_help_states_the_tolerances() {
     let out = text(&ppcc(&["conform", "--help"]));
     assert!(
-        out.contains("rtol 1e-3, atol 1e-7") && out.contains("N passed, N failed, N unsupported"),
+        out.contains("rtol 1e-3, atol 1e-7")
+            && out.contains("N passed, N failed, N unsupported, N crashed"),
         "{out}"
     );
 }

@@ -922,3 +922,51 @@ fn printed_module_parses_back() {
     assert_eq!(ppir::text::print_module(&back, &Default::default()), text);
     assert_eq!(back.weights, module.weights);
 }
+
+/// ONNX's `test_convtranspose_output_shape`: an `output_shape` beyond the full output
+/// (9x7 here) grows the output at the end (total padding -1 per axis in the spec's
+/// formula), as onnx's reference and onnxruntime do; it used to stay 9x7.
+#[test]
+fn conv_transpose_output_shape_beyond_the_full_output() {
+    let x = Tensor::from_f32(vec![1, 1, 3, 3], (0..9).map(|v| v as f32).collect());
+    let w = Tensor::from_f32(vec![1, 2, 3, 3], vec![1.0; 18]);
+    let m = Model::new(11)
+        .input(f32_info("x", &[1, 1, 3, 3]))
+        .init("w", &w)
+        .node(node(
+            "ConvTranspose",
+            &["x", "w"],
+            &["y"],
+            vec![
+                attr_ints("strides", &[3, 2]),
+                attr_ints("output_shape", &[10, 8]),
+            ],
+        ))
+        .output(out_info("y", data_type::FLOAT));
+    let module = import(&m);
+    let ct = only_op(&module, OpKind::ConvTranspose);
+    assert_eq!(ct.attrs.get("pads"), Some(&Attr::Ints(vec![0, 0, 0, 0])));
+    assert_eq!(
+        ct.attrs.get("output_padding"),
+        Some(&Attr::Ints(vec![1, 1]))
+    );
+    let f = &module.functions[0];
+    let y = f.ty(ct.results()[0]);
+    assert_eq!(y.static_shape(), Some(vec![1, 2, 10, 8]));
+    let out = run(&module, vec![x]);
+    assert_eq!(out[0].shape, vec![1, 2, 10, 8]);
+    // Channel 0 of onnx's reference output (channel 1 is equal: the weights are all ones).
+    let rows: [[f32; 8]; 4] = [
+        [0.0, 0.0, 1.0, 1.0, 3.0, 2.0, 2.0, 0.0],
+        [3.0, 3.0, 7.0, 4.0, 9.0, 5.0, 5.0, 0.0],
+        [6.0, 6.0, 13.0, 7.0, 15.0, 8.0, 8.0, 0.0],
+        [0.0; 8],
+    ];
+    let want: Vec<f32> = [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+        .iter()
+        .flat_map(|&r| rows[r])
+        .collect();
+    let got = f32s(&out[0]);
+    assert_close(&got[..80], &want);
+    assert_close(&got[80..], &want);
+}

@@ -133,6 +133,31 @@ fn split_sizes_and_axes() {
     );
 }
 
+/// Zero-size pieces lower to equal `tensor.empty`s that CSE merges into one buffer, which
+/// MLIR's `buffer-results-to-out-params` crashed on (a segmentation fault while compiling
+/// ONNX's `test_split_zero_size_splits_opset13`/`opset18`); so did one value returned twice.
+#[test]
+fn split_with_several_zero_size_pieces() {
+    check(
+        &module(
+            "%x: tensor<0xf32>",
+            r#"%p, %q, %r = "pp.split"(%x) {split = [0, 0, 0]} : (tensor<0xf32>) -> (tensor<0xf32>, tensor<0xf32>, tensor<0xf32>)"#,
+            "tensor<0xf32>, tensor<0xf32>, tensor<0xf32>",
+            "%p, %q, %r",
+        ),
+        None,
+    );
+    check(
+        &module(
+            "%x: tensor<2x3xf32>",
+            r#"%p, %q, %r = "pp.split"(%x) {axis = 1, split = [0, 3, 0]} : (tensor<2x3xf32>) -> (tensor<2x0xf32>, tensor<2x3xf32>, tensor<2x0xf32>)"#,
+            "tensor<2x0xf32>, tensor<2x3xf32>, tensor<2x0xf32>, tensor<2x3xf32>",
+            "%p, %q, %r, %q",
+        ),
+        None,
+    );
+}
+
 #[test]
 fn split_every_dtype() {
     each_dtype(

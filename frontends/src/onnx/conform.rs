@@ -292,6 +292,23 @@ pub enum Outcome {
     Unsupported(String),
     /// The case could not be run (broken test data, an interpreter error...).
     Error(String),
+    /// The process running the case died (`signal 11`) or was stopped (`timed out after
+    /// 300 s`); only a runner that isolates cases in child processes reports it.
+    Crashed(String),
+}
+
+impl Outcome {
+    /// The status word of a result row (`passed`, `failed`, `unsupported`, `error`,
+    /// `crashed`).
+    pub fn status(&self) -> &'static str {
+        match self {
+            Outcome::Passed { .. } => "passed",
+            Outcome::Failed(_) => "failed",
+            Outcome::Unsupported(_) => "unsupported",
+            Outcome::Error(_) => "error",
+            Outcome::Crashed(_) => "crashed",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -313,6 +330,7 @@ impl fmt::Display for CaseResult {
             Outcome::Failed(m) => write!(f, "failed       {:<48} {m} ({t:.2}s)", self.name),
             Outcome::Unsupported(m) => write!(f, "unsupported  {:<48} {m}", self.name),
             Outcome::Error(m) => write!(f, "error        {:<48} {m}", self.name),
+            Outcome::Crashed(m) => write!(f, "crashed      {:<48} {m} ({t:.2}s)", self.name),
         }
     }
 }
@@ -323,6 +341,7 @@ pub struct Summary {
     pub passed: usize,
     pub failed: usize,
     pub unsupported: usize,
+    pub crashed: usize,
 }
 
 impl Summary {
@@ -331,11 +350,12 @@ impl Summary {
             Outcome::Passed { .. } => self.passed += 1,
             Outcome::Failed(_) | Outcome::Error(_) => self.failed += 1,
             Outcome::Unsupported(_) => self.unsupported += 1,
+            Outcome::Crashed(_) => self.crashed += 1,
         }
     }
 
     pub fn total(&self) -> usize {
-        self.passed + self.failed + self.unsupported
+        self.passed + self.failed + self.unsupported + self.crashed
     }
 }
 
@@ -343,10 +363,134 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} passed, {} failed, {} unsupported",
-            self.passed, self.failed, self.unsupported
+            "{} passed, {} failed, {} unsupported, {} crashed",
+            self.passed, self.failed, self.unsupported, self.crashed
         )
     }
+}
+
+/// Results per op type, and their total: the table `ppcc conform` ends with.
+#[derive(Clone, Debug, Default)]
+pub struct OpTable {
+    pub rows: std::collections::BTreeMap<String, Summary>,
+    pub total: Summary,
+}
+
+impl OpTable {
+    pub fn add(&mut self, op_type: &str, outcome: &Outcome) {
+        self.rows
+            .entry(op_type.to_string())
+            .or_default()
+            .add(outcome);
+        self.total.add(outcome);
+    }
+}
+
+impl fmt::Display for OpTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = self
+            .rows
+            .keys()
+            .map(String::len)
+            .chain([7])
+            .max()
+            .unwrap_or(7);
+        writeln!(
+            f,
+            "{:<w$}  {:>6}  {:>6}  {:>11}  {:>7}",
+            "op type", "passed", "failed", "unsupported", "crashed"
+        )?;
+        let row = |f: &mut fmt::Formatter<'_>, name: &str, s: &Summary| {
+            writeln!(
+                f,
+                "{name:<w$}  {:>6}  {:>6}  {:>11}  {:>7}",
+                s.passed, s.failed, s.unsupported, s.crashed
+            )
+        };
+        for (name, s) in &self.rows {
+            row(f, name, s)?;
+        }
+        row(f, "total", &self.total)
+    }
+}
+
+/// What a case exercises, for tables: its op type and the opset of the default domain it
+/// imports (`None`: none, or the model does not decode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaseInfo {
+    pub op_type: String,
+    pub opset: Option<i64>,
+}
+
+/// The [`CaseInfo`] of each case. The op type is that of the model's only node (not
+/// counting `Constant`s). A model of several nodes takes the op type of the case it
+/// expands (`test_sce_mean_expanded`, the op's function body, is `test_sce_mean`'s
+/// `SoftmaxCrossEntropyLoss`), else the longest op type of the single-node cases, or of
+/// the ops ppcc maps, that its name starts with (`test_reduce_log_sum_exp_...`:
+/// `ReduceLogSumExp`, underscores and case ignored); anything else, such as a whole
+/// network, is `(model)`.
+pub fn case_infos(cases: &[Case]) -> Vec<CaseInfo> {
+    let decoded: Vec<Option<ModelProto>> = cases
+        .iter()
+        .map(|c| {
+            std::fs::read(&c.model)
+                .ok()
+                .and_then(|b| super::decode_model(&b).ok())
+        })
+        .collect();
+    let single = |m: &ModelProto| -> Option<String> {
+        let g = m.graph.as_ref()?;
+        let mut ops = g.node.iter().filter(|n| n.op_type != "Constant");
+        match (ops.next(), ops.next()) {
+            (Some(n), None) => Some(n.op_type.clone()),
+            (None, None) => g.node.first().map(|n| n.op_type.clone()),
+            _ => None,
+        }
+    };
+    let by_name: HashMap<&str, String> = cases
+        .iter()
+        .zip(&decoded)
+        .filter_map(|(c, m)| Some((c.name.as_str(), single(m.as_ref()?)?)))
+        .collect();
+    let squash = |s: &str| s.replace('_', "").to_ascii_lowercase();
+    let mut known: Vec<(String, String)> = decoded
+        .iter()
+        .flatten()
+        .filter_map(single)
+        .chain(super::lower::SUPPORTED_OPS.iter().map(|s| s.to_string()))
+        .map(|op| (squash(&op), op))
+        .collect();
+    known.sort();
+    known.dedup();
+    cases
+        .iter()
+        .zip(&decoded)
+        .map(|(case, m)| {
+            let opset = m.as_ref().and_then(|m| {
+                m.opset_import
+                    .iter()
+                    .filter(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+                    .map(|o| o.version)
+                    .max()
+            });
+            let expands = case
+                .name
+                .find("_expanded")
+                .and_then(|at| by_name.get(&case.name[..at]).cloned());
+            let op_type = m.as_ref().and_then(single).or(expands).or_else(|| {
+                let name = squash(case.name.strip_prefix("test_").unwrap_or(&case.name));
+                known
+                    .iter()
+                    .filter(|(k, _)| name.starts_with(k.as_str()))
+                    .max_by_key(|(k, _)| k.len())
+                    .map(|(_, op)| op.clone())
+            });
+            CaseInfo {
+                op_type: op_type.unwrap_or_else(|| "(model)".into()),
+                opset,
+            }
+        })
+        .collect()
 }
 
 /// Read a `TensorProto` file.
@@ -518,6 +662,29 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
     };
     let init_names: std::collections::HashSet<String> =
         graph.initializer.iter().map(|t| t.name.clone()).collect();
+    // Test data of sequences, optionals and maps are no TensorProto files: say what the
+    // model needs rather than why the file does not read as a tensor.
+    let non_tensor = graph
+        .input
+        .iter()
+        .map(|v| ("input", v))
+        .chain(graph.output.iter().map(|v| ("output", v)))
+        .find_map(|(role, v)| {
+            let kind = match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+                None | Some(TypeValue::TensorType(_)) => return None,
+                Some(TypeValue::SequenceType(_)) => "a sequence",
+                Some(TypeValue::OptionalType(_)) => "an optional",
+                Some(TypeValue::MapType(_)) => "a map",
+                Some(_) => "not a dense tensor",
+            };
+            Some(format!("graph {role} `{}` is {kind}", v.name))
+        });
+    if let Some(what) = non_tensor {
+        return match import_model(&model, &ImportOptions::default()) {
+            Err(e) if e.is_unsupported() => Outcome::Unsupported(e.short()),
+            _ => Outcome::Unsupported(format!("{what}; ppcc runs tensors only")),
+        };
+    }
     let model_name = case.name.clone();
 
     // (inputs by ONNX name, expected outputs) per data set.

@@ -1213,16 +1213,37 @@ pub fn model_opset(model: &ModelProto) -> Result<i64, OnnxError> {
     }
 }
 
+fn is_default_domain(domain: &str) -> bool {
+    domain.is_empty() || domain == "ai.onnx"
+}
+
+/// The opset a model imports for a (non-default) domain; 0 when it imports none.
+fn domain_opset(model: &ModelProto, domain: &str) -> i64 {
+    model
+        .opset_import
+        .iter()
+        .filter(|o| o.domain == domain)
+        .map(|o| o.version)
+        .max()
+        .unwrap_or(0)
+}
+
 /// Import a decoded model.
 pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported, OnnxError> {
     let graph = model
         .graph
         .as_ref()
         .ok_or_else(|| OnnxError::Invalid("the model has no graph".into()))?;
-    let opset = model_opset(model)?;
+    let opset = match model_opset(model) {
+        Ok(v) => v,
+        // A model of other domains only (ai.onnx.ml, training) may import no default opset:
+        // its first op is the telling error, reported below with that domain's opset.
+        Err(OnnxError::Invalid(_)) if graph.node.iter().any(|n| !is_default_domain(&n.domain)) => 0,
+        Err(e) => return Err(e),
+    };
     // An op ppcc cannot map is the most telling error; report it before anything else.
     for (i, node) in graph.node.iter().enumerate() {
-        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        let default_domain = is_default_domain(&node.domain);
         if !default_domain || !SUPPORTED_OPS.contains(&node.op_type.as_str()) {
             return Err(OnnxError::UnsupportedOp {
                 node: if node.name.is_empty() {
@@ -1232,7 +1253,11 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
                 },
                 op_type: node.op_type.clone(),
                 domain: node.domain.clone(),
-                opset,
+                opset: if default_domain {
+                    opset
+                } else {
+                    domain_opset(model, &node.domain)
+                },
             });
         }
     }

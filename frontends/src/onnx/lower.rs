@@ -1070,7 +1070,7 @@ impl Importer<'_> {
         let n = kernel.len();
         let strides = a.ints("strides").inv()?.unwrap_or_else(|| vec![1; n]);
         let dilations = a.ints("dilations").inv()?.unwrap_or_else(|| vec![1; n]);
-        let output_padding = a
+        let mut output_padding = a
             .ints("output_padding")
             .inv()?
             .unwrap_or_else(|| vec![0; n]);
@@ -1094,9 +1094,14 @@ impl Importer<'_> {
                     .saturating_add(output_padding[i])
                     .saturating_add(kernel[i].saturating_sub(1).saturating_mul(dilations[i]))
                     .saturating_add(1);
-                // A requested size beyond the full output is not reached by padding; like
-                // onnxruntime (and onnx's shape inference), the output is then the full size.
-                let total = full.saturating_sub(target[i]).max(0);
+                // The ONNX spec's total padding. A negative one (a requested size beyond the
+                // full output) grows the output at the end, where no input reaches: onnx's
+                // reference and onnxruntime give the bias there, as more output_padding does.
+                let total = full.saturating_sub(target[i]);
+                if total < 0 {
+                    output_padding[i] = output_padding[i].saturating_sub(total);
+                    continue;
+                }
                 let (half, rest) = (total / 2, total - total / 2);
                 if auto_pad == "SAME_UPPER" {
                     pads[i] = half;

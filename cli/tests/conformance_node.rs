@@ -1,0 +1,299 @@
+//! The ONNX backend node cases (one op per model, `onnx/backend/test/case/node`) through
+//! `ppcc conform`, on the interpreter and with `--target cpu`, against the checked-in
+//! list `tests/conformance/node-expected.txt` (one line per case: its status per target).
+//!
+//! Fails when a case listed `passed` no longer passes, or when a case crashes that the list
+//! does not say crashes; prints cases that pass now but are not listed so, so the list can
+//! be updated. Regenerate the list (after an intended change):
+//!
+//! ```text
+//! PPCC_UPDATE_EXPECTED=1 cargo test -p ppcc --test conformance_node
+//! ```
+//!
+//! The cases come from `PPCC_ONNX_NODE_DATA` (a `node/` folder), else from the onnx
+//! package's `backend/test/data/node` when the wheel ships it, else they are generated once
+//! with `scripts/onnx-node-data.py` (through `PPCC_PYTHON`, else the repository's `.venv`)
+//! into `target/onnx-node-data/<onnx version>/`. `PPCC_CONFORM_TARGETS=interp` (a comma
+//! list) limits the targets; `PPCC_CONFORM_CPU_EVERY=N` runs only every N-th case by sorted
+//! name with `--target cpu` (the whole list takes about 20 s on 2 cores, so CI runs all).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const TARGETS: [&str; 2] = ["interp", "cpu"];
+const STATUSES: [&str; 5] = ["passed", "failed", "unsupported", "error", "crashed"];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn expected_path() -> PathBuf {
+    repo().join("tests/conformance/node-expected.txt")
+}
+
+fn python() -> String {
+    std::env::var("PPCC_PYTHON")
+        .unwrap_or_else(|_| repo().join(".venv/bin/python").display().to_string())
+}
+
+fn py(code: &str) -> String {
+    let py = python();
+    let out = Command::new(&py)
+        .args(["-c", code])
+        .output()
+        .unwrap_or_else(|e| panic!("{py}: {e} (run scripts/setup.sh --test)"));
+    assert!(
+        out.status.success(),
+        "{py} -c {code:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The `node/` folder of test cases (see the module docs for where it comes from).
+fn node_data() -> PathBuf {
+    if let Some(d) = std::env::var_os("PPCC_ONNX_NODE_DATA") {
+        return PathBuf::from(d);
+    }
+    let shipped = match std::env::var_os("PPCC_ONNX_TESTDATA") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(py(
+            "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend', 'test', 'data'))",
+        )),
+    }
+    .join("node");
+    if shipped.is_dir() {
+        return shipped;
+    }
+    let version = py("import onnx, numpy; print(onnx.__version__ + '-numpy' + numpy.__version__)");
+    let root = repo().join("target/onnx-node-data").join(version);
+    let node = root.join("node");
+    if !root.join("complete").is_file() {
+        let _ = std::fs::remove_dir_all(&root);
+        let o = Command::new(python())
+            .arg(repo().join("scripts/onnx-node-data.py"))
+            .arg(&root)
+            .output()
+            .expect("runs scripts/onnx-node-data.py");
+        assert!(
+            o.status.success(),
+            "scripts/onnx-node-data.py {}: {}",
+            root.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::write(root.join("complete"), "").unwrap();
+    }
+    node
+}
+
+/// Status by case name, from the rows `ppcc conform` prints before its table.
+fn parse_rows(stdout: &str) -> BTreeMap<String, String> {
+    stdout
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (status, name) = (w.next()?, w.next()?);
+            STATUSES
+                .contains(&status)
+                .then(|| (name.to_string(), status.to_string()))
+        })
+        .collect()
+}
+
+/// `case -> target -> status` from the checked-in list.
+fn read_expected() -> BTreeMap<String, BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(expected_path()).unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(w.len(), 1 + TARGETS.len(), "bad line {line:?}");
+        let per: BTreeMap<String, String> = TARGETS
+            .iter()
+            .zip(&w[1..])
+            .filter(|(_, s)| **s != "-")
+            .map(|(t, s)| (t.to_string(), s.to_string()))
+            .collect();
+        out.insert(w[0].to_string(), per);
+    }
+    out
+}
+
+fn write_expected(
+    list: &BTreeMap<String, BTreeMap<String, String>>,
+    onnx: &str,
+) -> std::io::Result<()> {
+    let width = list.keys().map(String::len).max().unwrap_or(4);
+    let mut text = format!(
+        "# ONNX backend node cases ({onnx}): the status of each on the interpreter and with\n\
+         # --target cpu (passed, failed, unsupported, error, crashed; `-`: not run).\n\
+         # cli/tests/conformance_node.rs fails when a case listed `passed` stops passing or a\n\
+         # case crashes that is not listed `crashed`. Regenerate:\n\
+         #   PPCC_UPDATE_EXPECTED=1 cargo test -p ppcc --test conformance_node\n\
+         # {:<w$}  {:<11}  cpu\n",
+        "case",
+        "interp",
+        w = width.saturating_sub(2)
+    );
+    for (name, per) in list {
+        text.push_str(&format!("{name:<width$}"));
+        for t in TARGETS {
+            let s = per.get(t).map(String::as_str).unwrap_or("-");
+            text.push_str(&format!("  {s:<11}"));
+        }
+        text.truncate(text.trim_end().len());
+        text.push('\n');
+    }
+    std::fs::write(expected_path(), text)
+}
+
+fn targets() -> Vec<String> {
+    match std::env::var("PPCC_CONFORM_TARGETS") {
+        Ok(t) => t.split(',').map(|s| s.trim().to_string()).collect(),
+        Err(_) => TARGETS.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+#[test]
+fn node_cases_match_the_expectation_list() {
+    let data = node_data();
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&data)
+        .unwrap_or_else(|e| panic!("{}: {e}", data.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("model.onnx").is_file())
+        .collect();
+    cases.sort();
+    assert!(
+        cases.len() > 1000,
+        "only {} cases in {}",
+        cases.len(),
+        data.display()
+    );
+    let update = std::env::var_os("PPCC_UPDATE_EXPECTED").is_some_and(|v| v != "0");
+    let every: usize = std::env::var("PPCC_CONFORM_CPU_EVERY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let expected = read_expected();
+    let mut actual: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for target in targets() {
+        assert!(
+            TARGETS.contains(&target.as_str()),
+            "unknown target {target}"
+        );
+        let mut args = vec![
+            "conform".to_string(),
+            "--target".into(),
+            target.clone(),
+            "--".into(),
+        ];
+        if target == "cpu" && every > 1 {
+            args.extend(cases.iter().step_by(every).map(|p| p.display().to_string()));
+        } else {
+            args.push(data.display().to_string());
+        }
+        let t0 = Instant::now();
+        let o = Command::new(env!("CARGO_BIN_EXE_ppcc"))
+            .args(&args)
+            .output()
+            .expect("ppcc runs");
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let summary = stdout.lines().last().unwrap_or_default().to_string();
+        eprintln!(
+            "--target {target}: {summary} in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+        assert!(
+            summary.ends_with(" crashed"),
+            "ppcc conform --target {target} did not finish: {}{}",
+            stdout,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        for (name, status) in parse_rows(&stdout) {
+            actual
+                .entry(name)
+                .or_default()
+                .insert(target.clone(), status);
+        }
+    }
+
+    let mut regressions = vec![];
+    let mut improved = vec![];
+    let mut unlisted = vec![];
+    for (name, per) in &actual {
+        let Some(want) = expected.get(name) else {
+            unlisted.push(name.clone());
+            continue;
+        };
+        for (target, got) in per {
+            let was = want.get(target).map(String::as_str).unwrap_or("-");
+            if (was == "passed" && got != "passed") || (got == "crashed" && was != "crashed") {
+                regressions.push(format!("{name} --target {target}: listed {was}, now {got}"));
+            } else if got == "passed" && was != "passed" {
+                improved.push(format!(
+                    "{name} --target {target}: listed {was}, now passed"
+                ));
+            }
+        }
+    }
+    let missing: Vec<&String> = expected
+        .keys()
+        .filter(|k| !actual.contains_key(*k))
+        .collect();
+    if update {
+        // Keep what this run did not look at (a target left out, cases left out).
+        let mut list = expected.clone();
+        for (name, per) in &actual {
+            list.entry(name.clone()).or_default().extend(per.clone());
+        }
+        if every == 1 {
+            list.retain(|k, _| actual.contains_key(k));
+        }
+        let onnx = py("import onnx; print('onnx ' + onnx.__version__)");
+        write_expected(&list, &onnx).unwrap();
+        eprintln!("wrote {} ({} cases)", expected_path().display(), list.len());
+        return;
+    }
+    if !improved.is_empty() {
+        eprintln!(
+            "{} newly passing (update the list: PPCC_UPDATE_EXPECTED=1 cargo test -p ppcc --test conformance_node):\n  {}",
+            improved.len(),
+            improved.join("\n  ")
+        );
+    }
+    if !unlisted.is_empty() {
+        eprintln!(
+            "{} cases not in the list (another onnx version?): {}",
+            unlisted.len(),
+            unlisted.join(", ")
+        );
+    }
+    if !missing.is_empty() {
+        eprintln!(
+            "{} listed cases not in {}: {}",
+            missing.len(),
+            data.display(),
+            missing
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    assert!(
+        regressions.is_empty(),
+        "{} regressions against {}:\n  {}",
+        regressions.len(),
+        expected_path().display(),
+        regressions.join("\n  ")
+    );
+}
