@@ -225,12 +225,20 @@ pub struct NodeGraph {
     pub is_sink: Vec<bool>,
 }
 
+/// An activation at least this large is never cut right before an op that reduces it
+/// [`REDUCTION_RATIO`]-fold or more (see [`build_node_graph`]).
+const LARGE_ACTIVATION: u64 = 1 << 20;
+const REDUCTION_RATIO: u64 = 16;
+
 /// Group the ops of `f` into nodes.
 ///
 /// - An op that reads no activation (a constant, a transposed or reshaped weight) joins the
 ///   earliest op that consumes its value through activations, so weights and what is
 ///   computed from them stay with their layer. Constants make no edges: every stage that
 ///   reads one makes its own copy.
+/// - An op that reduces an activation of at least 1 MiB 16-fold or more joins the node of
+///   the op that produced it (when its other activation operands are there too): a cut
+///   before it would send and stash the large tensor.
 /// - `pinned` ops (positions) start a node: a cut may fall right before them.
 /// - Chains (a node whose only successor has it as only predecessor) merge while their
 ///   time stays below `max_chain_time`, so the partitioners see tens to hundreds of nodes,
@@ -284,6 +292,47 @@ pub fn build_node_graph(
             .min();
         if let Some(h) = h {
             home[i] = h;
+        }
+    }
+    // A reduction of a large activation to a small result (a log-sum-exp of an LM head
+    // piece, a pooled feature map) stays with the op that made the activation: a cut there
+    // would send, and stash on both sides, the large tensor instead of the small one.
+    for i in 0..n {
+        if !is_act_op[i] {
+            continue;
+        }
+        let d = f.op(ops[i]);
+        let out_bytes: u64 = d
+            .results()
+            .iter()
+            .map(|&r| f.ty(r).size_bytes().unwrap_or(u64::MAX))
+            .sum();
+        let big = d
+            .operands()
+            .iter()
+            .filter_map(|&v| match f.value(v).def {
+                ValueDef::Op(q, _) if is_act_op[pos[&q]] => {
+                    Some((f.ty(v).size_bytes().unwrap_or(0), pos[&q]))
+                }
+                _ => None,
+            })
+            .max();
+        let Some((in_bytes, q)) = big else { continue };
+        if in_bytes < LARGE_ACTIVATION || out_bytes.saturating_mul(REDUCTION_RATIO) > in_bytes {
+            continue;
+        }
+        let (from, to) = (home[i], home[q]);
+        // Every other activation operand must already be in the producer's node.
+        let others_there = d.operands().iter().all(|&v| match f.value(v).def {
+            ValueDef::Op(p, _) => !is_act_op[pos[&p]] || home[pos[&p]] == to,
+            ValueDef::Arg(_) => true,
+        });
+        if others_there && from != to {
+            for h in home.iter_mut() {
+                if *h == from {
+                    *h = to;
+                }
+            }
         }
     }
     // Initial nodes: one per home.
@@ -456,5 +505,68 @@ pub fn build_node_graph(
         node_of_op,
         is_source,
         is_sink,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node_graph(src: &str) -> (Function, NodeGraph) {
+        let m = ppir::text::parse_module(src).unwrap_or_else(|e| panic!("{e}"));
+        let f = m.functions[0].clone();
+        let costs = vec![Cost::default(); f.ops().len()];
+        // No chain merging (every chain link costs more than -1 s).
+        let g = build_node_graph(&f, &costs, &[], -1.0);
+        (f, g)
+    }
+
+    #[test]
+    fn a_large_activation_is_not_cut_before_its_reduction() {
+        // A 4 MiB logits piece reduced to 4 KiB rows: the log-sum-exp and the label logit
+        // join the matmul's node; the small tensors after them may be cut.
+        let (f, g) = node_graph(
+            r#"module {
+  func @main(%h: tensor<1024x64xf32>, %w: tensor<64x1024xf32> {param}, %labels: tensor<1024xi64>) -> (tensor<1024xf32>) {
+    %z = "pp.matmul"(%h, %w) : (tensor<1024x64xf32>, tensor<64x1024xf32>) -> tensor<1024x1024xf32> loc("head")
+    %l = "pp.reduce_log_sum_exp"(%z) {axes = [-1], keepdims = 0} : (tensor<1024x1024xf32>) -> tensor<1024xf32> loc("lse")
+    %p = "pp.label_logit"(%z, %labels) : (tensor<1024x1024xf32>, tensor<1024xi64>) -> tensor<1024xf32> loc("pick")
+    %d = "pp.sub"(%l, %p) : (tensor<1024xf32>, tensor<1024xf32>) -> tensor<1024xf32> loc("d")
+    return %d : tensor<1024xf32>
+  }
+}"#,
+        );
+        let node = |loc: &str| {
+            let i = f
+                .ops()
+                .iter()
+                .position(|&o| f.op(o).loc.as_deref() == Some(loc))
+                .unwrap();
+            g.node_of_op[i]
+        };
+        assert_eq!(node("lse"), node("head"));
+        assert_eq!(node("pick"), node("head"));
+        assert_ne!(
+            node("d"),
+            node("head"),
+            "a small result is still a cut point"
+        );
+        // Small activations keep their own nodes.
+        let (f, g) = node_graph(
+            r#"module {
+  func @main(%h: tensor<4x8xf32>) -> (tensor<4xf32>) {
+    %r = "pp.relu"(%h) : (tensor<4x8xf32>) -> tensor<4x8xf32> loc("relu")
+    %s = "pp.reduce_sum"(%r) {axes = [1], keepdims = 0} : (tensor<4x8xf32>) -> tensor<4xf32> loc("sum")
+    return %s : tensor<4xf32>
+  }
+}"#,
+        );
+        let i = |loc: &str| {
+            f.ops()
+                .iter()
+                .position(|&o| f.op(o).loc.as_deref() == Some(loc))
+                .unwrap()
+        };
+        assert_ne!(g.node_of_op[i("relu")], g.node_of_op[i("sum")]);
     }
 }
