@@ -145,6 +145,12 @@ fn split_ops_train_like_the_unsplit_model() {
             "4",
         ),
         (
+            "examples/gpt.onnx",
+            ["--microbatches", "1"],
+            "wte=2,lm_head=2",
+            "3",
+        ),
+        (
             "examples/mlp.onnx",
             ["--microbatches", "4"],
             "fc1=2:n,fc2=2:k,fc3=2",

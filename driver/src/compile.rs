@@ -658,6 +658,11 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     // differentiates that output.
     let mut prog_opts = a.program.clone();
     let mut appended: Option<ppcc_passes::autodiff::AppendedLoss> = None;
+    // The model as imported: synthetic data is drawn for it (which ids index which table),
+    // so a split model trains on the same data as the whole one.
+    let imported_main = split_targets
+        .as_ref()
+        .and_then(|_| module.function("main").cloned());
     let (weight_pieces, splits) = match &split_targets {
         Some(targets) => {
             c.progress("rewriting");
@@ -741,7 +746,12 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         c.progress("building the training program");
         let training = build_training(&mut module, &prog_opts, microbatches)?;
         c.at_point(Point::TrainingProgram, &mut module)?;
-        let data = data_specs(&module, prepared.first_output.as_ref(), prepared.micro)?;
+        let data = data_specs(
+            &module,
+            imported_main.as_ref(),
+            prepared.first_output.as_ref(),
+            prepared.micro,
+        )?;
         c.progress("inserting send/recv");
         let split = split_stages(&mut module, &SplitOptions::default())?;
         check(&module, "the per-stage program")?;
@@ -963,6 +973,7 @@ fn file_records(
 /// distributions, per micro-batch.
 fn data_specs(
     module: &Module,
+    imported_main: Option<&ppir::Function>,
     first_output: Option<&ppir::TensorType>,
     micro: u64,
 ) -> Result<Vec<InputSpec>> {
@@ -1000,7 +1011,9 @@ fn data_specs(
         .map(|&(v, _)| g.value(v).name.clone())
         .filter(|n| n != "rng" && n != "labels")
         .collect();
-    let mut specs = default_specs(g, &names, micro);
+    // Index ranges come from the model as imported (a rewrite may route ids through other
+    // ops before they reach a gather); the types are the same.
+    let mut specs = default_specs(imported_main.unwrap_or(g), &names, micro);
     if let Some(v) = g.find_value("labels") {
         specs.push(crate::data::label_spec(g.ty(v), first_output)?);
     }

@@ -104,7 +104,7 @@ impl std::fmt::Display for RewriteReport {
 pub enum RewriteError {
     #[error(transparent)]
     Convert(#[from] egraph::ConvertError),
-    #[error("@{function}: no op is named `{loc}` and no matmul or gemm is under `{loc}/` (ops are named by their ONNX node; matmuls and gemms here: {examples})")]
+    #[error("@{function}: no op is named `{loc}` and no matmul, gemm or gather is under `{loc}/` (ops are named by their ONNX node; such ops here: {examples})")]
     NoSuchOp {
         function: String,
         loc: String,
@@ -116,7 +116,9 @@ pub enum RewriteError {
         loc: String,
         candidates: String,
     },
-    #[error("@{function}: `{loc}` is a {kind}; only pp.matmul and pp.gemm can be split")]
+    #[error(
+        "@{function}: `{loc}` is a {kind}; only pp.matmul, pp.gemm and pp.gather can be split"
+    )]
     NotSplittable {
         function: String,
         loc: String,
@@ -127,6 +129,13 @@ pub enum RewriteError {
         function: String,
         loc: String,
         pieces: usize,
+    },
+    #[error("@{function}: `{loc}` is a {kind}, which cannot be split along {axis} (matmul and gemm: m, n or k; gather: v, the table's rows)")]
+    WrongAxis {
+        function: String,
+        loc: String,
+        kind: String,
+        axis: String,
     },
     #[error("`{loc}`: a split needs at least 2 pieces, got {pieces}")]
     TooFewPieces { loc: String, pieces: usize },
@@ -343,10 +352,15 @@ pub fn rewrite_function(
 
 /// Resolve the targets to op locations: a target names an op by its location (the ONNX
 /// node name) or, when no op has exactly that location, by the prefix of the one
-/// splittable op under it (`lm_head` for `lm_head/MatMul`). Each must be a matmul or gemm.
+/// splittable op under it (`lm_head` for `lm_head/MatMul`). Each must be a matmul, gemm
+/// or gather (which splits along its table's rows only).
 fn resolve_targets(f: &Function, opts: &RewriteOptions) -> Result<Vec<SplitTarget>, RewriteError> {
-    let splittable =
-        |o: ppir::OpId| matches!(f.op(o).kind, ppir::OpKind::MatMul | ppir::OpKind::Gemm);
+    let splittable = |o: ppir::OpId| {
+        matches!(
+            f.op(o).kind,
+            ppir::OpKind::MatMul | ppir::OpKind::Gemm | ppir::OpKind::Gather
+        )
+    };
     let mut out = vec![];
     for t in &opts.split {
         let (loc, k) = (&t.loc, t.pieces);
@@ -420,10 +434,23 @@ fn resolve_targets(f: &Function, opts: &RewriteOptions) -> Result<Vec<SplitTarge
                 kind: f.op(op).kind.to_string(),
             });
         }
+        let gather = f.op(op).kind == ppir::OpKind::Gather;
+        let axis = match (gather, t.axis) {
+            (true, None | Some(Axis::V)) => Some(Axis::V),
+            (false, Some(Axis::V)) | (true, Some(_)) => {
+                return Err(RewriteError::WrongAxis {
+                    function: f.name.clone(),
+                    loc: loc.clone(),
+                    kind: f.op(op).kind.to_string(),
+                    axis: t.axis.map_or("", |a| a.name()).to_string(),
+                })
+            }
+            (false, a) => a,
+        };
         out.push(SplitTarget {
             loc: f.op(op).loc.clone().unwrap_or_default(),
             pieces: k,
-            axis: t.axis,
+            axis,
         });
     }
     Ok(out)
@@ -527,7 +554,7 @@ pub fn parse_split_list(s: &str) -> Result<Vec<SplitTarget>, String> {
     let mut out = vec![];
     for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
         let bad = || {
-            format!("split target `{item}` is not NODE=K or NODE=K:AXIS (K pieces; AXIS m, n or k; `:` may stand for `=`)")
+            format!("split target `{item}` is not NODE=K or NODE=K:AXIS (K pieces; AXIS m, n or k for a matmul or gemm, v for a gather; `:` may stand for `=`)")
         };
         let (head, last) = item.rsplit_once([':', '=']).ok_or_else(bad)?;
         let (loc, k, axis) = match Axis::from_name(last) {

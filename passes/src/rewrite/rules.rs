@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use egg::{Id, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
 use ppir::ops::attrs::{
-    CastAttrs, ConcatAttrs, ConstantAttrs, CrossEntropyAttrs, GemmAttrs, LabelLogitAttrs,
-    LayerNormAttrs, ReduceAttrs, SliceAttrs, SoftmaxAttrs,
+    CastAttrs, ConcatAttrs, ConstantAttrs, CrossEntropyAttrs, GatherAttrs, GemmAttrs,
+    LabelLogitAttrs, LayerNormAttrs, ReduceAttrs, ShapeAttrs, SliceAttrs, SoftmaxAttrs,
 };
 use ppir::ops::OpAttrs;
 use ppir::{Attrs, OpKind, Tensor, TensorType};
@@ -217,6 +217,9 @@ pub enum Axis {
     N,
     /// The contraction (`K`): the pieces are summed.
     K,
+    /// The rows of a gathered table (`V`, the vocabulary of an embedding): each piece
+    /// gathers the ids in its rows, zeros elsewhere, and the pieces are summed.
+    V,
 }
 
 impl Axis {
@@ -226,6 +229,7 @@ impl Axis {
             "m" | "M" => Some(Axis::M),
             "n" | "N" => Some(Axis::N),
             "k" | "K" => Some(Axis::K),
+            "v" | "V" => Some(Axis::V),
             _ => None,
         }
     }
@@ -235,6 +239,7 @@ impl Axis {
             Axis::M => "M",
             Axis::N => "N",
             Axis::K => "K",
+            Axis::V => "V",
         }
     }
 }
@@ -255,6 +260,7 @@ impl Rule for SplitContraction {
             (_, Axis::M) => "split-matmul-m",
             (_, Axis::N) => "split-matmul-n",
             (_, Axis::K) => "split-matmul-k",
+            (_, Axis::V) => "split-matmul-v",
         }
     }
 
@@ -317,6 +323,7 @@ fn split_matmul(
         .ok()?[0]
         .rank();
     match axis {
+        Axis::V => None,
         Axis::N => {
             if rb < 2 {
                 return None;
@@ -420,6 +427,7 @@ fn split_gemm(
         }
     };
     match axis {
+        Axis::V => None,
         Axis::N | Axis::M => {
             let (operand, op_axis, r) = if axis == Axis::N {
                 (b, n_axis, 1)
@@ -969,6 +977,153 @@ impl Rule for SplitCrossEntropy {
     }
 }
 
+/// `split-gather-v`: a gather from a table split along its gathered axis (an embedding
+/// along the vocabulary). Piece `i` holds the rows `s_i..e_i`; it gathers `ids - s_i` where
+/// that is in range (negative ids wrap first, as `gather` does) and gives zeros elsewhere,
+/// so the sum of the pieces is the gather, exactly.
+pub struct SplitGather;
+
+impl SplitGather {
+    fn pieces(eg: &mut PpEGraph, node: &PpNode, k: usize, loc: &str) -> Option<(Id, PpNode)> {
+        let (_, attrs_id, args) = op_parts(node)?;
+        let attrs = eg.analysis.attrs(attrs_id).clone();
+        let (data, ids) = (args[0], args[1]);
+        let (dt, it) = (ty(eg, data)?, ty(eg, ids)?);
+        let axis = GatherAttrs::of(&attrs).ok()?.axis;
+        let axis = if axis < 0 {
+            axis + dt.rank() as i64
+        } else {
+            axis
+        } as usize;
+        let n = static_dim(&dt, axis)?;
+        if (n as usize) < k || k < 2 {
+            return None;
+        }
+        let out_ty = {
+            let mut dims = dt.dims[..axis].to_vec();
+            dims.extend(it.dims.iter().copied());
+            dims.extend(dt.dims[axis + 1..].iter().copied());
+            TensorType::new(dt.dtype, dims)
+        };
+        let int = |eg: &mut PpEGraph, x: i64| {
+            let t = Tensor::from_i64(it.dtype, vec![], vec![x]);
+            add_op(
+                eg,
+                OpKind::Constant,
+                &ConstantAttrs { value: t }.to_attrs(),
+                vec![],
+                Some(loc),
+            )
+        };
+        let none = Attrs::new();
+        // Negative ids wrap: id + n where id < 0.
+        let zero = int(eg, 0)?;
+        let neg = add_op(eg, OpKind::Less, &none, vec![ids, zero], Some(loc))?;
+        let nc = int(eg, n as i64)?;
+        let wrapped = add_op(eg, OpKind::Add, &none, vec![ids, nc], Some(loc))?;
+        let ids = add_op(eg, OpKind::Where, &none, vec![neg, wrapped, ids], Some(loc))?;
+        // The mask, shaped to broadcast against the result (trailing dims of 1).
+        let mut mask_shape: Vec<i64> = it.static_shape()?.iter().map(|&d| d as i64).collect();
+        mask_shape.extend(std::iter::repeat_n(1, dt.rank() - axis - 1));
+        let fzero = add_op(
+            eg,
+            OpKind::Constant,
+            &ConstantAttrs {
+                value: Tensor::scalar_f64(dt.dtype, 0.0),
+            }
+            .to_attrs(),
+            vec![],
+            Some(loc),
+        )?;
+        let mut parts = vec![];
+        for (i, (s, e)) in pieces(n, k).into_iter().enumerate() {
+            let piece_loc = format!("{loc}/v{i}");
+            let table = slice(eg, data, axis, s, e, loc)?;
+            let local = if s == 0 {
+                ids
+            } else {
+                let sc = int(eg, s as i64)?;
+                add_op(eg, OpKind::Sub, &none, vec![ids, sc], Some(loc))?
+            };
+            let ge = add_op(
+                eg,
+                OpKind::GreaterEqual,
+                &none,
+                vec![local, zero],
+                Some(loc),
+            )?;
+            let len = int(eg, (e - s) as i64)?;
+            let lt = add_op(eg, OpKind::Less, &none, vec![local, len], Some(loc))?;
+            let inside = add_op(eg, OpKind::And, &none, vec![ge, lt], Some(loc))?;
+            let safe = add_op(
+                eg,
+                OpKind::Where,
+                &none,
+                vec![inside, local, zero],
+                Some(loc),
+            )?;
+            let g = add_op(
+                eg,
+                OpKind::Gather,
+                &attrs,
+                vec![table, safe],
+                Some(&piece_loc),
+            )?;
+            let shape = ShapeAttrs {
+                shape: mask_shape.clone(),
+            };
+            let m = add_op(
+                eg,
+                OpKind::Reshape,
+                &shape.to_attrs(),
+                vec![inside],
+                Some(loc),
+            )?;
+            let y = add_op(
+                eg,
+                OpKind::Where,
+                &none,
+                vec![m, g, fzero],
+                Some(&piece_loc),
+            )?;
+            if ty(eg, y)? != out_ty {
+                return None;
+            }
+            parts.push(y);
+        }
+        sum_node(eg, parts, Some(loc))
+    }
+}
+
+impl Rule for SplitGather {
+    fn name(&self) -> &'static str {
+        "split-gather-v"
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(
+            node,
+            PpNode::Op {
+                kind: OpKind::Gather,
+                ..
+            }
+        )
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+        let Some(k) = target(eg, ctx, class, Axis::V) else {
+            return vec![];
+        };
+        let loc = eg[class].data.loc.clone().unwrap_or_default();
+        let Some((id, root)) = Self::pieces(eg, node, k, &loc) else {
+            return vec![];
+        };
+        let what = format!("gather along the table's rows (V) in {k} pieces");
+        record(ctx, class, root, Axis::V, what, k);
+        vec![id]
+    }
+}
+
 /// The split rules.
 pub fn split_rules() -> Vec<Arc<dyn Rule>> {
     let mut out: Vec<Arc<dyn Rule>> = vec![];
@@ -977,6 +1132,7 @@ pub fn split_rules() -> Vec<Arc<dyn Rule>> {
             out.push(Arc::new(SplitContraction { kind, axis }));
         }
     }
+    out.push(Arc::new(SplitGather));
     out
 }
 

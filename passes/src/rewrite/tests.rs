@@ -191,7 +191,7 @@ fn matmul_splits_compute_the_same_values_and_gradients() {
             (Axis::N, "fc1") => n,
             (Axis::N, _) => p,
             (Axis::K, "fc1") => k,
-            (Axis::K, _) => n,
+            (Axis::K, _) | (Axis::V, _) => n,
         };
         if extent < 2 {
             continue;
@@ -272,7 +272,7 @@ fn gemm_splits_compute_the_same_values_and_gradients() {
         let extent = match axis {
             Axis::M => m,
             Axis::N => n,
-            Axis::K => k,
+            Axis::K | Axis::V => k,
         };
         let pieces = rng.range(2, extent.min(3)) as usize;
         check(
@@ -604,4 +604,101 @@ fn appended_cross_entropy_splits_with_the_lm_head() {
         .ops()
         .iter()
         .all(|&o| out.op(o).kind != OpKind::SoftmaxCrossEntropy));
+}
+
+#[test]
+fn gather_splits_along_the_table_rows() {
+    let mut rng = Rng(17);
+    for case in 0..12 {
+        let (v, d) = (rng.range(3, 30), rng.range(1, 5));
+        let ids: Vec<u64> = if case % 2 == 0 {
+            vec![rng.range(1, 3), rng.range(1, 5)]
+        } else {
+            vec![rng.range(1, 6)]
+        };
+        let k = rng.range(2, v.min(5)) as usize;
+        let (tt, ti) = (dims(&[v, d]), dims(&ids).replace("f32", "i64"));
+        let mut ys = ids.clone();
+        ys.push(d);
+        let ty = dims(&ys);
+        let src = format!(
+            r#"module {{
+  func @main(%wte: {tt} {{param}}, %ids: {ti}) -> ({ty}) {{
+    %e = "pp.gather"(%wte, %ids) {{axis = 0}} : ({tt}, {ti}) -> {ty} loc("wte/Gather")
+    %y = "pp.tanh"(%e) : ({ty}) -> {ty} loc("act")
+    return %y : {ty}
+  }}
+}}"#
+        );
+        let m = ppir::text::parse_module(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+        let f = m.function("main").unwrap();
+        let opts = RewriteOptions {
+            split: vec![SplitTarget {
+                loc: "wte".into(),
+                pieces: k,
+                axis: None,
+            }],
+            ..Default::default()
+        };
+        let (out, report) = rewrite_function(&m, f, &opts).unwrap_or_else(|e| panic!("{e}"));
+        let gathers = out
+            .ops()
+            .iter()
+            .filter(|&&o| out.op(o).kind == OpKind::Gather)
+            .count();
+        assert_eq!(gathers, k, "{report}");
+        let mut m2 = m.clone();
+        *m2.function_mut("main").unwrap() = out;
+        // Ids anywhere in -v..v (negative ids wrap).
+        let n: usize = ids.iter().product::<u64>() as usize;
+        let idv: Vec<i64> = (0..n)
+            .map(|_| rng.range(0, 2 * v - 1) as i64 - v as i64)
+            .collect();
+        let ishape: Vec<usize> = ids.iter().map(|&x| x as usize).collect();
+        let inputs = vec![
+            random_tensor(&mut rng, f.ty(f.arg_values().next().unwrap())),
+            Tensor::from_i64(DType::I64, ishape, idv),
+        ];
+        let what = format!("case {case}: v {v} d {d} ids {ids:?} k {k}");
+        assert_close(
+            &run(&m, "main", &inputs),
+            &run(&m2, "main", &inputs),
+            &format!("forward, {what}"),
+        );
+        let ad = AutodiffOptions {
+            loss: LossKind::Mse,
+            ..Default::default()
+        };
+        let (mut g1, mut g2) = (m.clone(), m2.clone());
+        build_gradient_function(&mut g1, &ad).unwrap_or_else(|e| panic!("{e}"));
+        build_gradient_function(&mut g2, &ad).unwrap_or_else(|e| panic!("{e}"));
+        let gf = g1.function("grad").unwrap();
+        let mut ginputs = inputs.clone();
+        for v_id in gf.arg_values().skip(inputs.len()) {
+            ginputs.push(random_tensor(&mut rng, gf.ty(v_id)));
+        }
+        assert_close(
+            &run(&g1, "grad", &ginputs),
+            &run(&g2, "grad", &ginputs),
+            &format!("gradients, {what}"),
+        );
+    }
+    // A gather cannot be split along a contraction axis.
+    let src = r#"module {
+  func @main(%wte: tensor<8x2xf32> {param}, %ids: tensor<3xi64>) -> (tensor<3x2xf32>) {
+    %e = "pp.gather"(%wte, %ids) {axis = 0} : (tensor<8x2xf32>, tensor<3xi64>) -> tensor<3x2xf32> loc("emb")
+    return %e : tensor<3x2xf32>
+  }
+}"#;
+    let m = ppir::text::parse_module(src).unwrap();
+    let opts = RewriteOptions {
+        split: vec![SplitTarget {
+            loc: "emb".into(),
+            pieces: 2,
+            axis: Some(Axis::K),
+        }],
+        ..Default::default()
+    };
+    let e = rewrite_function(&m, m.function("main").unwrap(), &opts).unwrap_err();
+    assert!(e.to_string().contains("cannot be split along K"), "{e}");
 }
