@@ -23,6 +23,7 @@
 //! rewriter runs on the forward function, before the training program is built).
 
 pub mod egraph;
+pub mod ilp;
 pub mod params;
 pub mod rules;
 
@@ -51,6 +52,10 @@ pub struct RewriteOptions {
     pub node_limit: usize,
     /// Wall-clock time at most.
     pub time_limit: Duration,
+    /// Time for the exact (ILP) extraction after the greedy one; zero: greedy only.
+    pub ilp_time_limit: Duration,
+    /// E-graphs with more e-nodes than this are extracted greedily only.
+    pub ilp_node_limit: usize,
 }
 
 impl Default for RewriteOptions {
@@ -60,6 +65,8 @@ impl Default for RewriteOptions {
             iter_limit: 16,
             node_limit: 50_000,
             time_limit: Duration::from_secs(5),
+            ilp_time_limit: Duration::from_secs(1),
+            ilp_node_limit: 4_000,
         }
     }
 }
@@ -77,6 +84,9 @@ pub struct RewriteReport {
     pub splits: Vec<(String, String)>,
     pub ops_before: usize,
     pub ops_after: usize,
+    /// How the function was extracted: `greedy`, `ilp (optimal)`, `ilp (time limit)`,
+    /// with the DAG costs compared.
+    pub extraction: String,
 }
 
 impl std::fmt::Display for RewriteReport {
@@ -92,6 +102,9 @@ impl std::fmt::Display for RewriteReport {
             self.ops_before,
             self.ops_after
         )?;
+        if !self.extraction.is_empty() {
+            write!(f, "; extraction: {}", self.extraction)?;
+        }
         for (loc, what) in &self.splits {
             write!(f, "\n  split {loc}: {what}")?;
         }
@@ -311,12 +324,37 @@ pub fn rewrite_function(
     let conv = &sat.conv;
     let (stop, iterations) = (sat.stop.clone(), sat.iterations);
     let best = extract(eg, &forced);
+    let greedy: HashMap<Id, PpNode> = best.iter().map(|(&id, (_, n))| (id, n.clone())).collect();
+    let greedy_cost = ilp::dag_cost(eg, &conv.roots, &|c| greedy.get(&eg.find(c)).cloned());
+    let mut chosen = greedy;
+    let extraction =
+        if opts.ilp_time_limit.is_zero() || eg.total_number_of_nodes() > opts.ilp_node_limit {
+            format!("greedy, cost {greedy_cost:.3e}")
+        } else {
+            match ilp::extract(eg, &conv.roots, &forced, &chosen, opts.ilp_time_limit) {
+                Some(c) if c.cost < greedy_cost * (1.0 - 1e-9) => {
+                    let how = if c.optimal { "optimal" } else { "time limit" };
+                    let s = format!(
+                        "ilp ({how}), cost {:.3e} (greedy {greedy_cost:.3e})",
+                        c.cost
+                    );
+                    chosen = c.nodes;
+                    s
+                }
+                Some(c) => format!(
+                    "greedy, cost {greedy_cost:.3e} (ilp {}: {:.3e})",
+                    if c.optimal { "optimal" } else { "time limit" },
+                    c.cost
+                ),
+                None => format!("greedy, cost {greedy_cost:.3e} (ilp found nothing in time)"),
+            }
+        };
     let mut out = Function::new(f.name.clone());
     out.attrs = f.attrs.clone();
     for (v, kind) in f.args() {
         out.add_arg(f.value(*v).name.clone(), f.ty(*v).clone(), *kind);
     }
-    let results = from_egraph(conv, &mut out, &|id| best.get(&id).map(|b| b.1.clone()))?;
+    let results = from_egraph(conv, &mut out, &|id| chosen.get(&id).cloned())?;
     out.set_results(results);
     let mut check = module.clone();
     if let Some(slot) = check.functions.iter_mut().find(|g| g.name == f.name) {
@@ -346,6 +384,7 @@ pub fn rewrite_function(
         splits,
         ops_before: f.ops().len(),
         ops_after: out.ops().len(),
+        extraction,
     };
     Ok((out, report))
 }
@@ -506,7 +545,8 @@ fn extract(eg: &PpEGraph, forced: &HashMap<Id, PpNode>) -> HashMap<Id, (f64, PpN
 }
 
 /// The `rewrite` pass: `rewrite{split=LOC:K;LOC:K,function=main,iter-limit=N,
-/// node-limit=N,time-limit-ms=N,report=1}`.
+/// node-limit=N,time-limit-ms=N,ilp-time-limit-ms=N,report=1}` (`ilp-time-limit-ms=0`:
+/// greedy extraction only).
 pub struct RewritePass {
     pub function: String,
     pub options: RewriteOptions,
@@ -524,6 +564,7 @@ impl RewritePass {
                 "iter-limit",
                 "node-limit",
                 "time-limit-ms",
+                "ilp-time-limit-ms",
                 "report",
             ],
         )?;
@@ -539,6 +580,9 @@ impl RewritePass {
         }
         if let Some(n) = o.u64(NAME, "time-limit-ms")? {
             options.time_limit = Duration::from_millis(n);
+        }
+        if let Some(n) = o.u64(NAME, "ilp-time-limit-ms")? {
+            options.ilp_time_limit = Duration::from_millis(n);
         }
         Ok(RewritePass {
             function: o.get("function").unwrap_or("main").to_string(),

@@ -702,3 +702,90 @@ fn gather_splits_along_the_table_rows() {
     let e = rewrite_function(&m, m.function("main").unwrap(), &opts).unwrap_err();
     assert!(e.to_string().contains("cannot be split along K"), "{e}");
 }
+
+#[test]
+fn ilp_extraction_counts_shared_terms_once() {
+    // R = add(A, B), A = exp(P), P = matmul(x, w); B is matmul(x, w2) and (made equal by
+    // hand) log(P). Per use (greedy), log(P) costs a whole matmul more than matmul(x, w2);
+    // as a DAG, P is paid for A anyway and log(P) is nearly free.
+    let src = r#"module {
+  func @main(%x: tensor<64x64xf32>, %w: tensor<64x64xf32> {param}, %w2: tensor<64x64xf32> {param}) -> (tensor<64x64xf32>) {
+    %p = "pp.matmul"(%x, %w) : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32> loc("p")
+    %a = "pp.exp"(%p) : (tensor<64x64xf32>) -> tensor<64x64xf32> loc("a")
+    %b = "pp.matmul"(%x, %w2) : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32> loc("b")
+    %r = "pp.add"(%a, %b) : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32> loc("r")
+    return %r : tensor<64x64xf32>
+  }
+}"#;
+    let m = ppir::text::parse_module(src).unwrap();
+    let mut conv = egraph::to_egraph(m.function("main").unwrap()).unwrap();
+    let (p, b) = (conv.locs["p"], conv.locs["b"]);
+    let log = rules::add_op(
+        &mut conv.egraph,
+        OpKind::Log,
+        &ppir::Attrs::new(),
+        vec![p],
+        Some("b"),
+    )
+    .unwrap();
+    conv.egraph.union(log, b);
+    conv.egraph.rebuild();
+    let eg = &conv.egraph;
+    let b = eg.find(b);
+    let greedy: HashMap<Id, PpNode> = extract(eg, &HashMap::new())
+        .into_iter()
+        .map(|(id, (_, n))| (id, n))
+        .collect();
+    assert!(
+        matches!(
+            &greedy[&b],
+            PpNode::Op {
+                kind: OpKind::MatMul,
+                ..
+            }
+        ),
+        "greedy takes the separate matmul"
+    );
+    let greedy_cost = ilp::dag_cost(eg, &conv.roots, &|c| greedy.get(&eg.find(c)).cloned());
+    let choice = ilp::extract(
+        eg,
+        &conv.roots,
+        &HashMap::new(),
+        &greedy,
+        std::time::Duration::from_secs(5),
+    )
+    .expect("the ILP finds a choice");
+    assert!(choice.optimal);
+    assert!(
+        matches!(
+            &choice.nodes[&b],
+            PpNode::Op {
+                kind: OpKind::Log,
+                ..
+            }
+        ),
+        "the ILP reuses P"
+    );
+    assert!(
+        choice.cost < greedy_cost,
+        "{} vs {greedy_cost}",
+        choice.cost
+    );
+    // The function it gives computes the chosen term and verifies.
+    let mut out = ppir::Function::new("main");
+    let f = m.function("main").unwrap();
+    for (v, kind) in f.args() {
+        out.add_arg(f.value(*v).name.clone(), f.ty(*v).clone(), *kind);
+    }
+    let results =
+        egraph::from_egraph(&conv, &mut out, &|id| choice.nodes.get(&id).cloned()).unwrap();
+    out.set_results(results);
+    assert!(out.ops().iter().any(|&o| out.op(o).kind == OpKind::Log));
+    assert_eq!(
+        out.ops()
+            .iter()
+            .filter(|&&o| out.op(o).kind == OpKind::MatMul)
+            .count(),
+        1
+    );
+}
