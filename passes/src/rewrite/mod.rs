@@ -6,21 +6,33 @@
 //!
 //! 1. **split rules** give an op chosen for splitting (by its source location, e.g. the
 //!    ONNX node name: `split=lm_head:4`) K independent pieces and the op that combines them
-//!    (`concat` along a cut of the result, or a sum along a cut of the contraction);
-//! 2. **propagation rules** carry the pieces through what follows (elementwise ops, slices
-//!    of a concat, matmuls of a concat), so that later ops can work on the pieces too;
+//!    (`concat` along a cut of the result, a sum along a cut of the contraction, or — for
+//!    a `gather` cut along its table's rows, an embedding along the vocabulary — a sum of
+//!    per-piece gathers that are zero outside their rows);
+//! 2. **propagation rules** carry the pieces through what follows (elementwise ops, layer
+//!    norms, softmaxes and reductions across other axes, slices of a concat, matmuls of a
+//!    concat), so that later ops can work on the pieces too; `split-cross-entropy` turns a
+//!    softmax cross-entropy of logits concatenated along the classes into per-piece
+//!    log-sum-exps and label logits with an exact merge, so the LM head and its loss split
+//!    together and no device needs the whole logits (the driver appends the loss to
+//!    `@main` before rewriting so the rule sees it);
 //! 3. **extraction** picks, in every e-class, the node of least cost (FLOPs plus bytes
 //!    moved, by the cost model); the class of a split op is forced to its cheapest split
 //!    variant with the requested number of pieces and axis (without an axis, a cut of the
 //!    weight — N or K — before a cut of the rows, M, whose pieces all read the whole
-//!    weight and so tie it to every device that runs one).
+//!    weight and so tie it to every device that runs one), and a merged cross-entropy is
+//!    forced where its loss is extracted. Greedy extraction (per e-class, tree cost) comes
+//!    first; then an exact one ([`ilp`]: least DAG cost, shared subterms counted once, on
+//!    `microlp` with a time limit, the greedy choice as warm start) replaces it when it is
+//!    cheaper. The report says which won.
 //!
 //! The result is verified and its returned types checked against the original's. Limits:
-//! only `matmul` and `gemm` can be split today (the issue lists attention heads, layer
-//! norm and the LM head with a log-sum-exp merged cross-entropy as next); the extraction is
-//! greedy (per e-class, tree cost), which is exact for the forced splits but can miss a
-//! cheaper sharing of subterms elsewhere; functions with `send`/`recv` are refused (the
-//! rewriter runs on the forward function, before the training program is built).
+//! `matmul`, `gemm` and `gather` can be split; batched matmuls and attention along heads
+//! are not (they need propagation through the reshapes and transposes around attention);
+//! an M cut's pieces all read the whole weight, which the partitioner then cannot place on
+//! different stages (tied weights across stages are not supported yet); functions with
+//! `send`/`recv` are refused (the rewriter runs on the forward function, before the
+//! training program is built).
 
 pub mod egraph;
 pub mod ilp;
