@@ -151,6 +151,12 @@ fn split_ops_train_like_the_unsplit_model() {
             "3",
         ),
         (
+            "examples/gpt.onnx",
+            ["--microbatches", "1"],
+            "blocks.0.attn/MatMul_qk=2:h,blocks.0.attn/MatMul_av=2:h",
+            "2",
+        ),
+        (
             "examples/mlp.onnx",
             ["--microbatches", "4"],
             "fc1=2:n,fc2=2:k,fc3=2",
@@ -164,7 +170,7 @@ fn split_ops_train_like_the_unsplit_model() {
         let want = losses(&reference.stdout);
         let dir = tmp(&format!(
             "split-{}-{stages}",
-            split.replace([',', ':', '='], "_")
+            split.replace([',', ':', '=', '/'], "_")
         ));
         let mut extra = vec!["--stages", stages, "--split", split];
         extra.extend_from_slice(&opts);

@@ -5,7 +5,8 @@
 //! - Bytes: `bytes_read` is the sum of the operand sizes, `bytes_written` and
 //!   `output_bytes` the sum of the result sizes (element sizes from
 //!   [`DType::size_bytes`]). Views (`reshape`, `squeeze`, `flatten`, ...) are counted as
-//!   copies, an upper bound for code that may make them free. `send` reads its tensor and
+//!   copies, an upper bound for code that may make them free; a `slice` reads only its
+//!   window (what it writes). `send` reads its tensor and
 //!   writes nothing; `recv` writes its tensor (the link time is [`super::comm_time`]'s).
 //! - Contractions: `matmul` 2·K·|y| (= 2·M·N·K·batch); `gemm` 2·M·N·K, plus M·N for
 //!   `alpha` ≠ 1, plus M·N for adding `c` (and M·N more for `beta` ≠ 1; nothing when
@@ -383,6 +384,9 @@ pub(super) fn cost(
     let bytes_read = if kind == OpKind::LabelLogit {
         // The labels and the one logit of each row.
         bytes(operand(operands, 1)?)? + bytes_written
+    } else if kind == OpKind::Slice {
+        // The window it copies.
+        bytes_written
     } else {
         operands.iter().map(|t| bytes(t)).sum::<Res<f64>>()?
     };

@@ -27,8 +27,11 @@
 //!    cheaper. The report says which won.
 //!
 //! The result is verified and its returned types checked against the original's. Limits:
-//! `matmul`, `gemm` and `gather` can be split; batched matmuls and attention along heads
-//! are not (they need propagation through the reshapes and transposes around attention);
+//! `matmul`, `gemm` and `gather` can be split; a batched matmul also along its heads
+//! (`H`), and an attention is split along its heads by naming both of its matmuls
+//! (`qk=2:h,av=2:h`: the pieces then flow through the mask and the softmax, and the heads
+//! meet after the merge back to the model width), but the q/k/v projections stay whole
+//! (their column pieces would need slices propagated backwards);
 //! an M cut's pieces all read the whole weight, which the partitioner then cannot place on
 //! different stages (tied weights across stages are not supported yet); functions with
 //! `send`/`recv` are refused (the rewriter runs on the forward function, before the
@@ -155,7 +158,7 @@ pub enum RewriteError {
         loc: String,
         pieces: usize,
     },
-    #[error("@{function}: `{loc}` is a {kind}, which cannot be split along {axis} (matmul and gemm: m, n or k; gather: v, the table's rows)")]
+    #[error("@{function}: `{loc}` is a {kind}, which cannot be split along {axis} (matmul: m, n, k or h, the heads of a batched matmul; gemm: m, n or k; gather: v, the table's rows)")]
     WrongAxis {
         function: String,
         loc: String,
@@ -496,6 +499,14 @@ fn resolve_targets(f: &Function, opts: &RewriteOptions) -> Result<Vec<SplitTarge
                     axis: t.axis.map_or("", |a| a.name()).to_string(),
                 })
             }
+            (false, Some(Axis::H)) if f.op(op).kind == ppir::OpKind::Gemm => {
+                return Err(RewriteError::WrongAxis {
+                    function: f.name.clone(),
+                    loc: loc.clone(),
+                    kind: f.op(op).kind.to_string(),
+                    axis: t.axis.map_or("", |a| a.name()).to_string(),
+                })
+            }
             (false, a) => a,
         };
         out.push(SplitTarget {
@@ -610,7 +621,7 @@ pub fn parse_split_list(s: &str) -> Result<Vec<SplitTarget>, String> {
     let mut out = vec![];
     for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
         let bad = || {
-            format!("split target `{item}` is not NODE=K or NODE=K:AXIS (K pieces; AXIS m, n or k for a matmul or gemm, v for a gather; `:` may stand for `=`)")
+            format!("split target `{item}` is not NODE=K or NODE=K:AXIS (K pieces; AXIS m, n or k for a matmul or gemm, h for a batched matmul's heads, v for a gather; `:` may stand for `=`)")
         };
         let (head, last) = item.rsplit_once([':', '=']).ok_or_else(bad)?;
         let (loc, k, axis) = match Axis::from_name(last) {

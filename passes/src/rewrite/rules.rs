@@ -24,6 +24,7 @@ use egg::{Id, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
 use ppir::ops::attrs::{
     CastAttrs, ConcatAttrs, ConstantAttrs, CrossEntropyAttrs, GatherAttrs, GemmAttrs,
     LabelLogitAttrs, LayerNormAttrs, ReduceAttrs, ShapeAttrs, SliceAttrs, SoftmaxAttrs,
+    TransposeAttrs,
 };
 use ppir::ops::OpAttrs;
 use ppir::{Attrs, OpKind, Tensor, TensorType};
@@ -220,6 +221,9 @@ pub enum Axis {
     /// The rows of a gathered table (`V`, the vocabulary of an embedding): each piece
     /// gathers the ids in its rows, zeros elsewhere, and the pieces are summed.
     V,
+    /// The heads of a batched matmul (`H`: the batch axis right before the two matrix
+    /// axes, `[B, H, S, D]`): each piece multiplies its heads.
+    H,
 }
 
 impl Axis {
@@ -230,6 +234,7 @@ impl Axis {
             "n" | "N" => Some(Axis::N),
             "k" | "K" => Some(Axis::K),
             "v" | "V" => Some(Axis::V),
+            "h" | "H" => Some(Axis::H),
             _ => None,
         }
     }
@@ -240,6 +245,7 @@ impl Axis {
             Axis::N => "N",
             Axis::K => "K",
             Axis::V => "V",
+            Axis::H => "H",
         }
     }
 }
@@ -261,6 +267,8 @@ impl Rule for SplitContraction {
             (_, Axis::N) => "split-matmul-n",
             (_, Axis::K) => "split-matmul-k",
             (_, Axis::V) => "split-matmul-v",
+            (OpKind::Gemm, Axis::H) => "split-gemm-h",
+            (_, Axis::H) => "split-matmul-h",
         }
     }
 
@@ -324,6 +332,38 @@ fn split_matmul(
         .rank();
     match axis {
         Axis::V => None,
+        Axis::H => {
+            // The heads axis of the result, and of each operand where it has one (aligned
+            // to the right; an operand of extent 1 there broadcasts and is not cut).
+            if ra < 2 || rb < 2 || result_rank < 3 {
+                return None;
+            }
+            let r_axis = result_rank - 3;
+            let tr = ppir::shape::infer(OpKind::MatMul, &Attrs::new(), &[ta.clone(), tb.clone()])
+                .ok()?
+                .remove(0);
+            let n = static_dim(&tr, r_axis)?;
+            if n < k as u64 {
+                return None;
+            }
+            let cut = |eg: &mut PpEGraph, x: Id, t: &TensorType, s: u64, e: u64| -> Option<Id> {
+                match (r_axis + t.rank()).checked_sub(result_rank) {
+                    None => Some(x),
+                    Some(ax) => match static_dim(t, ax)? {
+                        1 => Some(x),
+                        d if d == n => slice(eg, x, ax, s, e, loc),
+                        _ => None,
+                    },
+                }
+            };
+            let mut parts = vec![];
+            for (i, (s, e)) in pieces(n, k).into_iter().enumerate() {
+                let ai = cut(eg, a, &ta, s, e)?;
+                let bi = cut(eg, b, &tb, s, e)?;
+                parts.push(mm(eg, ai, bi, i)?);
+            }
+            concat_node(eg, parts, r_axis, Some(loc))
+        }
         Axis::N => {
             if rb < 2 {
                 return None;
@@ -427,7 +467,7 @@ fn split_gemm(
         }
     };
     match axis {
-        Axis::V => None,
+        Axis::V | Axis::H => None,
         Axis::N | Axis::M => {
             let (operand, op_axis, r) = if axis == Axis::N {
                 (b, n_axis, 1)
@@ -766,7 +806,7 @@ impl Rule for MatMulOfConcat {
         )
     }
 
-    fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+    fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
         let Some((_, _, args)) = op_parts(node) else {
             return vec![];
         };
@@ -815,6 +855,201 @@ impl Rule for MatMulOfConcat {
                 if ok {
                     out.extend(concat(eg, built, tr.rank() - 2, Some(&loc)));
                 }
+            } else {
+                // A batch axis (heads): the other operand is cut the same way where it
+                // has the full extent there, kept where it broadcasts.
+                let built = Self::batch(eg, &parts, &ext, axis, ra, b, &tb, &tr, false, &loc);
+                out.extend(Self::recorded(eg, ctx, class, built, parts.len()));
+            }
+        }
+        for (parts, axis) in concat_parts(eg, b) {
+            if axis + 2 >= rb {
+                continue;
+            }
+            let Some(ext) = extents(eg, &parts, axis) else {
+                continue;
+            };
+            let built = Self::batch(eg, &parts, &ext, axis, rb, a, &ta, &tr, true, &loc);
+            out.extend(Self::recorded(eg, ctx, class, built, parts.len()));
+        }
+        out
+    }
+}
+
+impl MatMulOfConcat {
+    /// A heads split that reached a matmul which is itself a split target along its heads
+    /// in as many pieces (`--split qk=2:h,av=2:h`) is a variant of that target: the pieces
+    /// then flow from one target to the other without being joined in between.
+    fn recorded(
+        eg: &PpEGraph,
+        ctx: &RuleCtx,
+        class: Id,
+        built: Option<(Id, PpNode)>,
+        k: usize,
+    ) -> Option<Id> {
+        let (id, root) = built?;
+        if target(eg, ctx, class, Axis::H) == Some(k) {
+            let what = format!("matmul along H in {k} pieces (its operand's heads)");
+            record(ctx, class, root, Axis::H, what, k);
+        }
+        Some(id)
+    }
+
+    /// `matmul` of an operand concatenated along batch axis `axis` (of its rank `rank`)
+    /// with `other`: per part, `other` cut to the part where it has the full extent on the
+    /// aligned axis (kept where it broadcasts), concatenated along the result's axis.
+    #[allow(clippy::too_many_arguments)]
+    fn batch(
+        eg: &mut PpEGraph,
+        parts: &[Id],
+        ext: &[(u64, u64)],
+        axis: usize,
+        rank: usize,
+        other: Id,
+        other_ty: &TensorType,
+        result: &TensorType,
+        concat_is_b: bool,
+        loc: &str,
+    ) -> Option<(Id, PpNode)> {
+        let r_axis = axis + result.rank() - rank;
+        let full = ext.last()?.1;
+        if static_dim(result, r_axis)? != full {
+            return None;
+        }
+        let o_axis = (r_axis + other_ty.rank()).checked_sub(result.rank());
+        let mut built = vec![];
+        for (i, &(s, e)) in ext.iter().enumerate() {
+            let o = match o_axis.map(|ax| (ax, static_dim(other_ty, ax))) {
+                None | Some((_, Some(1))) => other,
+                Some((ax, Some(d))) if d == full && ax + 2 < other_ty.rank() => {
+                    slice(eg, other, ax, s, e, loc)?
+                }
+                _ => return None,
+            };
+            let args = if concat_is_b {
+                vec![o, parts[i]]
+            } else {
+                vec![parts[i], o]
+            };
+            built.push(add_op(eg, OpKind::MatMul, &Attrs::new(), args, Some(loc))?);
+        }
+        concat_node(eg, built, r_axis, Some(loc))
+    }
+}
+
+/// A transpose of a concat is the concat of the transposed parts, along where the concat's
+/// axis goes.
+pub struct TransposeOfConcat;
+
+impl Rule for TransposeOfConcat {
+    fn name(&self) -> &'static str {
+        "transpose-of-concat"
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(
+            node,
+            PpNode::Op {
+                kind: OpKind::Transpose,
+                ..
+            }
+        )
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+        let Some((_, attrs_id, args)) = op_parts(node) else {
+            return vec![];
+        };
+        let attrs = eg.analysis.attrs(attrs_id).clone();
+        let Some(rank) = ty(eg, args[0]).map(|t| t.rank()) else {
+            return vec![];
+        };
+        let perm: Vec<usize> = match TransposeAttrs::of(&attrs).ok().and_then(|t| t.perm) {
+            Some(p) => p
+                .iter()
+                .map(|&x| if x < 0 { x + rank as i64 } else { x } as usize)
+                .collect(),
+            None => (0..rank).rev().collect(),
+        };
+        let loc = eg[class].data.loc.clone();
+        let mut out = vec![];
+        for (parts, axis) in concat_parts(eg, args[0]) {
+            let Some(r_axis) = perm.iter().position(|&p| p == axis) else {
+                continue;
+            };
+            let pieces: Option<Vec<Id>> = parts
+                .iter()
+                .map(|&p| add_op(eg, OpKind::Transpose, &attrs, vec![p], loc.as_deref()))
+                .collect();
+            if let Some(c) = pieces.and_then(|p| concat(eg, p, r_axis, loc.as_deref())) {
+                out.push(c);
+            }
+        }
+        out
+    }
+}
+
+/// A reshape that keeps the axes before a concat's axis and the product of the axes after
+/// it (merging heads into the model width, `[B, S, H, D] -> [B, S, H·D]`, or splitting them
+/// back) is the concat of the reshaped parts.
+pub struct ReshapeOfConcat;
+
+impl Rule for ReshapeOfConcat {
+    fn name(&self) -> &'static str {
+        "reshape-of-concat"
+    }
+
+    fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
+        matches!(
+            node,
+            PpNode::Op {
+                kind: OpKind::Reshape,
+                ..
+            }
+        )
+    }
+
+    fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
+        let Some((_, _, args)) = op_parts(node) else {
+            return vec![];
+        };
+        let (Some(tin), Some(tout)) = (ty(eg, args[0]), ty(eg, class)) else {
+            return vec![];
+        };
+        let (Some(sin), Some(sout)) = (tin.static_shape(), tout.static_shape()) else {
+            return vec![];
+        };
+        let loc = eg[class].data.loc.clone();
+        let mut out = vec![];
+        for (parts, axis) in concat_parts(eg, args[0]) {
+            if sout.len() <= axis || sin[..axis] != sout[..axis] {
+                continue;
+            }
+            let after_in: u64 = sin[axis + 1..].iter().product();
+            let after_out: u64 = sout[axis + 1..].iter().product();
+            let Some(ext) = extents(eg, &parts, axis) else {
+                continue;
+            };
+            let mut pieces = vec![];
+            for (&p, &(s, e)) in parts.iter().zip(&ext) {
+                let n = (e - s) * after_in;
+                if after_out == 0 || !n.is_multiple_of(after_out) {
+                    pieces.clear();
+                    break;
+                }
+                let mut shape: Vec<i64> = sout.iter().map(|&d| d as i64).collect();
+                shape[axis] = (n / after_out) as i64;
+                let a = ShapeAttrs { shape }.to_attrs();
+                match add_op(eg, OpKind::Reshape, &a, vec![p], loc.as_deref()) {
+                    Some(x) => pieces.push(x),
+                    None => {
+                        pieces.clear();
+                        break;
+                    }
+                }
+            }
+            if pieces.len() == parts.len() {
+                out.extend(concat(eg, pieces, axis, loc.as_deref()));
             }
         }
         out
@@ -1132,6 +1367,10 @@ pub fn split_rules() -> Vec<Arc<dyn Rule>> {
             out.push(Arc::new(SplitContraction { kind, axis }));
         }
     }
+    out.push(Arc::new(SplitContraction {
+        kind: OpKind::MatMul,
+        axis: Axis::H,
+    }));
     out.push(Arc::new(SplitGather));
     out
 }
@@ -1143,6 +1382,8 @@ pub fn all_rules() -> Vec<Arc<dyn Rule>> {
     r.push(Arc::new(DistributeRowwise));
     r.push(Arc::new(SliceOfConcat));
     r.push(Arc::new(MatMulOfConcat));
+    r.push(Arc::new(TransposeOfConcat));
+    r.push(Arc::new(ReshapeOfConcat));
     r.push(Arc::new(SplitCrossEntropy));
     r
 }

@@ -191,7 +191,7 @@ fn matmul_splits_compute_the_same_values_and_gradients() {
             (Axis::N, "fc1") => n,
             (Axis::N, _) => p,
             (Axis::K, "fc1") => k,
-            (Axis::K, _) | (Axis::V, _) => n,
+            (Axis::K, _) | (Axis::V, _) | (Axis::H, _) => n,
         };
         if extent < 2 {
             continue;
@@ -272,7 +272,7 @@ fn gemm_splits_compute_the_same_values_and_gradients() {
         let extent = match axis {
             Axis::M => m,
             Axis::N => n,
-            Axis::K | Axis::V => k,
+            Axis::K | Axis::V | Axis::H => k,
         };
         let pieces = rng.range(2, extent.min(3)) as usize;
         check(
@@ -788,4 +788,97 @@ fn ilp_extraction_counts_shared_terms_once() {
             .count(),
         1
     );
+}
+
+/// A self-attention block, `[b, s, h·d]` in and out.
+fn attention(b: u64, s: u64, h: u64, d: u64) -> String {
+    let w = h * d;
+    let (tx, tw) = (dims(&[b, s, w]), dims(&[w, w]));
+    let (t4, tk) = (dims(&[b, s, h, d]), dims(&[b, h, d, s]));
+    let (tq, ts) = (dims(&[b, h, s, d]), dims(&[b, h, s, s]));
+    let tm = dims(&[s, s]);
+    format!(
+        r#"module {{
+  func @main(%x: {tx}, %mask: {tm}, %wq: {tw} {{param}}, %wk: {tw} {{param}}, %wv: {tw} {{param}}, %wo: {tw} {{param}}) -> ({tx}) {{
+    %q0 = "pp.matmul"(%x, %wq) : ({tx}, {tw}) -> {tx} loc("q_proj")
+    %k0 = "pp.matmul"(%x, %wk) : ({tx}, {tw}) -> {tx} loc("k_proj")
+    %v0 = "pp.matmul"(%x, %wv) : ({tx}, {tw}) -> {tx} loc("v_proj")
+    %q1 = "pp.reshape"(%q0) {{shape = [{b}, {s}, {h}, {d}]}} : ({tx}) -> {t4} loc("rq")
+    %k1 = "pp.reshape"(%k0) {{shape = [{b}, {s}, {h}, {d}]}} : ({tx}) -> {t4} loc("rk")
+    %v1 = "pp.reshape"(%v0) {{shape = [{b}, {s}, {h}, {d}]}} : ({tx}) -> {t4} loc("rv")
+    %q = "pp.transpose"(%q1) {{perm = [0, 2, 1, 3]}} : ({t4}) -> {tq} loc("tq")
+    %k = "pp.transpose"(%k1) {{perm = [0, 2, 3, 1]}} : ({t4}) -> {tk} loc("tk")
+    %v = "pp.transpose"(%v1) {{perm = [0, 2, 1, 3]}} : ({t4}) -> {tq} loc("tv")
+    %s0 = "pp.matmul"(%q, %k) : ({tq}, {tk}) -> {ts} loc("qk")
+    %c = "pp.constant"() {{value = dense<[0.5]> : tensor<f32>}} : () -> tensor<f32> loc("scale")
+    %s1 = "pp.mul"(%s0, %c) : ({ts}, tensor<f32>) -> {ts} loc("scaled")
+    %s2 = "pp.add"(%s1, %mask) : ({ts}, {tm}) -> {ts} loc("masked")
+    %p = "pp.softmax"(%s2) {{axis = -1}} : ({ts}) -> {ts} loc("softmax")
+    %o = "pp.matmul"(%p, %v) : ({ts}, {tq}) -> {tq} loc("av")
+    %t = "pp.transpose"(%o) {{perm = [0, 2, 1, 3]}} : ({tq}) -> {t4} loc("merge_t")
+    %r = "pp.reshape"(%t) {{shape = [{b}, {s}, {w}]}} : ({t4}) -> {tx} loc("merge_r")
+    %y = "pp.matmul"(%r, %wo) : ({tx}, {tw}) -> {tx} loc("o_proj")
+    return %y : {tx}
+  }}
+}}"#
+    )
+}
+
+#[test]
+fn attention_splits_along_heads() {
+    let mut rng = Rng(19);
+    for case in 0..8 {
+        let (b, s, h, d) = (
+            rng.range(1, 2),
+            rng.range(2, 5),
+            rng.range(2, 6),
+            rng.range(1, 3),
+        );
+        let k = rng.range(2, h.min(3)) as usize;
+        let src = attention(b, s, h, d);
+        // Both matmuls of the attention along the heads: the pieces flow from one to the
+        // other through the scale, the mask and the softmax without being joined.
+        let targets: Vec<SplitTarget> = ["qk", "av"]
+            .iter()
+            .map(|t| SplitTarget {
+                loc: t.to_string(),
+                pieces: k,
+                axis: Some(Axis::H),
+            })
+            .collect();
+        let report = check(&src, targets.clone(), &mut rng);
+        assert!(
+            report.splits.iter().all(|(_, w)| w.contains("along H")),
+            "{report}"
+        );
+        let m = ppir::text::parse_module(&src).unwrap();
+        let opts = RewriteOptions {
+            split: targets,
+            ..Default::default()
+        };
+        let (out, _) = rewrite_function(&m, m.function("main").unwrap(), &opts).unwrap();
+        let count = |kind: OpKind| {
+            out.ops()
+                .iter()
+                .filter(|&&o| out.op(o).kind == kind)
+                .count()
+        };
+        assert_eq!(count(OpKind::Softmax), k, "case {case}\n{report}");
+        // Joined scores would feed the scale, the mask or the softmax.
+        let scores = out.ops().iter().any(|&o| {
+            let op = out.op(o);
+            op.kind == OpKind::Concat
+                && out.users(op.results()[0]).iter().any(|u| match u {
+                    ppir::Use::Operand(q, _) => {
+                        matches!(out.op(*q).kind, OpKind::Mul | OpKind::Add | OpKind::Softmax)
+                    }
+                    ppir::Use::Return(_) => false,
+                })
+        });
+        assert!(
+            !scores,
+            "case {case}: the scores are joined\n{report}\n{}",
+            ppir::text::print_function(&out)
+        );
+    }
 }
