@@ -44,58 +44,108 @@ impl MemoryModel {
     }
 }
 
-/// A plan as a tree of choices, flattened into stages at the end.
+/// A plan as a tree of choices, flattened into stages at the end. Trees live in the
+/// solver's arena ([`TreeId`]); points share subtrees by id.
 #[derive(Debug)]
 pub enum Tree {
     Empty,
     /// One stage holding these subtrees.
     Stage(Vec<usize>),
-    Join(Rc<Tree>, Rc<Tree>),
+    /// One stage holding the children `from..to` of series subtree `series` (a range, not a
+    /// copy: the DP builds a tree for every point it keeps).
+    Run {
+        series: usize,
+        from: usize,
+        to: usize,
+    },
+    Join(TreeId, TreeId),
 }
 
-impl Tree {
-    fn stages(&self, out: &mut Vec<Vec<usize>>) {
-        match self {
-            Tree::Empty => {}
-            Tree::Stage(s) => out.push(s.clone()),
-            Tree::Join(a, b) => {
-                a.stages(out);
-                b.stages(out);
-            }
-        }
-    }
-}
+/// A tree in [`Solver`]'s arena.
+pub type TreeId = u32;
 
-#[derive(Clone, Debug)]
+/// One plan on a Pareto front: slowest stage `t`, longest path `l`, and how it was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Point {
     pub t: f64,
     pub l: f64,
-    pub tree: Rc<Tree>,
+    pub tree: TreeId,
 }
 
 const FRONT: usize = 8;
 
-/// Insert `p` into the Pareto front `front` (kept to [`FRONT`] points by the scalar
-/// objective).
-fn insert(front: &mut Vec<Point>, p: Point, m: f64) {
-    const EPS: f64 = 1e-12;
-    if front
-        .iter()
-        .any(|q| q.t <= p.t * (1.0 + EPS) && q.l <= p.l * (1.0 + EPS))
-    {
-        return;
+/// A Pareto front of at most [`FRONT`] points, inline (the DP keeps one per (child,
+/// stages) pair and reads and writes them in its innermost loop).
+#[derive(Clone, Copy, Debug, Default)]
+struct Front {
+    len: usize,
+    pts: [Point; FRONT + 1],
+}
+
+impl Front {
+    fn points(&self) -> &[Point] {
+        &self.pts[..self.len]
     }
-    front.retain(|q| !(p.t <= q.t && p.l <= q.l));
-    front.push(p);
-    if front.len() > FRONT {
-        let obj = |q: &Point| (m - 1.0) * q.t + q.l;
-        let worst = front
+
+    fn push(&mut self, p: Point) {
+        self.pts[self.len] = p;
+        self.len += 1;
+    }
+
+    fn remove(&mut self, i: usize) {
+        self.pts.copy_within(i + 1..self.len, i);
+        self.len -= 1;
+    }
+
+    /// Insert (`t`, `l`, `tree()`), kept to [`FRONT`] points by the scalar objective: past
+    /// that, the worst goes (the last one of equal worst, as `max_by` picks). The outcome is
+    /// decided before the tree is built: most candidates of the DP are dominated, or would
+    /// be the worst of a full front and leave again at once.
+    fn insert(&mut self, t: f64, l: f64, tree: impl FnOnce() -> TreeId, m: f64) {
+        const EPS: f64 = 1e-12;
+        if self
+            .points()
             .iter()
-            .enumerate()
-            .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
-            .map(|(i, _)| i)
-            .unwrap_or(0);
-        front.remove(worst);
+            .any(|q| q.t <= t * (1.0 + EPS) && q.l <= l * (1.0 + EPS))
+        {
+            return;
+        }
+        let obj = |q: &Point| (m - 1.0) * q.t + q.l;
+        let worst = |pts: &[Point]| {
+            pts.iter()
+                .enumerate()
+                .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
+                .map(|(i, _)| i)
+                .unwrap_or(0)
+        };
+        let removes_any = self.points().iter().any(|q| t <= q.t && l <= q.l);
+        if !removes_any && self.len >= FRONT {
+            // One over after the push: nothing changes when the new point is the worst.
+            let mut all = self.pts;
+            all[self.len] = Point { t, l, tree: 0 };
+            let w = worst(&all[..=self.len]);
+            if w < self.len {
+                self.remove(w);
+                self.push(Point { t, l, tree: tree() });
+            }
+            return;
+        }
+        if removes_any {
+            let mut kept = 0;
+            for i in 0..self.len {
+                let q = self.pts[i];
+                if !(t <= q.t && l <= q.l) {
+                    self.pts[kept] = q;
+                    kept += 1;
+                }
+            }
+            self.len = kept;
+        }
+        self.push(Point { t, l, tree: tree() });
+        if self.len > FRONT {
+            let w = worst(self.points());
+            self.remove(w);
+        }
     }
 }
 
@@ -223,7 +273,8 @@ pub struct Solver<'a> {
     pub root: usize,
     /// Forbid parallel branches on their own devices (the sequential partitioner).
     pub chain_only: bool,
-    memo: HashMap<(usize, usize), Rc<Vec<Point>>>,
+    memo: HashMap<(usize, usize), Rc<[Point]>>,
+    trees: Vec<Tree>,
 }
 
 impl<'a> Solver<'a> {
@@ -243,25 +294,28 @@ impl<'a> Solver<'a> {
             root,
             chain_only: false,
             memo: HashMap::new(),
+            trees: vec![Tree::Empty],
         }
     }
 
+    fn tree(trees: &mut Vec<Tree>, t: Tree) -> TreeId {
+        trees.push(t);
+        (trees.len() - 1) as TreeId
+    }
+
     /// The Pareto front of plans of subtree `id` on exactly `k` stages.
-    pub fn best(&mut self, id: usize, k: usize) -> Rc<Vec<Point>> {
+    pub fn best(&mut self, id: usize, k: usize) -> Rc<[Point]> {
         if let Some(r) = self.memo.get(&(id, k)) {
             return r.clone();
         }
         let a = self.arena;
-        let r = if k == 0 || a.leaves[id].len() < k {
+        let r: Vec<Point> = if k == 0 || a.leaves[id].len() < k {
             vec![]
         } else if k == 1 {
             if self.memory.fits(&a.cost[id]) {
                 let t = a.cost[id].time();
-                vec![Point {
-                    t,
-                    l: t,
-                    tree: Rc::new(Tree::Stage(vec![id])),
-                }]
+                let tree = Self::tree(&mut self.trees, Tree::Stage(vec![id]));
+                vec![Point { t, l: t, tree }]
             } else {
                 vec![]
             }
@@ -270,21 +324,22 @@ impl<'a> Solver<'a> {
                 Kind::Leaf(_) => vec![],
                 Kind::Series | Kind::Linear(_) => self.series(id, k),
                 Kind::Parallel => {
-                    let mut front = if self.chain_only {
-                        vec![]
-                    } else {
-                        self.parallel(id, k)
-                    };
-                    if let Some(lin) = a.linear[id] {
-                        for p in self.best(lin, k).iter() {
-                            insert(&mut front, p.clone(), self.m);
+                    let mut front = Front::default();
+                    if !self.chain_only {
+                        for p in self.parallel(id, k) {
+                            front.push(p);
                         }
                     }
-                    front
+                    if let Some(lin) = a.linear[id] {
+                        for p in self.best(lin, k).iter() {
+                            front.insert(p.t, p.l, || p.tree, self.m);
+                        }
+                    }
+                    front.points().to_vec()
                 }
             }
         };
-        let r = Rc::new(r);
+        let r: Rc<[Point]> = r.into();
         self.memo.insert((id, k), r.clone());
         r
     }
@@ -301,18 +356,21 @@ impl<'a> Solver<'a> {
         let pinned: Vec<bool> = (0..n)
             .map(|i| id == self.root && self.pinned.contains(&i))
             .collect();
-        let mut dp: Vec<Vec<Vec<Point>>> = vec![vec![vec![]; k + 1]; n + 1];
-        dp[0][0].push(Point {
+        // dp[i·(k+1) + j]: plans of children 0..i on j stages.
+        let w = k + 1;
+        let mut dp = vec![Front::default(); (n + 1) * w];
+        dp[0].push(Point {
             t: 0.0,
             l: 0.0,
-            tree: Rc::new(Tree::Empty),
+            tree: 0,
         });
         for i in 0..n {
             for j in 0..k {
-                if dp[i][j].is_empty() {
+                if dp[i * w + j].len == 0 {
                     continue;
                 }
-                let pts = dp[i][j].clone();
+                let from = dp[i * w + j];
+                let pts = from.points();
                 let cut = if i > 0 {
                     2.0 * (self.comm)(a.cut_bytes[id][i])
                 } else {
@@ -329,14 +387,24 @@ impl<'a> Solver<'a> {
                         break;
                     }
                     let t = acc.time();
-                    let stage = Rc::new(Tree::Stage(ch[i..i2].to_vec()));
-                    for p in &pts {
-                        let q = Point {
-                            t: p.t.max(t),
-                            l: p.l + cut + t,
-                            tree: Rc::new(Tree::Join(p.tree.clone(), stage.clone())),
+                    let mut stage: Option<TreeId> = None;
+                    let trees = &mut self.trees;
+                    let target = &mut dp[i2 * w + j + 1];
+                    for p in pts {
+                        let tree = || {
+                            let st = *stage.get_or_insert_with(|| {
+                                Self::tree(
+                                    trees,
+                                    Tree::Run {
+                                        series: id,
+                                        from: i,
+                                        to: i2,
+                                    },
+                                )
+                            });
+                            Self::tree(trees, Tree::Join(p.tree, st))
                         };
-                        insert(&mut dp[i2][j + 1], q, self.m);
+                        target.insert(p.t.max(t), p.l + cut + t, tree, self.m);
                     }
                 }
                 // One child on several stages.
@@ -346,21 +414,23 @@ impl<'a> Solver<'a> {
                             continue;
                         }
                         let sub = self.best(ch[i], j2);
-                        for p in &pts {
+                        let trees = &mut self.trees;
+                        let target = &mut dp[(i + 1) * w + j + j2];
+                        for p in pts {
                             for s in sub.iter() {
-                                let q = Point {
-                                    t: p.t.max(s.t),
-                                    l: p.l + cut + s.l,
-                                    tree: Rc::new(Tree::Join(p.tree.clone(), s.tree.clone())),
-                                };
-                                insert(&mut dp[i + 1][j + j2], q, self.m);
+                                target.insert(
+                                    p.t.max(s.t),
+                                    p.l + cut + s.l,
+                                    || Self::tree(trees, Tree::Join(p.tree, s.tree)),
+                                    self.m,
+                                );
                             }
                         }
                     }
                 }
             }
         }
-        std::mem::take(&mut dp[n][k])
+        dp[n * w + k].points().to_vec()
     }
 
     fn parallel(&mut self, id: usize, k: usize) -> Vec<Point> {
@@ -372,18 +442,20 @@ impl<'a> Solver<'a> {
         for i in (0..n).rev() {
             rest[i] = rest[i + 1] + a.leaves[br[i]].len();
         }
-        let mut dp: Vec<Vec<Vec<Point>>> = vec![vec![vec![]; k + 1]; n + 1];
-        dp[0][0].push(Point {
+        let w = k + 1;
+        let mut dp = vec![Front::default(); (n + 1) * w];
+        dp[0].push(Point {
             t: 0.0,
             l: 0.0,
-            tree: Rc::new(Tree::Empty),
+            tree: 0,
         });
         for i in 0..n {
             for j in 0..k {
-                if dp[i][j].is_empty() {
+                if dp[i * w + j].len == 0 {
                     continue;
                 }
-                let pts = dp[i][j].clone();
+                let from = dp[i * w + j];
+                let pts = from.points();
                 let mut acc = Cost::default();
                 for i2 in i + 1..=n {
                     acc += a.cost[br[i2 - 1]];
@@ -391,14 +463,17 @@ impl<'a> Solver<'a> {
                         break;
                     }
                     let t = acc.time();
-                    let stage = Rc::new(Tree::Stage(br[i..i2].to_vec()));
-                    for p in &pts {
-                        let q = Point {
-                            t: p.t.max(t),
-                            l: p.l.max(t),
-                            tree: Rc::new(Tree::Join(p.tree.clone(), stage.clone())),
+                    let mut stage: Option<TreeId> = None;
+                    let trees = &mut self.trees;
+                    let target = &mut dp[i2 * w + j + 1];
+                    for p in pts {
+                        let tree = || {
+                            let st = *stage.get_or_insert_with(|| {
+                                Self::tree(trees, Tree::Stage(br[i..i2].to_vec()))
+                            });
+                            Self::tree(trees, Tree::Join(p.tree, st))
                         };
-                        insert(&mut dp[i2][j + 1], q, self.m);
+                        target.insert(p.t.max(t), p.l.max(t), tree, self.m);
                     }
                 }
                 if !matches!(a.kind[br[i]], Kind::Leaf(_)) {
@@ -407,27 +482,43 @@ impl<'a> Solver<'a> {
                             continue;
                         }
                         let sub = self.best(br[i], j2);
-                        for p in &pts {
+                        let trees = &mut self.trees;
+                        let target = &mut dp[(i + 1) * w + j + j2];
+                        for p in pts {
                             for s in sub.iter() {
-                                let q = Point {
-                                    t: p.t.max(s.t),
-                                    l: p.l.max(s.l),
-                                    tree: Rc::new(Tree::Join(p.tree.clone(), s.tree.clone())),
-                                };
-                                insert(&mut dp[i + 1][j + j2], q, self.m);
+                                target.insert(
+                                    p.t.max(s.t),
+                                    p.l.max(s.l),
+                                    || Self::tree(trees, Tree::Join(p.tree, s.tree)),
+                                    self.m,
+                                );
                             }
                         }
                     }
                 }
             }
         }
-        std::mem::take(&mut dp[n][k])
+        dp[n * w + k].points().to_vec()
     }
 
     /// The stages of a plan, each as its graph nodes.
     pub fn stages(&self, p: &Point) -> Vec<Vec<usize>> {
-        let mut groups = vec![];
-        p.tree.stages(&mut groups);
+        let mut groups: Vec<Vec<usize>> = vec![];
+        let mut todo = vec![p.tree];
+        // Depth first, left before right: the order the plan's stages were joined in.
+        while let Some(id) = todo.pop() {
+            match &self.trees[id as usize] {
+                Tree::Empty => {}
+                Tree::Stage(s) => groups.push(s.clone()),
+                Tree::Run { series, from, to } => {
+                    groups.push(self.arena.children[*series][*from..*to].to_vec())
+                }
+                Tree::Join(a, b) => {
+                    todo.push(*b);
+                    todo.push(*a);
+                }
+            }
+        }
         groups
             .into_iter()
             .map(|g| {
