@@ -64,12 +64,37 @@ pub enum Tree {
 /// A tree in [`Solver`]'s arena.
 pub type TreeId = u32;
 
+/// A point's tree: in the arena, or still the join that would make it. Most points the DP
+/// keeps are pushed off their front again by better ones; their trees are only built
+/// (into the arena, which never shrinks) once the front is final and read.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TreeRef {
+    Built(TreeId),
+    /// `Join(left, Run { series, from, to })`, or for a parallel subtree, `Join(left,
+    /// Stage(branches[from..to]))` with its branches in the order the DP took them.
+    JoinRun {
+        left: TreeId,
+        parent: u32,
+        parallel: bool,
+        from: u32,
+        to: u32,
+    },
+    /// `Join(left, right)`.
+    Join(TreeId, TreeId),
+}
+
+impl Default for TreeRef {
+    fn default() -> Self {
+        TreeRef::Built(0)
+    }
+}
+
 /// One plan on a Pareto front: slowest stage `t`, longest path `l`, and how it was built.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Point {
     pub t: f64,
     pub l: f64,
-    pub tree: TreeId,
+    pub tree: TreeRef,
 }
 
 const FRONT: usize = 8;
@@ -97,17 +122,21 @@ impl Front {
         self.len -= 1;
     }
 
-    /// Insert (`t`, `l`, `tree()`), kept to [`FRONT`] points by the scalar objective: past
+    /// Insert (`t`, `l`, `tree`), kept to [`FRONT`] points by the scalar objective: past
     /// that, the worst goes (the last one of equal worst, as `max_by` picks). The outcome is
-    /// decided before the tree is built: most candidates of the DP are dominated, or would
-    /// be the worst of a full front and leave again at once.
-    fn insert(&mut self, t: f64, l: f64, tree: impl FnOnce() -> TreeId, m: f64) {
+    /// decided with a few comparisons: most candidates of the DP are dominated, or would be
+    /// the worst of a full front and leave again at once.
+    /// Whether a point of the front makes (`t`, `l`) not worth keeping (up to rounding).
+    /// Monotone: it then holds for every point at least as large in both.
+    fn dominates(&self, t: f64, l: f64) -> bool {
         const EPS: f64 = 1e-12;
-        if self
-            .points()
+        self.points()
             .iter()
             .any(|q| q.t <= t * (1.0 + EPS) && q.l <= l * (1.0 + EPS))
-        {
+    }
+
+    fn insert(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
+        if self.dominates(t, l) {
             return;
         }
         let obj = |q: &Point| (m - 1.0) * q.t + q.l;
@@ -122,11 +151,11 @@ impl Front {
         if !removes_any && self.len >= FRONT {
             // One over after the push: nothing changes when the new point is the worst.
             let mut all = self.pts;
-            all[self.len] = Point { t, l, tree: 0 };
+            all[self.len] = Point { t, l, tree };
             let w = worst(&all[..=self.len]);
             if w < self.len {
                 self.remove(w);
-                self.push(Point { t, l, tree: tree() });
+                self.push(Point { t, l, tree });
             }
             return;
         }
@@ -141,7 +170,7 @@ impl Front {
             }
             self.len = kept;
         }
-        self.push(Point { t, l, tree: tree() });
+        self.push(Point { t, l, tree });
         if self.len > FRONT {
             let w = worst(self.points());
             self.remove(w);
@@ -298,9 +327,61 @@ impl<'a> Solver<'a> {
         }
     }
 
-    fn tree(trees: &mut Vec<Tree>, t: Tree) -> TreeId {
-        trees.push(t);
-        (trees.len() - 1) as TreeId
+    fn tree(&mut self, t: Tree) -> TreeId {
+        self.trees.push(t);
+        (self.trees.len() - 1) as TreeId
+    }
+
+    /// Put a point's tree into the arena.
+    fn build(&mut self, r: TreeRef) -> TreeId {
+        match r {
+            TreeRef::Built(id) => id,
+            TreeRef::Join(a, b) => self.tree(Tree::Join(a, b)),
+            TreeRef::JoinRun {
+                left,
+                parent,
+                parallel,
+                from,
+                to,
+            } => {
+                let (parent, from, to) = (parent as usize, from as usize, to as usize);
+                let stage = if parallel {
+                    let br = self.branches(parent);
+                    self.tree(Tree::Stage(br[from..to].to_vec()))
+                } else {
+                    self.tree(Tree::Run {
+                        series: parent,
+                        from,
+                        to,
+                    })
+                };
+                self.tree(Tree::Join(left, stage))
+            }
+        }
+    }
+
+    /// Build the trees of a front's points (once it is final: nothing better can come).
+    fn build_front(&mut self, f: &mut Front) {
+        for i in 0..f.len {
+            let id = self.build(f.pts[i].tree);
+            f.pts[i].tree = TreeRef::Built(id);
+        }
+    }
+
+    /// The tree of a point of a final front.
+    fn built(r: TreeRef) -> TreeId {
+        match r {
+            TreeRef::Built(id) => id,
+            _ => unreachable!("a final front holds built trees"),
+        }
+    }
+
+    /// The branches of parallel subtree `id`, slowest first (ties keep their order).
+    fn branches(&self, id: usize) -> Vec<usize> {
+        let a = self.arena;
+        let mut br = a.children[id].clone();
+        br.sort_by(|&x, &y| a.cost[y].time().total_cmp(&a.cost[x].time()));
+        br
     }
 
     /// The Pareto front of plans of subtree `id` on exactly `k` stages.
@@ -314,7 +395,7 @@ impl<'a> Solver<'a> {
         } else if k == 1 {
             if self.memory.fits(&a.cost[id]) {
                 let t = a.cost[id].time();
-                let tree = Self::tree(&mut self.trees, Tree::Stage(vec![id]));
+                let tree = TreeRef::Built(self.tree(Tree::Stage(vec![id])));
                 vec![Point { t, l: t, tree }]
             } else {
                 vec![]
@@ -332,7 +413,7 @@ impl<'a> Solver<'a> {
                     }
                     if let Some(lin) = a.linear[id] {
                         for p in self.best(lin, k).iter() {
-                            front.insert(p.t, p.l, || p.tree, self.m);
+                            front.insert(p.t, p.l, p.tree, self.m);
                         }
                     }
                     front.points().to_vec()
@@ -362,20 +443,26 @@ impl<'a> Solver<'a> {
         dp[0].push(Point {
             t: 0.0,
             l: 0.0,
-            tree: 0,
+            tree: TreeRef::Built(0),
         });
         for i in 0..n {
             for j in 0..k {
                 if dp[i * w + j].len == 0 {
                     continue;
                 }
-                let from = dp[i * w + j];
+                let mut from = dp[i * w + j];
+                self.build_front(&mut from);
+                dp[i * w + j] = from;
                 let pts = from.points();
                 let cut = if i > 0 {
                     2.0 * (self.comm)(a.cut_bytes[id][i])
                 } else {
                     0.0
                 };
+                // Every candidate of a run is at least (max(min t, run), min l + cut + run):
+                // when the target front dominates that corner, it dominates them all.
+                let min_t = pts.iter().map(|p| p.t).fold(f64::INFINITY, f64::min);
+                let min_l = pts.iter().map(|p| p.l).fold(f64::INFINITY, f64::min);
                 // A run of children on one stage.
                 let mut acc = Cost::default();
                 for i2 in i + 1..=n {
@@ -387,22 +474,17 @@ impl<'a> Solver<'a> {
                         break;
                     }
                     let t = acc.time();
-                    let mut stage: Option<TreeId> = None;
-                    let trees = &mut self.trees;
                     let target = &mut dp[i2 * w + j + 1];
+                    if target.dominates(min_t.max(t), min_l + cut + t) {
+                        continue;
+                    }
                     for p in pts {
-                        let tree = || {
-                            let st = *stage.get_or_insert_with(|| {
-                                Self::tree(
-                                    trees,
-                                    Tree::Run {
-                                        series: id,
-                                        from: i,
-                                        to: i2,
-                                    },
-                                )
-                            });
-                            Self::tree(trees, Tree::Join(p.tree, st))
+                        let tree = TreeRef::JoinRun {
+                            left: Self::built(p.tree),
+                            parent: id as u32,
+                            parallel: false,
+                            from: i as u32,
+                            to: i2 as u32,
                         };
                         target.insert(p.t.max(t), p.l + cut + t, tree, self.m);
                     }
@@ -414,14 +496,13 @@ impl<'a> Solver<'a> {
                             continue;
                         }
                         let sub = self.best(ch[i], j2);
-                        let trees = &mut self.trees;
                         let target = &mut dp[(i + 1) * w + j + j2];
                         for p in pts {
                             for s in sub.iter() {
                                 target.insert(
                                     p.t.max(s.t),
                                     p.l + cut + s.l,
-                                    || Self::tree(trees, Tree::Join(p.tree, s.tree)),
+                                    TreeRef::Join(Self::built(p.tree), Self::built(s.tree)),
                                     self.m,
                                 );
                             }
@@ -430,13 +511,14 @@ impl<'a> Solver<'a> {
                 }
             }
         }
-        dp[n * w + k].points().to_vec()
+        let mut last = dp[n * w + k];
+        self.build_front(&mut last);
+        last.points().to_vec()
     }
 
     fn parallel(&mut self, id: usize, k: usize) -> Vec<Point> {
         let a = self.arena;
-        let mut br = a.children[id].clone();
-        br.sort_by(|&x, &y| a.cost[y].time().total_cmp(&a.cost[x].time()));
+        let br = self.branches(id);
         let n = br.len();
         let mut rest = vec![0usize; n + 1];
         for i in (0..n).rev() {
@@ -447,14 +529,16 @@ impl<'a> Solver<'a> {
         dp[0].push(Point {
             t: 0.0,
             l: 0.0,
-            tree: 0,
+            tree: TreeRef::Built(0),
         });
         for i in 0..n {
             for j in 0..k {
                 if dp[i * w + j].len == 0 {
                     continue;
                 }
-                let from = dp[i * w + j];
+                let mut from = dp[i * w + j];
+                self.build_front(&mut from);
+                dp[i * w + j] = from;
                 let pts = from.points();
                 let mut acc = Cost::default();
                 for i2 in i + 1..=n {
@@ -463,15 +547,14 @@ impl<'a> Solver<'a> {
                         break;
                     }
                     let t = acc.time();
-                    let mut stage: Option<TreeId> = None;
-                    let trees = &mut self.trees;
                     let target = &mut dp[i2 * w + j + 1];
                     for p in pts {
-                        let tree = || {
-                            let st = *stage.get_or_insert_with(|| {
-                                Self::tree(trees, Tree::Stage(br[i..i2].to_vec()))
-                            });
-                            Self::tree(trees, Tree::Join(p.tree, st))
+                        let tree = TreeRef::JoinRun {
+                            left: Self::built(p.tree),
+                            parent: id as u32,
+                            parallel: true,
+                            from: i as u32,
+                            to: i2 as u32,
                         };
                         target.insert(p.t.max(t), p.l.max(t), tree, self.m);
                     }
@@ -482,14 +565,13 @@ impl<'a> Solver<'a> {
                             continue;
                         }
                         let sub = self.best(br[i], j2);
-                        let trees = &mut self.trees;
                         let target = &mut dp[(i + 1) * w + j + j2];
                         for p in pts {
                             for s in sub.iter() {
                                 target.insert(
                                     p.t.max(s.t),
                                     p.l.max(s.l),
-                                    || Self::tree(trees, Tree::Join(p.tree, s.tree)),
+                                    TreeRef::Join(Self::built(p.tree), Self::built(s.tree)),
                                     self.m,
                                 );
                             }
@@ -498,13 +580,15 @@ impl<'a> Solver<'a> {
                 }
             }
         }
-        dp[n * w + k].points().to_vec()
+        let mut last = dp[n * w + k];
+        self.build_front(&mut last);
+        last.points().to_vec()
     }
 
     /// The stages of a plan, each as its graph nodes.
     pub fn stages(&self, p: &Point) -> Vec<Vec<usize>> {
         let mut groups: Vec<Vec<usize>> = vec![];
-        let mut todo = vec![p.tree];
+        let mut todo = vec![Self::built(p.tree)];
         // Depth first, left before right: the order the plan's stages were joined in.
         while let Some(id) = todo.pop() {
             match &self.trees[id as usize] {
