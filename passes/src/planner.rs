@@ -14,7 +14,7 @@ use crate::cost::{comm_time, DeviceProfile};
 use crate::partition::{
     human_bytes, partition, MemoryModel, Partition, PartitionKind, PartitionOptions,
 };
-use crate::schedule::{builtin_on, insert_communication, validate, Layout, Schedule};
+use crate::schedule::{builtin_on, insert_communication, validate, zb_v_for, Layout, Schedule};
 use crate::simulate::{simulate, CostTable, SimReport, StageCosts};
 use crate::PassError;
 
@@ -176,7 +176,22 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             },
             None => Layout::chain(k),
         };
+        let costs = cost_table(&part, &o.profile, o.optimizer_state);
         let schedule = match &o.schedule {
+            // ZB-V orders its actions by running the ranks with the stage costs.
+            ScheduleSpec::Builtin(name)
+                if name == "zb-v" && layout == (Layout::VShape { ranks: o.ranks }) =>
+            {
+                let per_stage: Vec<[f64; 3]> = costs
+                    .stages
+                    .iter()
+                    .map(|c| [c.forward, c.backward_input, c.backward_weight])
+                    .collect();
+                let comm = (1..k)
+                    .map(|s| costs.comm_between(s - 1, s))
+                    .fold(0.0, f64::max);
+                zb_v_for(o.ranks, o.microbatches, &per_stage, comm)
+            }
             ScheduleSpec::Builtin(name) => builtin_on(name, &layout, o.microbatches, o.chunks)
                 .map_err(|e| fail(e.to_string()))?,
             ScheduleSpec::Custom(s) => s.clone(),
@@ -185,7 +200,6 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
         if let Err(e) = validate(&schedule) {
             return Err(fail(format!("the schedule is not valid: {e}")));
         }
-        let costs = cost_table(&part, &o.profile, o.optimizer_state);
         let report = match simulate(&schedule, &costs) {
             Ok(r) => r,
             Err(e) => {

@@ -44,58 +44,137 @@ impl MemoryModel {
     }
 }
 
-/// A plan as a tree of choices, flattened into stages at the end.
+/// A plan as a tree of choices, flattened into stages at the end. Trees live in the
+/// solver's arena ([`TreeId`]); points share subtrees by id.
 #[derive(Debug)]
 pub enum Tree {
     Empty,
     /// One stage holding these subtrees.
     Stage(Vec<usize>),
-    Join(Rc<Tree>, Rc<Tree>),
+    /// One stage holding the children `from..to` of series subtree `series` (a range, not a
+    /// copy: the DP builds a tree for every point it keeps).
+    Run {
+        series: usize,
+        from: usize,
+        to: usize,
+    },
+    Join(TreeId, TreeId),
 }
 
-impl Tree {
-    fn stages(&self, out: &mut Vec<Vec<usize>>) {
-        match self {
-            Tree::Empty => {}
-            Tree::Stage(s) => out.push(s.clone()),
-            Tree::Join(a, b) => {
-                a.stages(out);
-                b.stages(out);
-            }
-        }
+/// A tree in [`Solver`]'s arena.
+pub type TreeId = u32;
+
+/// A point's tree: in the arena, or still the join that would make it. Most points the DP
+/// keeps are pushed off their front again by better ones; their trees are only built
+/// (into the arena, which never shrinks) once the front is final and read.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TreeRef {
+    Built(TreeId),
+    /// `Join(left, Run { series, from, to })`, or for a parallel subtree, `Join(left,
+    /// Stage(branches[from..to]))` with its branches in the order the DP took them.
+    JoinRun {
+        left: TreeId,
+        parent: u32,
+        parallel: bool,
+        from: u32,
+        to: u32,
+    },
+    /// `Join(left, right)`.
+    Join(TreeId, TreeId),
+}
+
+impl Default for TreeRef {
+    fn default() -> Self {
+        TreeRef::Built(0)
     }
 }
 
-#[derive(Clone, Debug)]
+/// One plan on a Pareto front: slowest stage `t`, longest path `l`, and how it was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Point {
     pub t: f64,
     pub l: f64,
-    pub tree: Rc<Tree>,
+    pub tree: TreeRef,
 }
 
 const FRONT: usize = 8;
 
-/// Insert `p` into the Pareto front `front` (kept to [`FRONT`] points by the scalar
-/// objective).
-fn insert(front: &mut Vec<Point>, p: Point, m: f64) {
-    const EPS: f64 = 1e-12;
-    if front
-        .iter()
-        .any(|q| q.t <= p.t * (1.0 + EPS) && q.l <= p.l * (1.0 + EPS))
-    {
-        return;
+/// A Pareto front of at most [`FRONT`] points, inline (the DP keeps one per (child,
+/// stages) pair and reads and writes them in its innermost loop).
+#[derive(Clone, Copy, Debug, Default)]
+struct Front {
+    len: usize,
+    pts: [Point; FRONT + 1],
+}
+
+impl Front {
+    fn points(&self) -> &[Point] {
+        &self.pts[..self.len]
     }
-    front.retain(|q| !(p.t <= q.t && p.l <= q.l));
-    front.push(p);
-    if front.len() > FRONT {
-        let obj = |q: &Point| (m - 1.0) * q.t + q.l;
-        let worst = front
+
+    fn push(&mut self, p: Point) {
+        self.pts[self.len] = p;
+        self.len += 1;
+    }
+
+    fn remove(&mut self, i: usize) {
+        self.pts.copy_within(i + 1..self.len, i);
+        self.len -= 1;
+    }
+
+    /// Insert (`t`, `l`, `tree`), kept to [`FRONT`] points by the scalar objective: past
+    /// that, the worst goes (the last one of equal worst, as `max_by` picks). The outcome is
+    /// decided with a few comparisons: most candidates of the DP are dominated, or would be
+    /// the worst of a full front and leave again at once.
+    /// Whether a point of the front makes (`t`, `l`) not worth keeping (up to rounding).
+    /// Monotone: it then holds for every point at least as large in both.
+    fn dominates(&self, t: f64, l: f64) -> bool {
+        const EPS: f64 = 1e-12;
+        self.points()
             .iter()
-            .enumerate()
-            .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
-            .map(|(i, _)| i)
-            .unwrap_or(0);
-        front.remove(worst);
+            .any(|q| q.t <= t * (1.0 + EPS) && q.l <= l * (1.0 + EPS))
+    }
+
+    fn insert(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
+        if self.dominates(t, l) {
+            return;
+        }
+        let obj = |q: &Point| (m - 1.0) * q.t + q.l;
+        let worst = |pts: &[Point]| {
+            pts.iter()
+                .enumerate()
+                .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
+                .map(|(i, _)| i)
+                .unwrap_or(0)
+        };
+        let removes_any = self.points().iter().any(|q| t <= q.t && l <= q.l);
+        if !removes_any && self.len >= FRONT {
+            // One over after the push: nothing changes when the new point is the worst.
+            let mut all = self.pts;
+            all[self.len] = Point { t, l, tree };
+            let w = worst(&all[..=self.len]);
+            if w < self.len {
+                self.remove(w);
+                self.push(Point { t, l, tree });
+            }
+            return;
+        }
+        if removes_any {
+            let mut kept = 0;
+            for i in 0..self.len {
+                let q = self.pts[i];
+                if !(t <= q.t && l <= q.l) {
+                    self.pts[kept] = q;
+                    kept += 1;
+                }
+            }
+            self.len = kept;
+        }
+        self.push(Point { t, l, tree });
+        if self.len > FRONT {
+            let w = worst(self.points());
+            self.remove(w);
+        }
     }
 }
 
@@ -223,7 +302,8 @@ pub struct Solver<'a> {
     pub root: usize,
     /// Forbid parallel branches on their own devices (the sequential partitioner).
     pub chain_only: bool,
-    memo: HashMap<(usize, usize), Rc<Vec<Point>>>,
+    memo: HashMap<(usize, usize), Rc<[Point]>>,
+    trees: Vec<Tree>,
 }
 
 impl<'a> Solver<'a> {
@@ -243,25 +323,80 @@ impl<'a> Solver<'a> {
             root,
             chain_only: false,
             memo: HashMap::new(),
+            trees: vec![Tree::Empty],
         }
     }
 
+    fn tree(&mut self, t: Tree) -> TreeId {
+        self.trees.push(t);
+        (self.trees.len() - 1) as TreeId
+    }
+
+    /// Put a point's tree into the arena.
+    fn build(&mut self, r: TreeRef) -> TreeId {
+        match r {
+            TreeRef::Built(id) => id,
+            TreeRef::Join(a, b) => self.tree(Tree::Join(a, b)),
+            TreeRef::JoinRun {
+                left,
+                parent,
+                parallel,
+                from,
+                to,
+            } => {
+                let (parent, from, to) = (parent as usize, from as usize, to as usize);
+                let stage = if parallel {
+                    let br = self.branches(parent);
+                    self.tree(Tree::Stage(br[from..to].to_vec()))
+                } else {
+                    self.tree(Tree::Run {
+                        series: parent,
+                        from,
+                        to,
+                    })
+                };
+                self.tree(Tree::Join(left, stage))
+            }
+        }
+    }
+
+    /// Build the trees of a front's points (once it is final: nothing better can come).
+    fn build_front(&mut self, f: &mut Front) {
+        for i in 0..f.len {
+            let id = self.build(f.pts[i].tree);
+            f.pts[i].tree = TreeRef::Built(id);
+        }
+    }
+
+    /// The tree of a point of a final front.
+    fn built(r: TreeRef) -> TreeId {
+        match r {
+            TreeRef::Built(id) => id,
+            _ => unreachable!("a final front holds built trees"),
+        }
+    }
+
+    /// The branches of parallel subtree `id`, slowest first (ties keep their order).
+    fn branches(&self, id: usize) -> Vec<usize> {
+        let a = self.arena;
+        let mut br = a.children[id].clone();
+        br.sort_by(|&x, &y| a.cost[y].time().total_cmp(&a.cost[x].time()));
+        br
+    }
+
     /// The Pareto front of plans of subtree `id` on exactly `k` stages.
-    pub fn best(&mut self, id: usize, k: usize) -> Rc<Vec<Point>> {
+    pub fn best(&mut self, id: usize, k: usize) -> Rc<[Point]> {
         if let Some(r) = self.memo.get(&(id, k)) {
             return r.clone();
         }
         let a = self.arena;
-        let r = if k == 0 || a.leaves[id].len() < k {
+        let r: Vec<Point> = if k == 0 || a.leaves[id].len() < k {
             vec![]
         } else if k == 1 {
             if self.memory.fits(&a.cost[id]) {
                 let t = a.cost[id].time();
-                vec![Point {
-                    t,
-                    l: t,
-                    tree: Rc::new(Tree::Stage(vec![id])),
-                }]
+                let tree = TreeRef::Built(self.tree(Tree::Stage(vec![id])));
+                vec![Point { t, l: t, tree }]
             } else {
                 vec![]
             }
@@ -270,21 +405,22 @@ impl<'a> Solver<'a> {
                 Kind::Leaf(_) => vec![],
                 Kind::Series | Kind::Linear(_) => self.series(id, k),
                 Kind::Parallel => {
-                    let mut front = if self.chain_only {
-                        vec![]
-                    } else {
-                        self.parallel(id, k)
-                    };
-                    if let Some(lin) = a.linear[id] {
-                        for p in self.best(lin, k).iter() {
-                            insert(&mut front, p.clone(), self.m);
+                    let mut front = Front::default();
+                    if !self.chain_only {
+                        for p in self.parallel(id, k) {
+                            front.push(p);
                         }
                     }
-                    front
+                    if let Some(lin) = a.linear[id] {
+                        for p in self.best(lin, k).iter() {
+                            front.insert(p.t, p.l, p.tree, self.m);
+                        }
+                    }
+                    front.points().to_vec()
                 }
             }
         };
-        let r = Rc::new(r);
+        let r: Rc<[Point]> = r.into();
         self.memo.insert((id, k), r.clone());
         r
     }
@@ -301,23 +437,32 @@ impl<'a> Solver<'a> {
         let pinned: Vec<bool> = (0..n)
             .map(|i| id == self.root && self.pinned.contains(&i))
             .collect();
-        let mut dp: Vec<Vec<Vec<Point>>> = vec![vec![vec![]; k + 1]; n + 1];
-        dp[0][0].push(Point {
+        // dp[i·(k+1) + j]: plans of children 0..i on j stages.
+        let w = k + 1;
+        let mut dp = vec![Front::default(); (n + 1) * w];
+        dp[0].push(Point {
             t: 0.0,
             l: 0.0,
-            tree: Rc::new(Tree::Empty),
+            tree: TreeRef::Built(0),
         });
         for i in 0..n {
             for j in 0..k {
-                if dp[i][j].is_empty() {
+                if dp[i * w + j].len == 0 {
                     continue;
                 }
-                let pts = dp[i][j].clone();
+                let mut from = dp[i * w + j];
+                self.build_front(&mut from);
+                dp[i * w + j] = from;
+                let pts = from.points();
                 let cut = if i > 0 {
                     2.0 * (self.comm)(a.cut_bytes[id][i])
                 } else {
                     0.0
                 };
+                // Every candidate of a run is at least (max(min t, run), min l + cut + run):
+                // when the target front dominates that corner, it dominates them all.
+                let min_t = pts.iter().map(|p| p.t).fold(f64::INFINITY, f64::min);
+                let min_l = pts.iter().map(|p| p.l).fold(f64::INFINITY, f64::min);
                 // A run of children on one stage.
                 let mut acc = Cost::default();
                 for i2 in i + 1..=n {
@@ -329,14 +474,19 @@ impl<'a> Solver<'a> {
                         break;
                     }
                     let t = acc.time();
-                    let stage = Rc::new(Tree::Stage(ch[i..i2].to_vec()));
-                    for p in &pts {
-                        let q = Point {
-                            t: p.t.max(t),
-                            l: p.l + cut + t,
-                            tree: Rc::new(Tree::Join(p.tree.clone(), stage.clone())),
+                    let target = &mut dp[i2 * w + j + 1];
+                    if target.dominates(min_t.max(t), min_l + cut + t) {
+                        continue;
+                    }
+                    for p in pts {
+                        let tree = TreeRef::JoinRun {
+                            left: Self::built(p.tree),
+                            parent: id as u32,
+                            parallel: false,
+                            from: i as u32,
+                            to: i2 as u32,
                         };
-                        insert(&mut dp[i2][j + 1], q, self.m);
+                        target.insert(p.t.max(t), p.l + cut + t, tree, self.m);
                     }
                 }
                 // One child on several stages.
@@ -346,44 +496,50 @@ impl<'a> Solver<'a> {
                             continue;
                         }
                         let sub = self.best(ch[i], j2);
-                        for p in &pts {
+                        let target = &mut dp[(i + 1) * w + j + j2];
+                        for p in pts {
                             for s in sub.iter() {
-                                let q = Point {
-                                    t: p.t.max(s.t),
-                                    l: p.l + cut + s.l,
-                                    tree: Rc::new(Tree::Join(p.tree.clone(), s.tree.clone())),
-                                };
-                                insert(&mut dp[i + 1][j + j2], q, self.m);
+                                target.insert(
+                                    p.t.max(s.t),
+                                    p.l + cut + s.l,
+                                    TreeRef::Join(Self::built(p.tree), Self::built(s.tree)),
+                                    self.m,
+                                );
                             }
                         }
                     }
                 }
             }
         }
-        std::mem::take(&mut dp[n][k])
+        let mut last = dp[n * w + k];
+        self.build_front(&mut last);
+        last.points().to_vec()
     }
 
     fn parallel(&mut self, id: usize, k: usize) -> Vec<Point> {
         let a = self.arena;
-        let mut br = a.children[id].clone();
-        br.sort_by(|&x, &y| a.cost[y].time().total_cmp(&a.cost[x].time()));
+        let br = self.branches(id);
         let n = br.len();
         let mut rest = vec![0usize; n + 1];
         for i in (0..n).rev() {
             rest[i] = rest[i + 1] + a.leaves[br[i]].len();
         }
-        let mut dp: Vec<Vec<Vec<Point>>> = vec![vec![vec![]; k + 1]; n + 1];
-        dp[0][0].push(Point {
+        let w = k + 1;
+        let mut dp = vec![Front::default(); (n + 1) * w];
+        dp[0].push(Point {
             t: 0.0,
             l: 0.0,
-            tree: Rc::new(Tree::Empty),
+            tree: TreeRef::Built(0),
         });
         for i in 0..n {
             for j in 0..k {
-                if dp[i][j].is_empty() {
+                if dp[i * w + j].len == 0 {
                     continue;
                 }
-                let pts = dp[i][j].clone();
+                let mut from = dp[i * w + j];
+                self.build_front(&mut from);
+                dp[i * w + j] = from;
+                let pts = from.points();
                 let mut acc = Cost::default();
                 for i2 in i + 1..=n {
                     acc += a.cost[br[i2 - 1]];
@@ -391,14 +547,16 @@ impl<'a> Solver<'a> {
                         break;
                     }
                     let t = acc.time();
-                    let stage = Rc::new(Tree::Stage(br[i..i2].to_vec()));
-                    for p in &pts {
-                        let q = Point {
-                            t: p.t.max(t),
-                            l: p.l.max(t),
-                            tree: Rc::new(Tree::Join(p.tree.clone(), stage.clone())),
+                    let target = &mut dp[i2 * w + j + 1];
+                    for p in pts {
+                        let tree = TreeRef::JoinRun {
+                            left: Self::built(p.tree),
+                            parent: id as u32,
+                            parallel: true,
+                            from: i as u32,
+                            to: i2 as u32,
                         };
-                        insert(&mut dp[i2][j + 1], q, self.m);
+                        target.insert(p.t.max(t), p.l.max(t), tree, self.m);
                     }
                 }
                 if !matches!(a.kind[br[i]], Kind::Leaf(_)) {
@@ -407,27 +565,44 @@ impl<'a> Solver<'a> {
                             continue;
                         }
                         let sub = self.best(br[i], j2);
-                        for p in &pts {
+                        let target = &mut dp[(i + 1) * w + j + j2];
+                        for p in pts {
                             for s in sub.iter() {
-                                let q = Point {
-                                    t: p.t.max(s.t),
-                                    l: p.l.max(s.l),
-                                    tree: Rc::new(Tree::Join(p.tree.clone(), s.tree.clone())),
-                                };
-                                insert(&mut dp[i + 1][j + j2], q, self.m);
+                                target.insert(
+                                    p.t.max(s.t),
+                                    p.l.max(s.l),
+                                    TreeRef::Join(Self::built(p.tree), Self::built(s.tree)),
+                                    self.m,
+                                );
                             }
                         }
                     }
                 }
             }
         }
-        std::mem::take(&mut dp[n][k])
+        let mut last = dp[n * w + k];
+        self.build_front(&mut last);
+        last.points().to_vec()
     }
 
     /// The stages of a plan, each as its graph nodes.
     pub fn stages(&self, p: &Point) -> Vec<Vec<usize>> {
-        let mut groups = vec![];
-        p.tree.stages(&mut groups);
+        let mut groups: Vec<Vec<usize>> = vec![];
+        let mut todo = vec![Self::built(p.tree)];
+        // Depth first, left before right: the order the plan's stages were joined in.
+        while let Some(id) = todo.pop() {
+            match &self.trees[id as usize] {
+                Tree::Empty => {}
+                Tree::Stage(s) => groups.push(s.clone()),
+                Tree::Run { series, from, to } => {
+                    groups.push(self.arena.children[*series][*from..*to].to_vec())
+                }
+                Tree::Join(a, b) => {
+                    todo.push(*b);
+                    todo.push(*a);
+                }
+            }
+        }
         groups
             .into_iter()
             .map(|g| {

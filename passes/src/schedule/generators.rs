@@ -6,7 +6,7 @@
 //! per rank: a chain, or a stage DAG ([`builtin_on`]) where the height `h(s)` (longest
 //! path from `s` to a sink) takes the place of the chain's `p−r−1`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use petgraph::algo::toposort;
 use petgraph::graph::DiGraph;
@@ -378,95 +378,197 @@ fn zb_h2_on(layout: Layout, microbatches: usize, h: &[usize]) -> Schedule {
     )
 }
 
-/// ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024): two chunks per
-/// rank in a V shape, built by greedy list scheduling at unit costs: a ready `B` first
-/// (later stage first), then a ready `F` while the rank stashes fewer than `2p` chunk
-/// activations (later stage first), then a pending `W`.
+/// ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §6, and "Pipeline
+/// Parallelism with Controllable Memory", 2024) at unit costs (`F = I = W`, no link time);
+/// see [`zb_v_for`].
 pub fn zb_v(ranks: usize, microbatches: usize) -> Schedule {
-    let layout = Layout::VShape { ranks };
-    greedy_unit(layout, microbatches, 2 * ranks)
+    let unit = [1.0, 1.0, 1.0];
+    zb_v_for(ranks, microbatches, &vec![unit; 2 * ranks], 0.0)
 }
 
-fn greedy_unit(layout: Layout, microbatches: usize, stash_limit: usize) -> Schedule {
-    let p = layout.num_ranks();
-    let nv = layout.num_virtual_stages();
-    let mut s = Schedule::empty(layout.clone(), microbatches);
-    // Finish times (unit durations) by (kind class, stage, micro).
-    let mut f_done: HashMap<(usize, usize), usize> = HashMap::new();
-    let mut b_done: HashMap<(usize, usize), usize> = HashMap::new();
-    let mut next_f = vec![0usize; nv];
-    let mut next_b = vec![0usize; nv];
-    let mut pending_w: Vec<VecDeque<(usize, usize)>> = vec![VecDeque::new(); p];
+/// ZB-V for given costs: `costs[s]` = (F, I, W) of virtual stage `s`, `comm` the link time.
+///
+/// The V layout puts chunk 0 (stages `0..p`) down the ranks and chunk 1 (stages `p..2p`)
+/// back up, so rank `r` holds stages `r` and `2p−1−r` and the last stage's loss is on rank
+/// 0. Like the zero-bubble authors' V scheduler, the order is built by running the ranks
+/// in time with these costs (the order then has no bubble the costs would open):
+/// - warm-up: forwards of chunk 0, then of chunk 1 as they come back up; rank `r` runs at
+///   most `2(p−r)−1` chunk-0 forwards ahead of its chunk-1 forwards (its share of the V
+///   before the first chunk-1 forward reaches it at unit costs), so chunk 0 never takes
+///   the room chunk 1 needs;
+/// - steady state: a ready `I` first (chunk 1 first: it unblocks the longer path), else a
+///   ready `F` (chunk 1 first) while the rank stashes fewer than `2p` chunk activations,
+///   else a `W` when one waits and either memory blocks the forward or the `W` ends before
+///   the next `I`/`F` can start — `W`s fill what would be bubbles;
+/// - cool-down: the remaining `W`s.
+///
+/// Memory: at most `2p` chunk activations per rank (a chunk is half a 1F1B stage), so the
+/// same activation memory as 1F1B's first rank (`p` stage activations).
+pub fn zb_v_for(ranks: usize, microbatches: usize, costs: &[[f64; 3]], comm: f64) -> Schedule {
+    let layout = Layout::VShape { ranks };
+    let (p, m) = (ranks, microbatches);
+    let mut s = Schedule::empty(layout.clone(), m);
+    if p == 0 || m == 0 || costs.len() != 2 * p {
+        return s;
+    }
+    let cap = 2 * p;
+    // End times of F and I per (stage, micro-batch); NaN until scheduled.
+    let mut f_end = vec![f64::NAN; 2 * p * m];
+    let mut b_end = vec![f64::NAN; 2 * p * m];
+    let at = |x: usize, k: usize| x * m + k;
+    let mut next_f = vec![0usize; 2 * p];
+    let mut next_b = vec![0usize; 2 * p];
+    let mut pending_w: Vec<VecDeque<usize>> = vec![VecDeque::new(); 2 * p];
     let mut stash = vec![0usize; p];
-    let mut left = nv * microbatches * 3;
-    let stages_of: Vec<Vec<usize>> = (0..p)
-        .map(|r| {
-            let mut v: Vec<usize> = (0..nv).filter(|&x| layout.rank_of(x) == r).collect();
-            v.reverse();
-            v
-        })
-        .collect();
-    let mut t = 0usize;
-    let mut idle_steps = 0;
-    while left > 0 && idle_steps < 4 * nv + 4 {
-        let mut progressed = false;
-        let mut finished = vec![];
-        for r in 0..p {
-            let ready_f = |x: usize, m: usize| {
-                layout
-                    .preds(x)
-                    .iter()
-                    .all(|&q| f_done.get(&(q, m)).is_some_and(|&e| e <= t))
-            };
-            let ready_b = |x: usize, m: usize| {
-                f_done.get(&(x, m)).is_some_and(|&e| e <= t)
-                    && layout
-                        .succs(x)
-                        .iter()
-                        .all(|&q| b_done.get(&(q, m)).is_some_and(|&e| e <= t))
-            };
-            let pick_b = stages_of[r]
-                .iter()
-                .copied()
-                .find(|&x| next_b[x] < microbatches && ready_b(x, next_b[x]));
-            let pick_f = if stash[r] < stash_limit {
-                stages_of[r]
-                    .iter()
-                    .copied()
-                    .find(|&x| next_f[x] < microbatches && ready_f(x, next_f[x]))
+    let mut free = vec![0.0f64; p];
+    let mut left = vec![6 * m; p];
+    // Ranks waiting for an input no other rank has scheduled yet (cleared on progress).
+    let mut waiting = vec![false; p];
+    // Rank r's stages: chunk 1 first (the preferred one).
+    let stages = |r: usize| [2 * p - 1 - r, r];
+    let lead = |r: usize| 2 * (p - r) - 1;
+    // When an input from stage `q` (`NaN` end: not yet scheduled) reaches stage `x`.
+    let arrival = |end: f64, q: usize, x: usize| {
+        end + if layout.rank_of(q) != layout.rank_of(x) {
+            comm
+        } else {
+            0.0
+        }
+    };
+    loop {
+        // The rank that is free first and has work left (ties: the lower rank); when every
+        // such rank waits for the others, the first one with a `W` runs it.
+        let open = (0..p)
+            .filter(|&r| left[r] > 0 && !waiting[r])
+            .min_by(|&a, &b| free[a].total_cmp(&free[b]));
+        let (r, stuck) = match open {
+            Some(r) => (r, false),
+            None => match (0..p).find(|&r| left[r] > 0) {
+                Some(r) => (r, true),
+                None => break,
+            },
+        };
+        let now = free[r];
+        let tol = 1e-9 * now.abs().max(1.0);
+        // Ready time of the next I and F of each stage (NaN: its input is not scheduled).
+        let ready_b = |x: usize| -> Option<f64> {
+            let k = next_b[x];
+            if k >= m || k >= next_f[x] {
+                return None;
+            }
+            let own = f_end[at(x, k)];
+            if x + 1 == 2 * p {
+                return Some(own);
+            }
+            // `f64::max` would drop a NaN (an input not scheduled yet).
+            let input = arrival(b_end[at(x + 1, k)], x + 1, x);
+            Some(if input.is_nan() {
+                input
             } else {
-                None
-            };
-            if let Some(x) = pick_b {
-                let m = next_b[x];
-                next_b[x] += 1;
-                s.push(Bi, x, m);
-                finished.push((1, x, m));
-                pending_w[r].push_back((x, m));
-            } else if let Some(x) = pick_f {
-                let m = next_f[x];
+                own.max(input)
+            })
+        };
+        let ready_f = |x: usize| -> Option<f64> {
+            let k = next_f[x];
+            if k >= m {
+                return None;
+            }
+            if x < p && next_f[x] >= next_f[2 * p - 1 - x] + lead(r) {
+                return None;
+            }
+            Some(if x > 0 {
+                arrival(f_end[at(x - 1, k)], x - 1, x)
+            } else {
+                0.0
+            })
+        };
+        let pick = |ready: &dyn Fn(usize) -> Option<f64>| {
+            stages(r)
+                .into_iter()
+                .find(|&x| ready(x).is_some_and(|t| t <= now + tol))
+        };
+        let earliest = |ready: &dyn Fn(usize) -> Option<f64>| {
+            stages(r)
+                .into_iter()
+                .filter_map(ready)
+                .filter(|t| !t.is_nan())
+                .fold(f64::INFINITY, f64::min)
+        };
+        let memory_full = stash[r] >= cap;
+        let b_pick = pick(&ready_b);
+        let f_pick = if memory_full { None } else { pick(&ready_f) };
+        let w_next = stages(r)
+            .into_iter()
+            .filter_map(|x| pending_w[x].front().map(|&k| (x, k)))
+            .min_by_key(|&(x, k)| (k, std::cmp::Reverse(x)));
+        let next_ready = earliest(&ready_b).min(if memory_full {
+            f64::INFINITY
+        } else {
+            earliest(&ready_f)
+        });
+        let (kind, x, k, dur) = if let Some(x) = b_pick {
+            (Bi, x, next_b[x], costs[x][1])
+        } else if let Some(x) = f_pick {
+            (Fw, x, next_f[x], costs[x][0])
+        } else if let Some((x, k)) = w_next.filter(|&(x, _)| {
+            memory_full || next_ready.is_infinite() || now + costs[x][2] <= next_ready + tol
+        }) {
+            (Bw, x, k, costs[x][2])
+        } else if next_ready.is_finite() && !stuck {
+            free[r] = next_ready;
+            continue;
+        } else if !stuck {
+            // Its inputs are not scheduled yet: let the other ranks run first.
+            waiting[r] = true;
+            continue;
+        } else {
+            // No rank can start an `F` or `I`: run a pending `W` if any rank has one.
+            match (0..p).find_map(|q| {
+                let w = stages(q)
+                    .into_iter()
+                    .find_map(|x| pending_w[x].front().map(|&k| (x, k)));
+                w.map(|w| (q, w))
+            }) {
+                Some((q, (x, k))) => {
+                    let end = free[q] + costs[x][2];
+                    pending_w[x].pop_front();
+                    stash[q] -= 1;
+                    s.push(Bw, x, k);
+                    free[q] = end;
+                    left[q] -= 1;
+                    waiting.iter_mut().for_each(|w| *w = false);
+                    continue;
+                }
+                // A deadlock: the validator reports the schedule as incomplete.
+                None => break,
+            }
+        };
+        let start = match kind {
+            Fw => ready_f(x).unwrap_or(now).max(now),
+            Bi => ready_b(x).unwrap_or(now).max(now),
+            _ => now,
+        };
+        let end = start + dur;
+        match kind {
+            Fw => {
+                f_end[at(x, k)] = end;
                 next_f[x] += 1;
                 stash[r] += 1;
-                s.push(Fw, x, m);
-                finished.push((0, x, m));
-            } else if let Some((x, m)) = pending_w[r].pop_front() {
+            }
+            Bi => {
+                b_end[at(x, k)] = end;
+                next_b[x] += 1;
+                pending_w[x].push_back(k);
+            }
+            _ => {
+                pending_w[x].pop_front();
                 stash[r] -= 1;
-                s.push(Bw, x, m);
-            } else {
-                continue;
-            }
-            left -= 1;
-            progressed = true;
-        }
-        for (class, x, m) in finished {
-            if class == 0 {
-                f_done.insert((x, m), t + 1);
-            } else {
-                b_done.insert((x, m), t + 1);
             }
         }
-        idle_steps = if progressed { 0 } else { idle_steps + 1 };
-        t += 1;
+        s.push(kind, x, k);
+        free[r] = end;
+        left[r] -= 1;
+        waiting.iter_mut().for_each(|w| *w = false);
     }
     s
 }
