@@ -88,7 +88,17 @@ pub fn simulate_cmd(a: SimulateArgs) -> Result<ExitCode> {
         if a.chunks > 1 && a.schedule != "interleaved-1f1b" {
             bail!("--chunks applies to interleaved-1f1b only");
         }
-        let s = builtin(&a.schedule, a.stages, a.microbatches, a.chunks)?;
+        let s = if a.schedule == "zb-v" {
+            // ZB-V orders its actions by running the ranks with the stage costs.
+            ppcc_passes::schedule::zb_v_for(
+                a.stages,
+                a.microbatches,
+                &vec![[f, b, w]; 2 * a.stages],
+                comm,
+            )
+        } else {
+            builtin(&a.schedule, a.stages, a.microbatches, a.chunks)?
+        };
         validate(&s).with_context(|| format!("built-in schedule `{}`", a.schedule))?;
         s
     } else if a.schedule.ends_with(".csv") || std::path::Path::new(&a.schedule).exists() {
