@@ -33,6 +33,21 @@ fn check_shape(t: &Tensor, want: &[usize], what: &str) -> OpResult<()> {
 
 // ---- softmax cross-entropy ----
 
+/// The class count of logits `[.., C]` and their shape without the class axis, which the
+/// labels must have.
+fn classes_and_rows<'t>(logits: &'t Tensor, labels: &Tensor) -> OpResult<(usize, &'t [usize])> {
+    let Some((&classes, outer)) = logits.shape.split_last() else {
+        fail!("logits must have rank >= 1 (the last axis holds the classes)");
+    };
+    if labels.shape != outer {
+        fail!(
+            "labels must have shape {outer:?} (the logits' shape without the class axis), got {:?}",
+            labels.shape
+        );
+    }
+    Ok((classes, outer))
+}
+
 /// Rows of the logits `[outer, C]`, their labels, and which rows count.
 struct CrossEntropy<'a> {
     logits: &'a [f64],
@@ -47,15 +62,7 @@ impl<'a> CrossEntropy<'a> {
     fn new(attrs: &CrossEntropyAttrs, logits: &'a Tensor, labels: &'a Tensor) -> OpResult<Self> {
         let lv = floats(logits, "logits")?;
         let labels_v = ints(labels, "labels")?;
-        let Some((&classes, outer)) = logits.shape.split_last() else {
-            fail!("logits must have rank >= 1 (the last axis holds the classes)");
-        };
-        if labels.shape != outer {
-            fail!(
-                "labels must have shape {outer:?} (the logits' shape without the class axis), got {:?}",
-                labels.shape
-            );
-        }
+        let (classes, _) = classes_and_rows(logits, labels)?;
         let ignore = attrs.ignore_index;
         let mut targets = Vec::with_capacity(labels_v.len());
         for (row, &l) in labels_v.iter().enumerate() {
@@ -154,15 +161,7 @@ pub(super) fn label_logit(attrs: &LabelLogitAttrs, inputs: &[&Tensor]) -> OpResu
     let (logits, labels) = (inputs[0], inputs[1]);
     let lv = floats(logits, "logits")?;
     let lab = ints(labels, "labels")?;
-    let Some((&classes, outer)) = logits.shape.split_last() else {
-        fail!("logits must have rank >= 1 (the last axis holds the classes)");
-    };
-    if labels.shape != outer {
-        fail!(
-            "labels must have shape {outer:?} (the logits' shape without the class axis), got {:?}",
-            labels.shape
-        );
-    }
+    let (classes, outer) = classes_and_rows(logits, labels)?;
     let out: Vec<f64> = lab
         .iter()
         .enumerate()

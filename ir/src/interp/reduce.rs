@@ -12,23 +12,27 @@ use crate::ops::attrs::ReduceAttrs;
 use crate::ops::OpKind;
 use crate::tensor::{Tensor, TensorData};
 
-pub(super) fn reduce(kind: OpKind, attrs: &ReduceAttrs, x: &Tensor) -> OpResult<Tensor> {
-    let rank = x.shape.len();
+/// The reduced axes (all for an empty `axes`) and the shape with them kept as 1s. Every
+/// input element adds into the result element at its own index with the reduced
+/// coordinates set to 0, which is exactly how the kept shape broadcasts to the input.
+fn reduced(attrs: &ReduceAttrs, shape: &[usize]) -> OpResult<(Vec<usize>, Vec<usize>)> {
+    let rank = shape.len();
     let axes = if attrs.axes.is_empty() {
         (0..rank).collect()
     } else {
         norm_axes(&attrs.axes, rank)?
     };
-    let keepdims = attrs.keepdims;
-    // The result with reduced dimensions kept as 1: every input element adds into the
-    // result element at its own index with the reduced coordinates set to 0, which is
-    // exactly how the kept shape broadcasts to the input shape.
-    let kept: Vec<usize> = x
-        .shape
+    let kept = shape
         .iter()
         .enumerate()
         .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
         .collect();
+    Ok((axes, kept))
+}
+
+pub(super) fn reduce(kind: OpKind, attrs: &ReduceAttrs, x: &Tensor) -> OpResult<Tensor> {
+    let (axes, kept) = reduced(attrs, &x.shape)?;
+    let keepdims = attrs.keepdims;
     let out_len: usize = kept.iter().product();
     let count: usize = axes.iter().map(|&a| x.shape[a]).product();
     let shape: Vec<usize> = if keepdims {
@@ -110,18 +114,7 @@ pub(super) fn log_sum_exp_grad(attrs: &ReduceAttrs, inputs: &[&Tensor]) -> OpRes
     else {
         fail!("log_sum_exp_grad needs float operands");
     };
-    let rank = x.shape.len();
-    let axes = if attrs.axes.is_empty() {
-        (0..rank).collect()
-    } else {
-        norm_axes(&attrs.axes, rank)?
-    };
-    let kept: Vec<usize> = x
-        .shape
-        .iter()
-        .enumerate()
-        .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
-        .collect();
+    let (_, kept) = reduced(attrs, &x.shape)?;
     let n: usize = kept.iter().product();
     if yv.len() != n || dv.len() != n {
         fail!(

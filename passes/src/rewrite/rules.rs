@@ -187,6 +187,23 @@ fn ty(eg: &PpEGraph, id: Id) -> Option<TensorType> {
     eg[id].data.ty().cloned()
 }
 
+/// Whether `node` is an op of kind `kind`.
+fn is_op(node: &PpNode, kind: OpKind) -> bool {
+    matches!(node, PpNode::Op { kind: k, .. } if *k == kind)
+}
+
+/// `f` applied to every part, concatenated along `axis`; `None` if any part fails.
+fn concat_of_each(
+    eg: &mut PpEGraph,
+    parts: &[Id],
+    axis: usize,
+    loc: Option<&str>,
+    mut f: impl FnMut(&mut PpEGraph, Id) -> Option<Id>,
+) -> Option<Id> {
+    let pieces: Option<Vec<Id>> = parts.iter().map(|&p| f(eg, p)).collect();
+    concat(eg, pieces?, axis, loc)
+}
+
 fn op_parts(node: &PpNode) -> Option<(OpKind, super::egraph::AttrId, &[Id])> {
     match node {
         PpNode::Op { kind, attrs, args } => Some((*kind, *attrs, args)),
@@ -713,17 +730,17 @@ impl Rule for DistributeRowwise {
             let Some(r_axis) = Self::result_axis(kind, &attrs, rank, axis) else {
                 continue;
             };
-            let pieces: Option<Vec<Id>> = parts
-                .iter()
-                .map(|&p| {
+            out.extend(concat_of_each(
+                eg,
+                &parts,
+                r_axis,
+                loc.as_deref(),
+                |eg, p| {
                     let mut piece_args = args.to_vec();
                     piece_args[0] = p;
                     add_op(eg, kind, &attrs, piece_args, loc.as_deref())
-                })
-                .collect();
-            if let Some(c) = pieces.and_then(|p| concat(eg, p, r_axis, loc.as_deref())) {
-                out.push(c);
-            }
+                },
+            ));
         }
         out
     }
@@ -738,13 +755,7 @@ impl Rule for SliceOfConcat {
     }
 
     fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
-        matches!(
-            node,
-            PpNode::Op {
-                kind: OpKind::Slice,
-                ..
-            }
-        )
+        is_op(node, OpKind::Slice)
     }
 
     fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, _class: Id, node: &PpNode) -> Vec<Id> {
@@ -797,13 +808,7 @@ impl Rule for MatMulOfConcat {
     }
 
     fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
-        matches!(
-            node,
-            PpNode::Op {
-                kind: OpKind::MatMul,
-                ..
-            }
-        )
+        is_op(node, OpKind::MatMul)
     }
 
     fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
@@ -947,13 +952,7 @@ impl Rule for TransposeOfConcat {
     }
 
     fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
-        matches!(
-            node,
-            PpNode::Op {
-                kind: OpKind::Transpose,
-                ..
-            }
-        )
+        is_op(node, OpKind::Transpose)
     }
 
     fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
@@ -977,13 +976,13 @@ impl Rule for TransposeOfConcat {
             let Some(r_axis) = perm.iter().position(|&p| p == axis) else {
                 continue;
             };
-            let pieces: Option<Vec<Id>> = parts
-                .iter()
-                .map(|&p| add_op(eg, OpKind::Transpose, &attrs, vec![p], loc.as_deref()))
-                .collect();
-            if let Some(c) = pieces.and_then(|p| concat(eg, p, r_axis, loc.as_deref())) {
-                out.push(c);
-            }
+            out.extend(concat_of_each(
+                eg,
+                &parts,
+                r_axis,
+                loc.as_deref(),
+                |eg, p| add_op(eg, OpKind::Transpose, &attrs, vec![p], loc.as_deref()),
+            ));
         }
         out
     }
@@ -1000,13 +999,7 @@ impl Rule for ReshapeOfConcat {
     }
 
     fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
-        matches!(
-            node,
-            PpNode::Op {
-                kind: OpKind::Reshape,
-                ..
-            }
-        )
+        is_op(node, OpKind::Reshape)
     }
 
     fn apply(&self, eg: &mut PpEGraph, _: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
@@ -1166,13 +1159,7 @@ impl Rule for SplitCrossEntropy {
     }
 
     fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
-        matches!(
-            node,
-            PpNode::Op {
-                kind: OpKind::SoftmaxCrossEntropy,
-                ..
-            }
-        )
+        is_op(node, OpKind::SoftmaxCrossEntropy)
     }
 
     fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
@@ -1336,13 +1323,7 @@ impl Rule for SplitGather {
     }
 
     fn matches(&self, _: &PpEGraph, node: &PpNode) -> bool {
-        matches!(
-            node,
-            PpNode::Op {
-                kind: OpKind::Gather,
-                ..
-            }
-        )
+        is_op(node, OpKind::Gather)
     }
 
     fn apply(&self, eg: &mut PpEGraph, ctx: &RuleCtx, class: Id, node: &PpNode) -> Vec<Id> {
