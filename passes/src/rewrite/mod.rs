@@ -263,8 +263,12 @@ fn choose_variants<'v>(
         };
         let class = eg.find(class);
         let mut best: Option<(f64, &rules::Variant)> = None;
+        // A heads cut is taken only when asked for: on an unbatched product it cuts the
+        // batch, whose pieces all read the whole weight (as an M cut's do).
         for v in sat.variants.iter().filter(|v| {
-            v.pieces == t.pieces && t.axis.is_none_or(|a| a == v.axis) && eg.find(v.class) == class
+            v.pieces == t.pieces
+                && t.axis.map_or(v.axis != Axis::H, |a| a == v.axis)
+                && eg.find(v.class) == class
         }) {
             let root = v.root.clone().map_children(|c| eg.find(c));
             let cost = node_cost(eg, &root)

@@ -600,6 +600,9 @@ fn appended_cross_entropy_splits_with_the_lm_head() {
     };
     let (out, report) = rewrite_function(&m, f, &opts).unwrap_or_else(|e| panic!("{e}"));
     assert!(report.to_string().contains("log-sum-exp merge"), "{report}");
+    // Without an axis, never the batch ("heads" of an unbatched product): its pieces
+    // would all read the whole weight.
+    assert!(report.splits[0].1.contains("along N"), "{report}");
     assert!(out
         .ops()
         .iter()
