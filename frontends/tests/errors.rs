@@ -4,7 +4,10 @@ mod common;
 
 use common::*;
 use ppcc_frontends::onnx::proto::{data_type, OperatorSetIdProto};
-use ppcc_frontends::onnx::{import_onnx, ImportOptions, OnnxError};
+use ppcc_frontends::onnx::{
+    import_onnx, refused_version, ImportOptions, NewVersion, OnnxError, MAX_OPSET,
+    VERSIONS_AFTER_25,
+};
 use ppir::{DType, Tensor};
 use prost::Message;
 
@@ -25,7 +28,7 @@ fn unsupported_op_names_node_op_and_opsets() {
     let s = e.to_string();
     assert!(
         s.starts_with(
-            r#"node "foo" (LSTM, opset 9): unsupported op; ppcc supports opsets 6 to 25"#
+            r#"node "foo" (LSTM, opset 9): unsupported op; ppcc supports opsets 6 to 28"#
         ),
         "{s}"
     );
@@ -46,13 +49,13 @@ fn other_domains_are_named() {
 
 #[test]
 fn unsupported_opsets() {
-    for v in [5, 26] {
+    for v in [5, 29] {
         let e = err(&Model::new(v)
             .input(f32_info("x", &[1]))
             .output(f32_info("x", &[1])));
         assert!(matches!(e, OnnxError::UnsupportedOpset { .. }), "{e}");
         assert!(
-            e.to_string().contains(&format!("opset {v}")) && e.to_string().contains("6 to 25"),
+            e.to_string().contains(&format!("opset {v}")) && e.to_string().contains("6 to 28"),
             "{e}"
         );
     }
@@ -70,6 +73,83 @@ fn unsupported_opsets() {
             .contains("no opset of the default ONNX domain"),
         "{e}"
     );
+}
+
+#[test]
+fn op_versions_after_opset_25_that_ppcc_does_not_follow_are_refused_by_name() {
+    // Einsum (version 28 at opset 28) is refused by name, as an op ppcc does not map; once
+    // it is mapped, its version 28 stays refused until its row says it is followed.
+    let mut n = node(
+        "Einsum",
+        &["a", "b"],
+        &["y"],
+        vec![attr_str("equation", "ij,jk->ik")],
+    );
+    n.name = "mm".into();
+    let m = Model::new(28)
+        .input(f32_info("a", &[2, 3]))
+        .input(f32_info("b", &[3, 4]))
+        .node(n)
+        .output(out_info("y", data_type::FLOAT));
+    let e = err(&m);
+    assert!(e.is_unsupported());
+    assert_eq!(e.short(), r#"node "mm" (Einsum, opset 28): unsupported op"#);
+    assert_eq!(refused_version("Einsum", 28), Some(28));
+    let e = OnnxError::UnsupportedOpVersion {
+        node: "mm".into(),
+        op_type: "Einsum".into(),
+        version: 28,
+        opset: 28,
+    };
+    assert!(e.is_unsupported());
+    assert_eq!(
+        e.to_string(),
+        r#"node "mm" (Einsum, opset 28): unsupported op version: Einsum version 28 (opsets 28 and later) is not implemented"#
+    );
+    // Each refused row applies from its version on, followed rows never.
+    for &(op, v, how) in VERSIONS_AFTER_25 {
+        assert_eq!(refused_version(op, v - 1), None, "{op}");
+        let want = (how == NewVersion::Refused).then_some(v);
+        assert_eq!(refused_version(op, v), want, "{op}");
+        assert_eq!(refused_version(op, MAX_OPSET), want, "{op}");
+    }
+    assert_eq!(refused_version("Add", MAX_OPSET), None);
+}
+
+/// `VERSIONS_AFTER_25` lists exactly the ops of the installed onnx package that got a new
+/// version after opset 25, up to `MAX_OPSET`, not counting ops new there.
+#[test]
+fn versions_after_opset_25_match_the_onnx_schemas() {
+    let py = std::env::var("PPCC_PYTHON").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python").to_string()
+    });
+    let code = format!(
+        "import onnx.defs as d\n\
+         vs = {{}}\n\
+         for s in d.get_all_schemas_with_history():\n    \
+             if s.domain in ('', 'ai.onnx'): vs.setdefault(s.name, []).append(s.since_version)\n\
+         for n, v in sorted(vs.items()):\n    \
+             for x in v:\n        \
+                 if 25 < x <= {MAX_OPSET} and min(v) <= 25: print(n, x)"
+    );
+    let out = std::process::Command::new(&py)
+        .args(["-c", &code])
+        .output()
+        .unwrap_or_else(|e| panic!("{py}: {e} (set PPCC_PYTHON to a python with onnx)"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let want: Vec<String> = VERSIONS_AFTER_25
+        .iter()
+        .map(|(op, v, _)| format!("{op} {v}"))
+        .collect();
+    assert_eq!(got, want);
 }
 
 #[test]

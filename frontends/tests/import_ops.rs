@@ -970,3 +970,88 @@ fn conv_transpose_output_shape_beyond_the_full_output() {
     assert_close(&got[..80], &want);
     assert_close(&got[80..], &want);
 }
+
+#[test]
+fn opsets_26_to_28_import() {
+    // Ops whose newest version is ≤ 25 mean the same at opsets 26–28.
+    for opset in [26, 27, 28] {
+        let m = Model::new(opset)
+            .input(f32_info("x", &[1, 3]))
+            .node(node("Softmax", &["x"], &["s"], vec![]))
+            .node(node(
+                "Cast",
+                &["s"],
+                &["y"],
+                vec![attr_int("to", data_type::DOUBLE as i64)],
+            ))
+            .output(out_info("y", data_type::DOUBLE));
+        let module = import(&m);
+        let out = run(&module, vec![Tensor::from_f32(vec![1, 3], vec![0.0; 3])]);
+        assert_eq!(out[0].dtype, DType::F64);
+        assert_close(&f32s(&out[0]), &[1.0 / 3.0; 3]);
+    }
+}
+
+fn range_model(
+    opset: i64,
+    dtype: DType,
+    attrs: Vec<ppcc_frontends::onnx::proto::AttributeProto>,
+) -> Model {
+    let s = |v: f64| Tensor::from_f64(dtype, vec![], vec![v]);
+    let ty = ppcc_frontends::onnx::tensor::dtype_to_onnx(dtype);
+    Model::new(opset)
+        .init("start", &s(1.0))
+        .init("limit", &s(5.0))
+        .init("delta", &s(2.0))
+        .node(node("Range", &["start", "limit", "delta"], &["r"], attrs))
+        .output(out_info("r", ty))
+}
+
+#[test]
+fn range_27_stash_type() {
+    // Version 27 takes float16/bfloat16, computed in `stash_type` (float or double).
+    for dtype in [DType::F16, DType::BF16] {
+        for attrs in [vec![], vec![attr_int("stash_type", 11)]] {
+            let out = run(&import(&range_model(27, dtype, attrs)), vec![]);
+            assert_eq!(out[0].dtype, dtype);
+            assert_close(&f32s(&out[0]), &[1.0, 3.0]);
+        }
+        let e = import_onnx(
+            &range_model(27, dtype, vec![attr_int("stash_type", 10)]).bytes(),
+            &ImportOptions::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("stash_type must be 1"), "{e}");
+    }
+    // Other types ignore it.
+    let m = range_model(27, DType::F32, vec![attr_int("stash_type", 10)]);
+    assert_close(&f32s(&run(&import(&m), vec![])[0]), &[1.0, 3.0]);
+}
+
+#[test]
+fn log_reductions_28_take_floats_only() {
+    let m = |ty: i32, opset: i64| {
+        Model::new(opset)
+            .input(value_info("x", ty, &[Ok(2), Ok(2)]))
+            .init("axes", &Tensor::from_i64(DType::I64, vec![1], vec![1]))
+            .node(node(
+                "ReduceLogSumExp",
+                &["x", "axes"],
+                &["y"],
+                vec![attr_int("keepdims", 0)],
+            ))
+            .output(out_info("y", ty))
+    };
+    let out = run(
+        &import(&m(data_type::FLOAT, 28)),
+        vec![Tensor::from_f32(vec![2, 2], vec![0.0, 0.0, 1.0, 1.0])],
+    );
+    let l2 = 2f32.ln();
+    assert_close(&f32s(&out[0]), &[l2, 1.0 + l2]);
+    let e = import_onnx(&m(data_type::INT32, 28).bytes(), &ImportOptions::default()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("takes a float tensor from opset 28, not i32"),
+        "{e}"
+    );
+}

@@ -40,6 +40,17 @@ pub enum OnnxError {
         opset: i64,
     },
 
+    /// An op whose version at the model's opset ppcc does not implement (it changed after
+    /// opset 25; see `VERSIONS_AFTER_25`): refused rather than read with older semantics.
+    #[error("node {node:?} ({op_type}, opset {opset}): unsupported op version: {op_type} version {version} (opsets {version} and later) is not implemented")]
+    UnsupportedOpVersion {
+        node: String,
+        op_type: String,
+        /// The op's version in effect at `opset`.
+        version: i64,
+        opset: i64,
+    },
+
     /// A supported op used in a way ppcc does not map (an attribute value, a non-constant
     /// input that must be static, a sequence type...).
     #[error("node {node:?} ({op_type}, opset {opset}): unsupported: {message}")]
@@ -137,6 +148,7 @@ impl OnnxError {
             self,
             OnnxError::UnsupportedOpset { .. }
                 | OnnxError::UnsupportedOp { .. }
+                | OnnxError::UnsupportedOpVersion { .. }
                 | OnnxError::Unsupported { .. }
                 | OnnxError::UnsupportedValue { .. }
         )

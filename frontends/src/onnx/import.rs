@@ -27,7 +27,7 @@ use ppir::{
 
 use super::attrs::NodeAttrError;
 use super::error::OnnxError;
-use super::lower::{MAX_OPSET, MIN_OPSET, SUPPORTED_OPS};
+use super::lower::{refused_version, MAX_OPSET, MIN_OPSET, SUPPORTED_OPS};
 use super::proto::{
     DimensionValue, GraphProto, ModelProto, SparseTensorProto, TypeProto, TypeTensor, TypeValue,
     ValueInfoProto,
@@ -1241,16 +1241,20 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
         Err(OnnxError::Invalid(_)) if graph.node.iter().any(|n| !is_default_domain(&n.domain)) => 0,
         Err(e) => return Err(e),
     };
-    // An op ppcc cannot map is the most telling error; report it before anything else.
+    // An op ppcc cannot map (or an op version it does not follow) is the most telling
+    // error; report it before anything else.
     for (i, node) in graph.node.iter().enumerate() {
         let default_domain = is_default_domain(&node.domain);
+        let name = || {
+            if node.name.is_empty() {
+                format!("{}_{i}", node.op_type)
+            } else {
+                node.name.clone()
+            }
+        };
         if !default_domain || !SUPPORTED_OPS.contains(&node.op_type.as_str()) {
             return Err(OnnxError::UnsupportedOp {
-                node: if node.name.is_empty() {
-                    format!("{}_{i}", node.op_type)
-                } else {
-                    node.name.clone()
-                },
+                node: name(),
                 op_type: node.op_type.clone(),
                 domain: node.domain.clone(),
                 opset: if default_domain {
@@ -1258,6 +1262,14 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
                 } else {
                     domain_opset(model, &node.domain)
                 },
+            });
+        }
+        if let Some(version) = refused_version(&node.op_type, opset) {
+            return Err(OnnxError::UnsupportedOpVersion {
+                node: name(),
+                op_type: node.op_type.clone(),
+                version,
+                opset,
             });
         }
     }

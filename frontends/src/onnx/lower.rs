@@ -24,8 +24,57 @@ use super::tensor::{dtype_from_onnx, element_count, tensor_from_proto};
 /// Oldest opset of the default domain ppcc imports. Opset 6 is what the onnx package's
 /// PyTorch-converted test models use; older opsets differ in too many details.
 pub const MIN_OPSET: i64 = 6;
-/// Newest opset ppcc imports. Opsets 22–25 only widened type constraints of the ops below.
-pub const MAX_OPSET: i64 = 25;
+/// Newest opset ppcc imports. Opsets 22–25 only widened type constraints of the ops below;
+/// the ops that changed in opsets 26–28 are listed in [`VERSIONS_AFTER_25`].
+pub const MAX_OPSET: i64 = 28;
+
+/// Whether ppcc follows an op version of opsets 26–28.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NewVersion {
+    /// Implemented: the op's arm below follows this version.
+    Followed,
+    /// Not followed: once the op is in [`SUPPORTED_OPS`], a node of it at this opset or later
+    /// is refused ([`super::OnnxError::UnsupportedOpVersion`]) rather than read with its
+    /// older semantics; until then it is refused as an op ppcc does not map.
+    Refused,
+}
+
+/// Default-domain ops that got a new version in opsets 26–28 (from the onnx 1.23.2 schemas,
+/// `onnx.defs.get_all_schemas_with_history()`), with that version. Ops new in 26–28
+/// (`BitCast`, `CumProd`, `CausalConvWithState`, `LinearAttention`, `SwiGLU`) have no older
+/// meaning to mistake and are left out.
+pub const VERSIONS_AFTER_25: &[(&str, i64, NewVersion)] = &[
+    ("BitShift", 28, NewVersion::Refused),
+    // Adds the FLOAT6 types only, which ppcc has no dtype for (refused as any unknown type).
+    ("Cast", 28, NewVersion::Followed),
+    ("Celu", 28, NewVersion::Refused),
+    ("Compress", 28, NewVersion::Refused),
+    ("DepthToSpace", 28, NewVersion::Refused),
+    ("DequantizeLinear", 28, NewVersion::Refused),
+    ("Einsum", 28, NewVersion::Refused),
+    ("Mod", 28, NewVersion::Refused),
+    ("OneHot", 28, NewVersion::Refused),
+    ("Optional", 28, NewVersion::Refused),
+    ("OptionalGetElement", 28, NewVersion::Refused),
+    ("OptionalHasElement", 28, NewVersion::Refused),
+    ("QuantizeLinear", 28, NewVersion::Refused),
+    // Adds `stash_type` (the precision of float16/bfloat16 ranges) and those two types.
+    ("Range", 27, NewVersion::Followed),
+    // Drop the integer types; the float semantics are unchanged.
+    ("ReduceLogSum", 28, NewVersion::Followed),
+    ("ReduceLogSumExp", 28, NewVersion::Followed),
+    ("ReverseSequence", 28, NewVersion::Refused),
+    ("SpaceToDepth", 28, NewVersion::Refused),
+    ("Unique", 28, NewVersion::Refused),
+];
+
+/// The version of `op` (default domain) after opset 25 that ppcc refuses at `opset`, if any.
+pub fn refused_version(op: &str, opset: i64) -> Option<i64> {
+    VERSIONS_AFTER_25
+        .iter()
+        .find(|&&(o, v, how)| o == op && v <= opset && how == NewVersion::Refused)
+        .map(|&(_, v, _)| v)
+}
 
 /// The longest sequence ppcc unrolls at import time.
 const MAX_SEQUENCE: usize = 4096;
@@ -697,7 +746,18 @@ impl Importer<'_> {
                 if n > (1 << 24) as f64 {
                     unsupported!("a range of {n} elements is too large to fold at import time");
                 }
-                let vals: Vec<f64> = (0..n as usize).map(|i| start + i as f64 * delta).collect();
+                let mut vals: Vec<f64> =
+                    (0..n as usize).map(|i| start + i as f64 * delta).collect();
+                // Range-27: float16/bfloat16 ranges are computed in `stash_type` (float by
+                // default, or double) and rounded back; ppcc folds in double, so a float
+                // stash rounds through float first.
+                if opset >= 27 && matches!(dtype, DType::F16 | DType::BF16) {
+                    match a.int_or("stash_type", 1).inv()? {
+                        1 => vals.iter_mut().for_each(|x| *x = *x as f32 as f64),
+                        11 => {}
+                        t => invalid!("stash_type must be 1 (float) or 11 (double), not {t}"),
+                    }
+                }
                 let t = if dtype.is_float() {
                     Tensor::from_f64(dtype, vec![vals.len()], vals)
                 } else {
@@ -1259,6 +1319,13 @@ impl Importer<'_> {
 
     fn lower_reduce(&mut self, node: &NodeProto, a: &NodeAttrs, op: &str) -> R<Val> {
         let x = self.req(node, 0)?;
+        // Version 28 of the log reductions takes float types only (else unchanged).
+        if self.opset >= 28 && matches!(op, "ReduceLogSum" | "ReduceLogSumExp") {
+            let dtype = self.ty(&x)?.dtype;
+            if !dtype.is_float() {
+                invalid!("takes a float tensor from opset 28, not {dtype}");
+            }
+        }
         let axes_are_input = if op == "ReduceSum" {
             self.opset >= 13
         } else {

@@ -40,7 +40,10 @@ use prost::Message;
 pub use error::OnnxError;
 pub use external::{resolve_location, LocationError};
 pub use import::{import_model, model_opset, Imported};
-pub use lower::{supported_ops_list, MAX_OPSET, MIN_OPSET, SUPPORTED_OPS};
+pub use lower::{
+    refused_version, supported_ops_list, NewVersion, MAX_OPSET, MIN_OPSET, SUPPORTED_OPS,
+    VERSIONS_AFTER_25,
+};
 
 /// How to import a model.
 #[derive(Clone, Debug, Default)]
