@@ -1366,25 +1366,7 @@ impl Importer<'_> {
                 let s = self.op(k, attrs, &[x])?;
                 self.op(OpKind::Log, Attrs::new(), &[s])?
             }
-            _ => {
-                // log(sum(exp(x - max))) + max, the stable form.
-                let keep = ReduceAttrs {
-                    keepdims: true,
-                    ..reduce
-                }
-                .to_attrs();
-                let m = self.op(OpKind::ReduceMax, keep, std::slice::from_ref(&x))?;
-                let d = self.op(OpKind::Sub, Attrs::new(), &[x, m.clone()])?;
-                let e = self.op(OpKind::Exp, Attrs::new(), &[d])?;
-                let s = self.op(k, attrs.clone(), &[e])?;
-                let l = self.op(OpKind::Log, Attrs::new(), &[s])?;
-                let m = if !keepdims {
-                    self.op(OpKind::ReduceMax, attrs, &[m])?
-                } else {
-                    m
-                };
-                self.op(OpKind::Add, Attrs::new(), &[l, m])?
-            }
+            _ => self.op(OpKind::ReduceLogSumExp, attrs, &[x])?,
         })
     }
 
