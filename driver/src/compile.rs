@@ -666,11 +666,10 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     let (weight_pieces, splits) = match &split_targets {
         Some(targets) => {
             c.progress("rewriting");
-            let loss = ppcc_passes::autodiff::append_loss(&mut module, "main", prog_opts.loss)
-                .map_err(|e| invalid!("appending the loss to @main: {e}"))?;
+            let (pieces, splits, report, loss) =
+                rewrite_split(&mut module, targets, prog_opts.loss)?;
             prog_opts.loss = ppcc_passes::autodiff::LossKind::Output;
             appended = Some(loss);
-            let (pieces, splits, report) = rewrite_split(&mut module, targets)?;
             (c.events)(Event::Note(report));
             (pieces, splits)
         }
@@ -1389,14 +1388,13 @@ fn auto_splits(
                 axis: None,
             };
             let mut m = module.clone();
-            let outcome = ppcc_passes::autodiff::append_loss(&mut m, "main", options.autodiff.loss)
-                .map_err(|e| invalid!("{e}"))
-                .and_then(|_| rewrite_split(&mut m, std::slice::from_ref(&target)))
-                .and_then(|_| {
-                    let mut o = options.clone();
-                    o.autodiff.loss = ppcc_passes::autodiff::LossKind::Output;
-                    Ok(plan(&m, &o)?.report.makespan)
-                });
+            let outcome =
+                rewrite_split(&mut m, std::slice::from_ref(&target), options.autodiff.loss)
+                    .and_then(|_| {
+                        let mut o = options.clone();
+                        o.autodiff.loss = ppcc_passes::autodiff::LossKind::Output;
+                        Ok(plan(&m, &o)?.report.makespan)
+                    });
             match outcome {
                 Ok(t) => {
                     tried.push(format!("{k} pieces {}", ms(t)));
@@ -1433,18 +1431,24 @@ fn auto_splits(
     }
 }
 
-/// Split the `--split` ops of `@main` with the e-graph rewriter and make the weights read
-/// in pieces one parameter per piece; returns the pieces (for the plan), the splits and
-/// the rewriter's report line.
+/// Append the training loss `loss` to `@main` (so the rules see it: a cross-entropy splits
+/// with its LM head), split the `--split` ops with the e-graph rewriter and make the
+/// weights read in pieces one parameter per piece; returns the pieces (for the plan), the
+/// splits, the rewriter's report line and the loss appended (autodiff then differentiates
+/// `@main`'s output).
 fn rewrite_split(
     module: &mut Module,
     targets: &[ppcc_passes::rewrite::rules::SplitTarget],
+    loss: ppcc_passes::autodiff::LossKind,
 ) -> Result<(
     std::collections::BTreeMap<String, doc::WeightPieces>,
     Vec<doc::SplitDoc>,
     String,
+    ppcc_passes::autodiff::AppendedLoss,
 )> {
     use ppcc_passes::rewrite::{params::split_params, rewrite_function, RewriteOptions};
+    let appended = ppcc_passes::autodiff::append_loss(module, "main", loss)
+        .map_err(|e| invalid!("appending the loss to @main: {e}"))?;
     let f = module
         .function("main")
         .ok_or_else(|| invalid!("the imported module has no @main"))?;
@@ -1477,5 +1481,5 @@ fn rewrite_split(
             what: what.clone(),
         })
         .collect();
-    Ok((pieces, splits, report.to_string()))
+    Ok((pieces, splits, report.to_string(), appended))
 }

@@ -40,17 +40,32 @@ fn digest(p: &Plan) -> String {
     )
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 5 {
-        eprintln!("usage: plan_bench FILE.ppir STAGES MICROBATCHES SCHEDULE...");
-        std::process::exit(2);
+        return Err("usage: plan_bench FILE.ppir STAGES MICROBATCHES SCHEDULE...".into());
     }
-    let text = std::fs::read_to_string(&args[1]).expect("read the module");
-    let module = ppir::text::parse_module(&text).expect("parse the module");
-    let ranks: usize = args[2].parse().expect("stages");
-    let microbatches: usize = args[3].parse().expect("micro-batches");
-    let profile = DeviceProfile::builtin("h100").expect("h100 profile");
+    let text =
+        std::fs::read_to_string(&args[1]).map_err(|e| format!("cannot read {}: {e}", args[1]))?;
+    let module = ppir::text::parse_module(&text).map_err(|e| format!("{}: {e}", args[1]))?;
+    let count = |i: usize, what: &str| -> Result<usize, String> {
+        args[i]
+            .parse()
+            .map_err(|_| format!("{what} must be a number, got `{}`", args[i]))
+    };
+    let ranks = count(2, "STAGES")?;
+    let microbatches = count(3, "MICROBATCHES")?;
+    let profile = DeviceProfile::builtin("h100").map_err(|e| e.to_string())?;
     println!("| schedule | partition | plan (s) | baseline (s) | total (s) |");
     println!("| --- | --- | --- | --- | --- |");
     let mut digests = vec![];
@@ -76,18 +91,17 @@ fn main() {
             op_timer: None,
         };
         let t0 = Instant::now();
-        let best = plan(&module, &options).expect("plan");
+        let best = plan(&module, &options).map_err(|e| format!("{name}: {e}"))?;
         let t1 = Instant::now();
-        let baseline = (kind != PartitionKind::Sequential).then(|| {
-            plan(
-                &module,
-                &PlannerOptions {
-                    partition: PartitionKind::Sequential,
-                    ..options.clone()
-                },
-            )
-            .expect("baseline plan")
-        });
+        let baseline = if kind == PartitionKind::Sequential {
+            None
+        } else {
+            let o = PlannerOptions {
+                partition: PartitionKind::Sequential,
+                ..options.clone()
+            };
+            Some(plan(&module, &o).map_err(|e| format!("{name} baseline: {e}"))?)
+        };
         let t2 = Instant::now();
         println!(
             "| {name} | {} | {:.3} | {:.3} | {:.3} |",
@@ -104,4 +118,5 @@ fn main() {
     for d in digests {
         eprintln!("{d}");
     }
+    Ok(())
 }

@@ -687,12 +687,7 @@ pub fn append_loss(
         f.op_mut(op).phase = None;
     }
     f.set_results(vec![loss]);
-    for op in f.ops().to_vec().into_iter().rev() {
-        let data = f.op(op);
-        if !data.kind.has_side_effect() && data.results().iter().all(|&r| f.users(r).is_empty()) {
-            f.remove_op(op);
-        }
-    }
+    remove_dead(f);
     Ok(AppendedLoss {
         kind,
         labels: labels_ty,

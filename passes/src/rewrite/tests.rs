@@ -114,30 +114,39 @@ fn check(src: &str, targets: Vec<SplitTarget>, rng: &mut Rng) -> RewriteReport {
         &format!("forward {what}"),
     );
     // Gradients: MSE against random targets.
+    check_gradients(&m, &m2, LossKind::Mse, &inputs, rng, 1e-9, &what);
+    report
+}
+
+/// The gradient functions of `m` and `m2` (autodiff with `loss`) agree within `tol` on
+/// `inputs`, plus random values for the arguments autodiff adds (the loss's labels).
+fn check_gradients(
+    m: &Module,
+    m2: &Module,
+    loss: LossKind,
+    inputs: &[Tensor],
+    rng: &mut Rng,
+    tol: f64,
+    what: &str,
+) {
     let ad = AutodiffOptions {
-        loss: LossKind::Mse,
+        loss,
         ..Default::default()
     };
     let (mut g1, mut g2) = (m.clone(), m2.clone());
     build_gradient_function(&mut g1, &ad).unwrap_or_else(|e| panic!("{e}"));
     build_gradient_function(&mut g2, &ad).unwrap_or_else(|e| panic!("{e}"));
     let gf = g1.function("grad").unwrap();
-    let ginputs: Vec<Tensor> = gf
-        .arg_values()
-        .enumerate()
-        .map(|(i, v)| {
-            inputs
-                .get(i)
-                .cloned()
-                .unwrap_or_else(|| random_tensor(rng, gf.ty(v)))
-        })
-        .collect();
-    assert_close(
+    let mut ginputs = inputs.to_vec();
+    for v in gf.arg_values().skip(inputs.len()) {
+        ginputs.push(random_tensor(rng, gf.ty(v)));
+    }
+    assert_close_tol(
         &run(&g1, "grad", &ginputs),
         &run(&g2, "grad", &ginputs),
+        tol,
         &format!("gradients {what}"),
     );
-    report
 }
 
 fn dims(d: &[u64]) -> String {
@@ -556,21 +565,9 @@ fn cross_entropy_splits_along_the_vocabulary_with_the_lm_head() {
             &run(&m2, "main", &inputs),
             &format!("loss, {what}"),
         );
-        let ad = AutodiffOptions {
-            loss: LossKind::Output,
-            ..Default::default()
-        };
-        let (mut g1, mut g2) = (m.clone(), m2.clone());
-        build_gradient_function(&mut g1, &ad).unwrap_or_else(|e| panic!("{e}"));
-        build_gradient_function(&mut g2, &ad).unwrap_or_else(|e| panic!("{e}"));
         // The merged form's mean divides by an f32 constant 1/count (the fused op divides
         // in f64): one f32 rounding apart.
-        assert_close_tol(
-            &run(&g1, "grad", &inputs),
-            &run(&g2, "grad", &inputs),
-            2e-7,
-            &format!("gradients, {what}"),
-        );
+        check_gradients(&m, &m2, LossKind::Output, &inputs, &mut rng, 2e-7, &what);
     }
 }
 
@@ -668,23 +665,7 @@ fn gather_splits_along_the_table_rows() {
             &run(&m2, "main", &inputs),
             &format!("forward, {what}"),
         );
-        let ad = AutodiffOptions {
-            loss: LossKind::Mse,
-            ..Default::default()
-        };
-        let (mut g1, mut g2) = (m.clone(), m2.clone());
-        build_gradient_function(&mut g1, &ad).unwrap_or_else(|e| panic!("{e}"));
-        build_gradient_function(&mut g2, &ad).unwrap_or_else(|e| panic!("{e}"));
-        let gf = g1.function("grad").unwrap();
-        let mut ginputs = inputs.clone();
-        for v_id in gf.arg_values().skip(inputs.len()) {
-            ginputs.push(random_tensor(&mut rng, gf.ty(v_id)));
-        }
-        assert_close(
-            &run(&g1, "grad", &ginputs),
-            &run(&g2, "grad", &ginputs),
-            &format!("gradients, {what}"),
-        );
+        check_gradients(&m, &m2, LossKind::Mse, &inputs, &mut rng, 1e-9, &what);
     }
     // A gather cannot be split along a contraction axis.
     let src = r#"module {
