@@ -666,12 +666,11 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     let (weight_pieces, splits) = match &split_targets {
         Some(targets) => {
             c.progress("rewriting");
-            let (pieces, splits, report, loss) =
-                rewrite_split(&mut module, targets, prog_opts.loss)?;
+            let r = rewrite_split(&mut module, targets, prog_opts.loss)?;
             prog_opts.loss = ppcc_passes::autodiff::LossKind::Output;
-            appended = Some(loss);
-            (c.events)(Event::Note(report));
-            (pieces, splits)
+            appended = Some(r.appended);
+            (c.events)(Event::Note(r.report));
+            (r.pieces, r.splits)
         }
         None => Default::default(),
     };
@@ -1431,6 +1430,16 @@ fn auto_splits(
     }
 }
 
+/// What [`rewrite_split`] did.
+struct Rewritten {
+    /// Weights read in pieces (for the plan).
+    pieces: std::collections::BTreeMap<String, doc::WeightPieces>,
+    splits: Vec<doc::SplitDoc>,
+    /// The rewriter's report line.
+    report: String,
+    appended: ppcc_passes::autodiff::AppendedLoss,
+}
+
 /// Append the training loss `loss` to `@main` (so the rules see it: a cross-entropy splits
 /// with its LM head), split the `--split` ops with the e-graph rewriter and make the
 /// weights read in pieces one parameter per piece; returns the pieces (for the plan), the
@@ -1440,12 +1449,7 @@ fn rewrite_split(
     module: &mut Module,
     targets: &[ppcc_passes::rewrite::rules::SplitTarget],
     loss: ppcc_passes::autodiff::LossKind,
-) -> Result<(
-    std::collections::BTreeMap<String, doc::WeightPieces>,
-    Vec<doc::SplitDoc>,
-    String,
-    ppcc_passes::autodiff::AppendedLoss,
-)> {
+) -> Result<Rewritten> {
     use ppcc_passes::rewrite::{params::split_params, rewrite_function, RewriteOptions};
     let appended = ppcc_passes::autodiff::append_loss(module, "main", loss)
         .map_err(|e| invalid!("appending the loss to @main: {e}"))?;
@@ -1481,5 +1485,10 @@ fn rewrite_split(
             what: what.clone(),
         })
         .collect();
-    Ok((pieces, splits, report.to_string(), appended))
+    Ok(Rewritten {
+        pieces,
+        splits,
+        report: report.to_string(),
+        appended,
+    })
 }
