@@ -22,6 +22,7 @@ pub mod optim;
 pub mod partition;
 pub mod planner;
 pub mod plugin;
+pub mod recompute;
 mod registry;
 pub mod rewrite;
 pub mod schedule;

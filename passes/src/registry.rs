@@ -193,6 +193,11 @@ impl PassRegistry {
             |o| Ok(Box::new(crate::partition::PartitionPass::from_options(o)?)),
         );
         r.register(
+            "recompute",
+            "duplicate forward ops into the backward instead of stashing their results, per stage of @grad (run after autodiff, before insert-send-recv): recompute{mode=all|auto|off,budget=BYTES,grad=grad,profile=h100,ilp-time-limit-ms=1000}",
+            |o| Ok(Box::new(crate::recompute::RecomputePass::from_options(o)?)),
+        );
+        r.register(
             "insert-send-recv",
             "split @grad/@optim by op stage into @stage<s>.fwd/.bwd_input/.bwd_weight/.optim joined by send/recv: insert-send-recv{grad=grad,optim=optim}",
             |o| Ok(Box::new(crate::split::InsertSendRecv::from_options(o)?)),

@@ -9,6 +9,8 @@
 //! most one node, a root exactly one; a picked node's child classes pick one; and
 //! `t_c ≥ t_d + 1` whenever a node of `c` with child `d` is picked (big-M form), so the
 //! choice is acyclic. Objective: `Σ cost(n) · x_n`. The greedy choice is the warm start.
+//! [`extract_with`] takes other costs and an optional budget `Σ w(n) · x_n ≤ B` on a
+//! second cost (recomputation: extra time, under a bound on the bytes kept).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -33,6 +35,16 @@ pub struct IlpChoice {
 
 /// The DAG cost of a choice: each class reachable from `roots` counted once.
 pub fn dag_cost(eg: &PpEGraph, roots: &[Id], choice: &dyn Fn(Id) -> Option<PpNode>) -> f64 {
+    dag_cost_by(eg, roots, choice, &|_, n| node_cost(eg, n))
+}
+
+/// [`dag_cost`] with another node cost.
+pub fn dag_cost_by(
+    eg: &PpEGraph,
+    roots: &[Id],
+    choice: &dyn Fn(Id) -> Option<PpNode>,
+    cost: &dyn Fn(Id, &PpNode) -> f64,
+) -> f64 {
     let mut seen = HashSet::new();
     let mut stack: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
     let mut total = 0.0;
@@ -43,7 +55,7 @@ pub fn dag_cost(eg: &PpEGraph, roots: &[Id], choice: &dyn Fn(Id) -> Option<PpNod
         let Some(n) = choice(c) else {
             return f64::INFINITY;
         };
-        total += node_cost(eg, &n);
+        total += cost(c, &n);
         stack.extend(n.children().iter().map(|&ch| eg.find(ch)));
     }
     total
@@ -58,12 +70,52 @@ pub fn extract(
     greedy: &HashMap<Id, PpNode>,
     limit: Duration,
 ) -> Option<IlpChoice> {
+    let cost = |_: Id, n: &PpNode| node_cost(eg, n);
+    let allowed = |c: Id, n: &PpNode| forced.get(&c).is_none_or(|f| f == n);
+    extract_with(
+        eg,
+        roots,
+        &IlpProblem {
+            allowed: &allowed,
+            cost: &cost,
+            budget: None,
+        },
+        greedy,
+        limit,
+    )
+}
+
+/// A cost of choosing an e-node for an e-class.
+pub type NodeCost<'a> = &'a dyn Fn(Id, &PpNode) -> f64;
+
+/// What [`extract_with`] minimises, and under which constraint.
+pub struct IlpProblem<'a> {
+    /// Whether node `n` may be chosen for class `c` (nodes reading invalid classes and
+    /// nodes of infinite cost never are).
+    pub allowed: &'a dyn Fn(Id, &PpNode) -> bool,
+    /// The objective's cost of choosing `n` for class `c`.
+    pub cost: NodeCost<'a>,
+    /// A second cost, summed the same way (each chosen class once), that must stay at
+    /// most the given bound (e.g. bytes kept in memory).
+    pub budget: Option<(NodeCost<'a>, f64)>,
+}
+
+/// The least-cost choice for `roots` under `p` (DAG cost: each class counted once),
+/// `greedy` as the warm start; `None` when the solver fails or finds nothing within
+/// `limit`. The returned cost is `p.cost`'s.
+pub fn extract_with(
+    eg: &PpEGraph,
+    roots: &[Id],
+    p: &IlpProblem,
+    greedy: &HashMap<Id, PpNode>,
+    limit: Duration,
+) -> Option<IlpChoice> {
     let roots: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
     // Classes reachable from the roots through allowed nodes.
     let allowed = |c: Id, n: &PpNode| -> bool {
-        forced.get(&c).is_none_or(|f| f == n)
+        (p.allowed)(c, n)
             && n.children().iter().all(|&ch| eg[ch].data.invalid.is_none())
-            && node_cost(eg, n).is_finite()
+            && (p.cost)(c, n).is_finite()
     };
     let mut classes: Vec<Id> = vec![];
     let mut index: HashMap<Id, usize> = HashMap::new();
@@ -82,6 +134,7 @@ pub fn extract(
     let big = classes.len() as f64 + 1.0;
     let mut vars = ProblemVariables::new();
     let mut picks: Vec<Vec<(Variable, PpNode, f64)>> = vec![];
+    let mut weights: Vec<Vec<f64>> = vec![];
     let levels: Vec<Variable> = classes
         .iter()
         .map(|_| vars.add(variable().min(0.0).max(big)))
@@ -89,12 +142,25 @@ pub fn extract(
     for &c in &classes {
         let mut v = vec![];
         for n in eg[c].nodes.iter().filter(|n| allowed(c, n)) {
-            v.push((vars.add(variable().binary()), n.clone(), node_cost(eg, n)));
+            v.push((vars.add(variable().binary()), n.clone(), (p.cost)(c, n)));
         }
+        weights.push(
+            v.iter()
+                .map(|(_, n, _)| p.budget.as_ref().map_or(0.0, |(w, _)| w(c, n)))
+                .collect(),
+        );
         picks.push(v);
     }
     let objective: Expression = picks.iter().flatten().map(|(x, _, cost)| *cost * *x).sum();
     let mut model = vars.minimise(objective).using(microlp);
+    if let Some((_, bound)) = p.budget {
+        let used: Expression = picks
+            .iter()
+            .zip(&weights)
+            .flat_map(|(v, w)| v.iter().zip(w).map(|((x, _, _), w)| *w * *x))
+            .sum();
+        model = model.with(constraint!(used <= bound));
+    }
     for (i, &c) in classes.iter().enumerate() {
         let any: Expression = picks[i].iter().map(|(x, _, _)| *x).sum();
         if roots.contains(&c) {
@@ -162,7 +228,7 @@ pub fn extract(
             nodes.insert(c, n.clone());
         }
     }
-    let cost = dag_cost(eg, &roots, &|c| nodes.get(&eg.find(c)).cloned());
+    let cost = dag_cost_by(eg, &roots, &|c| nodes.get(&eg.find(c)).cloned(), p.cost);
     cost.is_finite().then_some(IlpChoice {
         nodes,
         cost,
