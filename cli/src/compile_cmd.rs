@@ -13,6 +13,7 @@ use ppcc_driver::compile::{
 };
 use ppcc_driver::target::Target;
 use ppcc_passes::partition::{human_bytes, PartitionKind};
+use ppcc_passes::recompute::RecomputeMode;
 
 use crate::program::ProgramArgs;
 
@@ -86,6 +87,13 @@ pub struct CompileArgs {
     /// `ppcc run --save-onnx` joins them back.
     #[arg(long, value_name = "auto|off|NODE=K[:AXIS],...")]
     pub split: Option<String>,
+    /// Recompute activations in the backward instead of keeping them from the forward,
+    /// trading compute for memory. `auto` (the default): only on devices that would
+    /// exceed the memory limit, the least extra time that fits first (exact by an ILP on
+    /// small stages); `all`: everything a stage can make again from what it received;
+    /// `off`: keep every activation the backward reads.
+    #[arg(long, value_name = "auto|all|off", default_value = "auto", value_parser = ["auto", "all", "off"])]
+    pub recompute: String,
     /// Write only the plan (plan.json, schedule.csv, timeline.svg, trace.json), not the
     /// per-stage programs: for exploring plans quickly.
     #[arg(long)]
@@ -151,6 +159,8 @@ impl CompileArgs {
             cuda_arch: self.cuda_arch.clone(),
             keep_mlir: self.keep_mlir,
             split: self.split.clone(),
+            recompute: RecomputeMode::from_name(&self.recompute)
+                .context("--recompute must be auto, all or off")?,
             program: self.program.options(),
         })
     }
@@ -264,18 +274,31 @@ fn print_table(c: &Compiled) {
         "stage", "device", "ops", "F", "B", "W", "params", "stash/mb"
     );
     for (s, st) in p.partition.stages.iter().enumerate() {
+        let c = p.costs.stages.get(s);
         println!(
             "{:>5} {:>6} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10}  {} .. {}",
             s,
             p.layout.rank_of(s),
             st.ops.len(),
             ms(st.cost.f),
-            ms(st.cost.b),
+            ms(c.map_or(st.cost.b, |c| c.backward_input)),
             ms(st.cost.w),
             human_bytes(st.cost.param_bytes),
-            human_bytes(st.cost.act_bytes),
+            human_bytes(c.map_or(st.cost.act_bytes, |c| c.activation_memory)),
             st.first,
             st.last
+        );
+    }
+    for r in &p.recompute {
+        println!(
+            "recompute: stage {} makes {} values again in its backward: stash {} -> {} per micro-batch, +{} ({:.2} GFLOP){}",
+            r.stage,
+            r.values.len(),
+            human_bytes(r.stash_bytes_off),
+            human_bytes(r.stash_bytes),
+            ms(r.extra_seconds),
+            r.extra_flops / 1e9,
+            if r.exact { "" } else { " (heuristic choice)" }
         );
     }
     let edges: Vec<String> = p

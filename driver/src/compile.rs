@@ -32,6 +32,7 @@ use ppcc_passes::cost::{host_profile_cached, DeviceProfile};
 use ppcc_passes::optim::OptimizerKind;
 use ppcc_passes::partition::{apply, parse_bytes, PartitionKind};
 use ppcc_passes::planner::{plan, Plan, PlannerOptions, ScheduleSpec};
+pub use ppcc_passes::recompute::RecomputeMode;
 use ppcc_passes::schedule::csv::{from_csv, to_csv};
 use ppcc_passes::schedule::{Layout, BUILTIN_NAMES};
 use ppcc_passes::simulate::{simulate, to_svg_seconds, to_trace_json_seconds};
@@ -104,6 +105,8 @@ pub struct CompileOptions {
     pub keep_mlir: bool,
     /// Ops to split into pieces before partitioning (`NODE=K[:AXIS],...`).
     pub split: Option<String>,
+    /// Which activations the backward recomputes instead of stashing.
+    pub recompute: RecomputeMode,
     pub program: ProgramOptions,
 }
 
@@ -128,6 +131,7 @@ impl CompileOptions {
             cuda_arch: "sm_90".into(),
             keep_mlir: false,
             split: None,
+            recompute: RecomputeMode::Auto,
             program: ProgramOptions::default(),
         }
     }
@@ -640,6 +644,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         autodiff: a.program.autodiff(),
         optimizer_state,
         op_timer: None,
+        recompute: a.recompute,
     };
     let split_targets = match split_targets {
         SplitChoice::Off => None,
@@ -743,6 +748,20 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     } else {
         c.progress("building the training program");
         let training = build_training(&mut module, &prog_opts, microbatches)?;
+        if !best.recompute.is_empty() {
+            c.progress("recomputing activations");
+            let chosen: Vec<(u32, Vec<String>)> = best
+                .recompute
+                .iter()
+                .map(|r| (r.stage as u32, r.values.clone()))
+                .collect();
+            let g = module
+                .function_mut(&training.info.function)
+                .context("autodiff returned no gradient function")?;
+            ppcc_passes::recompute::apply_named(g, &chosen)
+                .context("recomputing the planned activations")?;
+            check(&module, "the training program with recomputation")?;
+        }
         c.at_point(Point::TrainingProgram, &mut module)?;
         let data = data_specs(
             &module,
@@ -1123,9 +1142,17 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
                     first_op: st.first.clone(),
                     last_op: st.last.clone(),
                     forward_seconds: st.cost.f,
-                    backward_input_seconds: st.cost.b,
+                    backward_input_seconds: p
+                        .costs
+                        .stages
+                        .get(s)
+                        .map_or(st.cost.b, |c| c.backward_input),
                     backward_weight_seconds: st.cost.w,
-                    activation_bytes_per_microbatch: st.cost.act_bytes,
+                    activation_bytes_per_microbatch: p
+                        .costs
+                        .stages
+                        .get(s)
+                        .map_or(st.cost.act_bytes, |c| c.activation_memory),
                     param_bytes: st.cost.param_bytes,
                     native_seconds: d.native_times.and_then(|t| t.get(s)).map(|t| {
                         doc::NativeSeconds {
@@ -1143,6 +1170,16 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
                     }),
                     params: split.map(|sf| sf.params.clone()),
                     dir: split.map(|_| format!("stage{s}")),
+                    recompute: p.recompute.iter().find(|r| r.stage == s).map(|r| {
+                        doc::RecomputeDoc {
+                            values: r.values.clone(),
+                            stash_bytes_without: r.stash_bytes_off,
+                            recomputed_bytes: r.recomputed_bytes,
+                            extra_seconds: r.extra_seconds,
+                            extra_flops: r.extra_flops,
+                            exact: r.exact,
+                        }
+                    }),
                 }
             })
             .collect();
@@ -1211,6 +1248,7 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
         channels: None,
         training: None,
         splits: d.splits.to_vec(),
+        recompute: Some(d.a.recompute.name().to_string()),
         phases: None,
         files: None,
     };

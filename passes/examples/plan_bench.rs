@@ -89,6 +89,7 @@ fn run() -> Result<(), String> {
             autodiff: Default::default(),
             optimizer_state: 1.0,
             op_timer: None,
+            recompute: ppcc_passes::recompute::RecomputeMode::Off,
         };
         let t0 = Instant::now();
         let best = plan(&module, &options).map_err(|e| format!("{name}: {e}"))?;

@@ -9,10 +9,15 @@
 //! weights and stash bytes) and simulates. The best candidate by makespan wins; its peak
 //! memory per device must fit the limit or the plan fails naming the device and the excess.
 
-use crate::autodiff::AutodiffOptions;
+use std::time::Duration;
+
+use crate::autodiff::{build_gradient_function, AutodiffOptions};
 use crate::cost::{comm_time, DeviceProfile};
 use crate::partition::{
-    human_bytes, partition, MemoryModel, Partition, PartitionKind, PartitionOptions,
+    apply, human_bytes, partition, MemoryModel, Partition, PartitionKind, PartitionOptions,
+};
+use crate::recompute::{
+    analyze, choose_all, choose_within, evaluate, Budget, RecomputeMode, StageChoice,
 };
 use crate::schedule::{builtin_on, insert_communication, validate, zb_v_for, Layout, Schedule};
 use crate::simulate::{simulate, CostTable, SimReport, StageCosts};
@@ -63,6 +68,26 @@ pub struct PlannerOptions {
     pub optimizer_state: f64,
     /// Times ops on the target's code (see [`crate::partition::OpTimer`]).
     pub op_timer: Option<crate::partition::OpTimer>,
+    /// Which activations the backward recomputes (see [`crate::recompute`]).
+    pub recompute: RecomputeMode,
+}
+
+/// What one stage recomputes in the plan, per micro-batch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StageRecompute {
+    pub stage: usize,
+    /// The (first) result names, in the training function `@grad`, of the forward ops the
+    /// backward makes again, in body order.
+    pub values: Vec<String>,
+    /// Bytes stashed without recomputation, and with it.
+    pub stash_bytes_off: f64,
+    pub stash_bytes: f64,
+    /// Bytes of the recomputed values (live during the backward).
+    pub recomputed_bytes: f64,
+    pub extra_seconds: f64,
+    pub extra_flops: f64,
+    /// Whether the choice is proven the least extra time for its budget.
+    pub exact: bool,
 }
 
 /// A planned pipeline.
@@ -78,6 +103,8 @@ pub struct Plan {
     pub lower_bound: f64,
     /// Every candidate partition simulated: (stage graph is a chain, makespan).
     pub candidates: Vec<(bool, f64)>,
+    /// Per stage, what it recomputes (empty without recomputation).
+    pub recompute: Vec<StageRecompute>,
 }
 
 /// Micro-batches of activations a stage of `schedule` keeps at most (for the partitioner's
@@ -146,7 +173,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     popts.autodiff = o.autodiff.clone();
     popts.candidates = 4;
     popts.op_timer = o.op_timer.clone();
-    let candidates = partition(m, &popts).map_err(|e| {
+    let explain = |e: PassError| -> PassError {
         if k == o.ranks {
             return e;
         }
@@ -162,9 +189,34 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             },
             other => other,
         }
-    })?;
+    };
+    // With recomputation the stash can shrink to about one micro-batch of activations
+    // (those of the backward running, made again): partitions that fit under that bound
+    // are candidates too, and recomputation then fits them into the limit.
+    let mut candidates = match partition(m, &popts) {
+        Ok(c) => c,
+        Err(_) if o.recompute != RecomputeMode::Off => vec![],
+        Err(e) => return Err(explain(e)),
+    };
+    if o.recompute != RecomputeMode::Off {
+        let mut relaxed = popts.clone();
+        relaxed.memory.stash = 1.0;
+        match partition(m, &relaxed) {
+            Ok(more) => {
+                for p in more {
+                    if !candidates.iter().any(|q| q.stage_of_op == p.stage_of_op) {
+                        candidates.push(p);
+                    }
+                }
+            }
+            Err(e) if candidates.is_empty() => return Err(explain(e)),
+            Err(_) => {}
+        }
+    }
     let mut simulated = vec![];
     let mut best: Option<Plan> = None;
+    // The candidate that comes closest to the limit, when none fits.
+    let mut least_over: Option<Plan> = None;
     let mut first_error = None;
     for part in candidates {
         let layout = match &fixed_layout {
@@ -176,7 +228,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             },
             None => Layout::chain(k),
         };
-        let costs = cost_table(&part, &o.profile, o.optimizer_state);
+        let mut costs = cost_table(&part, &o.profile, o.optimizer_state);
         let schedule = match &o.schedule {
             // ZB-V orders its actions by running the ranks with the stage costs.
             ScheduleSpec::Builtin(name)
@@ -200,54 +252,264 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
         if let Err(e) = validate(&schedule) {
             return Err(fail(format!("the schedule is not valid: {e}")));
         }
-        let report = match simulate(&schedule, &costs) {
-            Ok(r) => r,
-            Err(e) => {
-                first_error.get_or_insert(e.to_string());
-                continue;
+        if let Err(e) = simulate(&schedule, &costs) {
+            first_error.get_or_insert(e.to_string());
+            continue;
+        }
+        // With recomputation: the stash from the training program itself, and what to
+        // recompute (without, the partitioner's estimate until a plan is chosen).
+        let (choices, report, model) = if o.recompute == RecomputeMode::Off {
+            match simulate(&schedule, &costs) {
+                Ok(r) => (vec![], r, None),
+                Err(e) => return Err(fail(e.to_string())),
             }
+        } else {
+            let model = stash_model(m, o, &part)?;
+            let (c, r) = fit(&model, o, &schedule, &mut costs, limit)?;
+            (c, r, Some(model))
         };
         simulated.push((part.is_chain(), report.makespan));
+        let over = report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b)) - limit;
+        let total: f64 = part.stages.iter().map(|s| s.cost.time()).sum();
+        let candidate = Plan {
+            lower_bound: o.microbatches as f64 * total / o.ranks as f64,
+            recompute: choices
+                .iter()
+                .filter(|c| !c.ops.is_empty())
+                .map(|c| StageRecompute {
+                    stage: c.stage as usize,
+                    values: model.as_ref().map_or(vec![], |md| {
+                        c.ops
+                            .iter()
+                            .filter_map(|&op| md.g.op(op).results().first())
+                            .map(|&v| md.g.value(v).name.clone())
+                            .collect()
+                    }),
+                    stash_bytes_off: c.stash_bytes_off,
+                    stash_bytes: c.stash_bytes,
+                    recomputed_bytes: c.recomputed_bytes,
+                    extra_seconds: c.extra_time,
+                    extra_flops: c.extra_flops,
+                    exact: c.exact,
+                })
+                .collect(),
+            partition: part,
+            layout,
+            schedule,
+            costs,
+            report,
+            candidates: vec![],
+        };
+        if over > 0.0 {
+            let closer = least_over.as_ref().is_none_or(|b| {
+                over < b.report.peak_memory.iter().fold(0.0, |a: f64, &x| a.max(x)) - limit
+            });
+            if closer {
+                least_over = Some(candidate);
+            }
+            continue;
+        }
         let better = best
             .as_ref()
-            .is_none_or(|b| report.makespan < b.report.makespan * (1.0 - 1e-12));
+            .is_none_or(|b| candidate.report.makespan < b.report.makespan * (1.0 - 1e-12));
         if better {
-            let total: f64 = part.stages.iter().map(|s| s.cost.time()).sum();
-            best = Some(Plan {
-                lower_bound: o.microbatches as f64 * total / o.ranks as f64,
-                partition: part,
-                layout,
-                schedule,
-                costs,
-                report,
-                candidates: vec![],
-            });
+            best = Some(candidate);
         }
     }
-    let mut plan = best.ok_or_else(|| {
-        fail(format!(
-            "no candidate could be simulated: {}",
-            first_error.unwrap_or_default()
-        ))
-    })?;
+    // Without recomputation: the chosen plan's stash from its training program.
+    if o.recompute == RecomputeMode::Off {
+        let refine = |p: &mut Plan| -> Result<(), PassError> {
+            let model = stash_model(m, o, &p.partition)?;
+            let (_, report) = fit(&model, o, &p.schedule, &mut p.costs, limit)?;
+            p.report = report;
+            Ok(())
+        };
+        if let Some(p) = best.as_mut() {
+            refine(p)?;
+            let peak = p.report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
+            if peak > limit {
+                least_over = best.take();
+            }
+        }
+        if let Some(p) = least_over.as_mut() {
+            refine(p)?;
+        }
+    }
+    let Some(mut plan) = best else {
+        return Err(match least_over {
+            Some(p) => over_limit(m, o, &p, limit),
+            None => fail(format!(
+                "no candidate could be simulated: {}",
+                first_error.unwrap_or_default()
+            )),
+        });
+    };
     plan.candidates = simulated;
-    if let Some((r, &peak)) = plan
+    Ok(plan)
+}
+
+/// The training program of a partition and each stage's recomputation problem.
+struct StashModel {
+    g: ppir::Function,
+    problems: Vec<crate::recompute::StageProblem>,
+}
+
+fn stash_model(
+    m: &ppir::Module,
+    o: &PlannerOptions,
+    part: &Partition,
+) -> Result<StashModel, PassError> {
+    let mut copy = m.clone();
+    apply(&mut copy, &o.function, part)?;
+    let mut ad = o.autodiff.clone();
+    ad.function = o.function.clone();
+    let info = build_gradient_function(&mut copy, &ad)?;
+    let g = copy
+        .functions
+        .into_iter()
+        .find(|f| f.name == info.function)
+        .ok_or_else(|| fail("autodiff made no gradient function"))?;
+    // Recomputed ops are costed by the model (not measured one by one).
+    let profile = DeviceProfile {
+        measure_ops: false,
+        ..o.profile.clone()
+    };
+    let problems = analyze(&g, &profile)?;
+    Ok(StashModel { g, problems })
+}
+
+/// Time the planner gives the exact recomputation choice per stage.
+const PLANNER_ILP_LIMIT: Duration = Duration::from_millis(250);
+
+/// Put each stage's stash (and, with recomputation, its recomputed work) into `costs`
+/// and simulate. `auto` recomputes only on devices over `limit`: each stage on such a
+/// device gets the stash budget `(limit − weights − transient) / in-flight micro-batches`,
+/// refined a few times as the transient and the simulated peak move.
+fn fit(
+    model: &StashModel,
+    o: &PlannerOptions,
+    schedule: &Schedule,
+    costs: &mut CostTable,
+    limit: f64,
+) -> Result<(Vec<StageChoice>, SimReport), PassError> {
+    let g = &model.g;
+    let base = costs.clone();
+    let set = |costs: &mut CostTable, choices: &[StageChoice]| {
+        for c in choices {
+            let i = c.stage as usize;
+            if let (Some(st), Some(b)) = (costs.stages.get_mut(i), base.stages.get(i)) {
+                st.activation_memory = c.stash_bytes;
+                st.transient_memory = c.recomputed_bytes;
+                st.backward_input = b.backward_input + c.extra_time;
+            }
+        }
+    };
+    let run = |costs: &CostTable| simulate(schedule, costs).map_err(|e| fail(e.to_string()));
+    let none = std::collections::HashSet::new();
+    let off: Vec<StageChoice> = model
+        .problems
+        .iter()
+        .map(|p| evaluate(g, p, &none))
+        .collect();
+    let mut choices = match o.recompute {
+        RecomputeMode::All => model.problems.iter().map(|p| choose_all(g, p)).collect(),
+        _ => off.clone(),
+    };
+    set(costs, &choices);
+    let mut report = run(costs)?;
+    if o.recompute != RecomputeMode::Auto {
+        return Ok((choices, report));
+    }
+    // Per device over the limit: its stages share what the weights leave, each for its
+    // share of the micro-batches in flight; a round that still ends over the limit
+    // tightens the budget by the excess.
+    let mut slack = vec![0.0f64; report.peak_memory.len()];
+    for round in 0..4 {
+        let over: Vec<usize> = (0..report.peak_memory.len())
+            .filter(|&r| report.peak_memory[r] > limit)
+            .collect();
+        if over.is_empty() {
+            break;
+        }
+        let mut changed = false;
+        for r in over {
+            let weights = report.peak_memory[r] - report.peak_stash_bytes[r];
+            let mine: Vec<usize> = (0..model.problems.len())
+                .filter(|&i| {
+                    let s = model.problems[i].stage as usize;
+                    s < costs.stages.len() && schedule.layout.rank_of(s) == r
+                })
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            if round > 0 {
+                slack[r] += report.peak_memory[r] - limit;
+            }
+            let share = mine.len() as f64;
+            let budget = Budget {
+                bytes: ((limit - weights - slack[r]) / share).max(0.0),
+                inflight: (report.peak_stash[r].max(1) as f64 / share).max(1.0),
+            };
+            for i in mine {
+                let c = choose_within(g, &model.problems[i], budget, PLANNER_ILP_LIMIT);
+                changed |= c.ops != choices[i].ops;
+                choices[i] = c;
+            }
+        }
+        set(costs, &choices);
+        report = run(costs)?;
+        if !changed {
+            break;
+        }
+    }
+    Ok((choices, report))
+}
+
+/// Why no candidate fits: the device, what fills it, the smallest limit that works for
+/// this plan, and (without recomputation) what `--recompute all` would need.
+fn over_limit(m: &ppir::Module, o: &PlannerOptions, p: &Plan, limit: f64) -> PassError {
+    let Some((r, &peak)) = p
         .report
         .peak_memory
         .iter()
         .enumerate()
         .max_by(|a, b| a.1.total_cmp(b.1))
-    {
-        if peak > limit {
-            return Err(fail(format!(
-                "device {r} needs {} at its peak under this schedule, the memory limit is {} (over by {}); use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger memory limit",
-                human_bytes(peak),
-                human_bytes(limit),
-                human_bytes(peak - limit)
-            )));
+    else {
+        return fail("the plan has no devices");
+    };
+    let weights: f64 = (0..p.costs.stages.len())
+        .filter(|&s| p.schedule.layout.rank_of(s) == r)
+        .map(|s| p.costs.stages[s].weight_memory)
+        .sum();
+    let stash = p.report.peak_stash_bytes[r];
+    let mut hint = String::new();
+    if o.recompute == RecomputeMode::Off {
+        let all = PlannerOptions {
+            recompute: RecomputeMode::All,
+            memory_limit: Some(f64::INFINITY),
+            ..o.clone()
+        };
+        if let Ok(q) = plan(m, &all) {
+            let need = q.report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
+            hint = format!(
+                "; recomputing activations (--recompute auto) needs {} at least",
+                human_bytes(need)
+            );
         }
     }
-    Ok(plan)
+    fail(format!(
+        "device {r} needs {} at its peak under this schedule, the memory limit is {} (over by {}): weights {}, gradients {}, optimizer state {}, stashed activations {} ({} micro-batches in flight); the smallest limit for this plan is {}{hint}; use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger memory limit",
+        human_bytes(peak),
+        human_bytes(limit),
+        human_bytes(peak - limit),
+        human_bytes(weights),
+        human_bytes(weights),
+        human_bytes(weights * (p.costs.optimizer_state_factor - 1.0).max(0.0)),
+        human_bytes(stash),
+        p.report.peak_stash[r],
+        human_bytes(peak),
+    ))
 }
 
 /// The simulator's costs for a partition.
@@ -261,6 +523,7 @@ pub fn cost_table(part: &Partition, profile: &DeviceProfile, optimizer_state: f6
             backward_weight: s.cost.w,
             activation_memory: s.cost.act_bytes,
             weight_memory: s.cost.param_bytes,
+            transient_memory: 0.0,
         })
         .collect();
     // The optimizer reads params, gradients and state and writes params and state.

@@ -19,7 +19,9 @@
 //!
 //! - `all`: recompute everything the stage can, so the stash is only what the stage
 //!   cannot make itself (its received values);
-//! - `auto` with a byte budget per micro-batch: the least extra time whose stash fits,
+//! - `auto` with a byte budget per stage: the least extra time whose activation memory
+//!   (micro-batches in flight × stash + the recomputed values, live during one backward)
+//!   fits,
 //!   exact by an ILP over the e-graph ([`crate::rewrite::ilp::extract_with`], `microlp`,
 //!   with a time limit) warm-started by a greedy "best bytes per second first" heuristic,
 //!   which alone decides on large stages;
@@ -29,8 +31,8 @@
 //! op's `seed`, which the copy keeps. Ops with side effects (send/recv) never recompute;
 //! run this before `insert-send-recv`.
 //!
-//! As a pass: `recompute{mode=all|auto|off,budget=BYTES,grad=grad,profile=h100,ilp-time-limit-ms=1000}`
-//! (`budget` is per micro-batch and stage; `auto` needs it).
+//! As a pass: `recompute{mode=all|auto|off,budget=BYTES,inflight=N,grad=grad,profile=h100,ilp-time-limit-ms=1000}`
+//! (`budget` per stage, for `inflight` micro-batches (default 1); `auto` needs it).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -91,6 +93,8 @@ pub struct StageProblem {
     pub roots: Vec<ValueId>,
     /// The forward ops of this stage that can be recomputed, with their time (seconds).
     pub time: HashMap<OpId, f64>,
+    /// The stage's backward ops, with their position in the function body.
+    pub bwd: HashMap<OpId, usize>,
 }
 
 /// A stage's recomputation plan and what it costs and saves, per micro-batch.
@@ -103,7 +107,8 @@ pub struct StageChoice {
     pub stash_bytes_off: f64,
     /// Bytes stashed with this plan.
     pub stash_bytes: f64,
-    /// Bytes the recomputed values take while the backward runs (at most; one micro-batch).
+    /// The most bytes of recomputed values live at once while the backward of one
+    /// micro-batch runs.
     pub recomputed_bytes: f64,
     /// Extra seconds of backward.
     pub extra_time: f64,
@@ -116,8 +121,40 @@ pub struct StageChoice {
     pub fits: bool,
 }
 
+/// A stage's memory budget for activations: `inflight · stash + recomputed ≤ bytes`, where
+/// `stash` is what one micro-batch keeps from its forward until its backward,
+/// `inflight` how many micro-batches the schedule keeps at once, and `recomputed` what the
+/// backward of one micro-batch makes again (all of it counted as live at once).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    pub bytes: f64,
+    pub inflight: f64,
+}
+
+impl Budget {
+    /// No limit.
+    pub const NONE: Budget = Budget {
+        bytes: f64::INFINITY,
+        inflight: 1.0,
+    };
+
+    /// The activation memory of a choice under this budget's micro-batches in flight.
+    pub fn memory(&self, stash: f64, recomputed: f64) -> f64 {
+        self.inflight * stash + recomputed
+    }
+
+    fn fits(&self, stash: f64, recomputed: f64) -> bool {
+        self.memory(stash, recomputed) <= self.bytes * (1.0 + 1e-9)
+    }
+}
+
 fn bytes(g: &Function, v: ValueId) -> f64 {
     g.ty(v).size_bytes().unwrap_or(0) as f64
+}
+
+/// A sum that is +0 when empty (`Sum for f64` starts at -0).
+fn total(xs: impl Iterator<Item = f64>) -> f64 {
+    xs.fold(0.0, |a, b| a + b)
 }
 
 /// A value stage `p`'s backward has without a stash: an argument, or a constant of
@@ -147,12 +184,13 @@ pub fn analyze(g: &Function, profile: &DeviceProfile) -> Result<Vec<StageProblem
     let (stage_of, _) = assign_stages(g)?;
     let mut problems: BTreeMap<u32, StageProblem> = BTreeMap::new();
     let mut seen: HashSet<(u32, ValueId)> = HashSet::new();
-    for &op in g.ops() {
+    for (i, &op) in g.ops().iter().enumerate() {
         let s = stage_of[op.index()];
         let p = problems.entry(s).or_insert_with(|| StageProblem {
             stage: s,
             roots: vec![],
             time: HashMap::new(),
+            bwd: HashMap::new(),
         });
         let d = g.op(op);
         if is_fwd(g, op) {
@@ -165,6 +203,7 @@ pub fn analyze(g: &Function, profile: &DeviceProfile) -> Result<Vec<StageProblem
         if !is_bwd(g, op) {
             continue;
         }
+        p.bwd.insert(op, i);
         for &v in d.operands() {
             if let ValueDef::Op(q, _) = g.value(v).def {
                 if is_fwd(g, q)
@@ -216,7 +255,52 @@ fn needs(g: &Function, p: &StageProblem, rec: &HashSet<OpId>) -> Needs {
 
 /// The figures of recomputing the ops in `rec` (those the backward needs).
 pub fn evaluate(g: &Function, p: &StageProblem, rec: &HashSet<OpId>) -> StageChoice {
-    summarize(g, p, rec, f64::INFINITY, false)
+    summarize(g, p, rec, Budget::NONE, false)
+}
+
+/// The most bytes of recomputed values live at once during the backward of one
+/// micro-batch, with each copy placed right before its first reader (as [`apply`] does)
+/// and freed after its last: keeping a layer's input makes that layer's values live only
+/// while its own backward runs.
+fn transient(g: &Function, p: &StageProblem, ops: &HashSet<OpId>) -> f64 {
+    // Positions: a copy sits at its first reader's; process users before producers.
+    let mut order: Vec<OpId> = ops.iter().copied().collect();
+    let body: HashMap<OpId, usize> = g.ops().iter().enumerate().map(|(i, &o)| (o, i)).collect();
+    order.sort_by_key(|o| std::cmp::Reverse(body.get(o).copied().unwrap_or(0)));
+    let mut first: HashMap<OpId, usize> = HashMap::new();
+    let mut events: Vec<(usize, u8, f64)> = vec![];
+    for q in order {
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        for &r in g.op(q).results() {
+            for u in g.users(r) {
+                let Use::Operand(user, _) = u else { continue };
+                let at = if ops.contains(user) {
+                    first.get(user).copied()
+                } else {
+                    p.bwd.get(user).copied()
+                };
+                if let Some(at) = at {
+                    lo = lo.min(at);
+                    hi = hi.max(at);
+                }
+            }
+        }
+        if lo == usize::MAX {
+            continue;
+        }
+        first.insert(q, lo);
+        let b = total(g.op(q).results().iter().map(|&v| bytes(g, v)));
+        events.push((lo, 0, b));
+        events.push((hi, 1, -b));
+    }
+    // At one position, copies made there are live together with what ends there.
+    events.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut live, mut peak) = (0.0f64, 0.0f64);
+    for (_, _, b) in events {
+        live += b;
+        peak = peak.max(live);
+    }
+    peak
 }
 
 /// The choice's figures for a set of recomputed ops.
@@ -224,7 +308,7 @@ fn summarize(
     g: &Function,
     p: &StageProblem,
     rec: &HashSet<OpId>,
-    budget: f64,
+    budget: Budget,
     exact: bool,
 ) -> StageChoice {
     let n = needs(g, p, rec);
@@ -232,27 +316,18 @@ fn summarize(
     let mut ops: Vec<OpId> = n.ops.iter().copied().collect();
     let pos: HashMap<OpId, usize> = g.ops().iter().enumerate().map(|(i, &o)| (o, i)).collect();
     ops.sort_by_key(|o| pos.get(o).copied().unwrap_or(usize::MAX));
-    let stash_bytes: f64 = n.kept.iter().map(|&v| bytes(g, v)).sum();
+    let stash_bytes = total(n.kept.iter().map(|&v| bytes(g, v)));
+    let recomputed_bytes = transient(g, p, &n.ops);
     StageChoice {
         stage: p.stage,
-        stash_bytes_off: off.kept.iter().map(|&v| bytes(g, v)).sum(),
+        stash_bytes_off: total(off.kept.iter().map(|&v| bytes(g, v))),
         stash_bytes,
-        recomputed_bytes: ops
-            .iter()
-            .flat_map(|&o| g.op(o).results())
-            .map(|&v| bytes(g, v))
-            .sum(),
-        extra_time: ops
-            .iter()
-            .map(|o| p.time.get(o).copied().unwrap_or(0.0))
-            .sum(),
-        extra_flops: ops
-            .iter()
-            .map(|&o| op_cost(g, o).map_or(0.0, |c| c.flops))
-            .sum(),
+        recomputed_bytes,
+        extra_time: total(ops.iter().map(|o| p.time.get(o).copied().unwrap_or(0.0))),
+        extra_flops: total(ops.iter().map(|&o| op_cost(g, o).map_or(0.0, |c| c.flops))),
         ops,
         exact,
-        fits: stash_bytes <= budget * (1.0 + 1e-9),
+        fits: budget.fits(stash_bytes, recomputed_bytes),
     }
 }
 
@@ -279,16 +354,16 @@ pub fn choose_all(g: &Function, p: &StageProblem) -> StageChoice {
             rec.insert(o);
         }
     }
-    summarize(g, p, &rec, f64::INFINITY, true)
+    summarize(g, p, &rec, Budget::NONE, true)
 }
 
-/// The least extra time whose stash is at most `budget` bytes per micro-batch. When
-/// nothing fits, the least stash found (`fits` false). The ILP runs when the stage is
-/// small enough and `ilp_limit` is not zero.
+/// The least extra time whose activation memory fits `budget`. When nothing fits, the
+/// least memory found (`fits` false). The ILP runs when the stage is small enough and
+/// `ilp_limit` is not zero.
 pub fn choose_within(
     g: &Function,
     p: &StageProblem,
-    budget: f64,
+    budget: Budget,
     ilp_limit: Duration,
 ) -> StageChoice {
     let none = HashSet::new();
@@ -296,11 +371,18 @@ pub fn choose_within(
     if off.fits {
         return off;
     }
-    let mut found = vec![summarize(g, p, &greedy(g, p, budget), budget, false)];
-    let mut all = choose_all(g, p);
-    all.exact = false;
-    all.fits = all.stash_bytes <= budget * (1.0 + 1e-9);
-    found.push(all);
+    let mut found = vec![
+        summarize(g, p, &greedy(g, p, budget), budget, false),
+        summarize(g, p, &checkpoints(g, p, budget), budget, false),
+    ];
+    let all = choose_all(g, p);
+    found.push(summarize(
+        g,
+        p,
+        &all.ops.iter().copied().collect(),
+        budget,
+        false,
+    ));
     if !ilp_limit.is_zero() {
         let warm = found
             .iter()
@@ -321,23 +403,26 @@ pub fn choose_within(
         Some(c) => c.clone(),
         None => found
             .into_iter()
-            .min_by(|a, b| a.stash_bytes.total_cmp(&b.stash_bytes))
+            .min_by(|a, b| {
+                let m = |c: &StageChoice| budget.memory(c.stash_bytes, c.recomputed_bytes);
+                m(a).total_cmp(&m(b))
+            })
             .unwrap_or(off),
     }
 }
 
-/// Greedy: while the stash is over the budget, recompute the candidate that saves the most
-/// bytes per second of extra time — one kept value's producer (its operands then kept),
-/// or that producer with the chain of producers back to kept or free values — then drop
-/// recomputed ops the budget does not need, the most expensive first.
-fn greedy(g: &Function, p: &StageProblem, budget: f64) -> HashSet<OpId> {
+/// Greedy: while the memory is over the budget, recompute the candidate that saves the
+/// most bytes per second of extra time — one kept value's producer (its operands then
+/// kept), or that producer with the chain of producers back to kept or free values — then
+/// drop recomputed ops the budget does not need, the most expensive first.
+fn greedy(g: &Function, p: &StageProblem, budget: Budget) -> HashSet<OpId> {
     let mut rec: HashSet<OpId> = HashSet::new();
     let time = |o: &OpId| p.time.get(o).copied().unwrap_or(0.0);
+    let memory = |rec: &HashSet<OpId>| memory_of(g, p, budget, rec);
     loop {
         let n = needs(g, p, &rec);
         let kept: HashSet<ValueId> = n.kept.iter().copied().collect();
-        let total: f64 = n.kept.iter().map(|&v| bytes(g, v)).sum();
-        if total <= budget {
+        if memory(&rec) <= budget.bytes {
             break;
         }
         let mut best: Option<(f64, f64, Vec<OpId>)> = None;
@@ -350,16 +435,18 @@ fn greedy(g: &Function, p: &StageProblem, budget: f64) -> HashSet<OpId> {
             }
             for chain in [false, true] {
                 let set = candidate(g, p, q, &kept, &rec, chain);
-                // Bytes saved: kept results of the set, minus operands newly kept.
+                // Bytes saved: kept results of the set, minus operands newly kept, times
+                // the micro-batches in flight; minus the set's results, made again.
                 let produced: HashSet<ValueId> = set
                     .iter()
                     .flat_map(|&o| g.op(o).results().iter().copied())
                     .collect();
-                let saved: f64 = produced
-                    .iter()
-                    .filter(|v| kept.contains(v))
-                    .map(|&v| bytes(g, v))
-                    .sum();
+                let saved = total(
+                    produced
+                        .iter()
+                        .filter(|v| kept.contains(v))
+                        .map(|&v| bytes(g, v)),
+                );
                 let mut added = 0.0;
                 let mut new_kept = HashSet::new();
                 for &o in &set {
@@ -372,11 +459,12 @@ fn greedy(g: &Function, p: &StageProblem, budget: f64) -> HashSet<OpId> {
                         }
                     }
                 }
-                let gain = saved - added;
+                let transient = total(produced.iter().map(|&v| bytes(g, v)));
+                let gain = budget.inflight * (saved - added) - transient;
                 if gain <= 0.0 {
                     continue;
                 }
-                let t: f64 = set.iter().map(time).sum();
+                let t = total(set.iter().map(time));
                 let score = gain / t.max(1e-15);
                 if best
                     .as_ref()
@@ -396,8 +484,59 @@ fn greedy(g: &Function, p: &StageProblem, budget: f64) -> HashSet<OpId> {
     order.sort_by(|a, b| time(b).total_cmp(&time(a)).then(a.cmp(b)));
     for o in order {
         rec.remove(&o);
-        let n = needs(g, p, &rec);
-        if n.kept.iter().map(|&v| bytes(g, v)).sum::<f64>() > budget {
+        if memory(&rec) > budget.bytes {
+            rec.insert(o);
+        }
+    }
+    needs(g, p, &rec).ops
+}
+
+/// The activation memory of recomputing `rec` under `budget`'s micro-batches in flight.
+fn memory_of(g: &Function, p: &StageProblem, budget: Budget, rec: &HashSet<OpId>) -> f64 {
+    let n = needs(g, p, rec);
+    let stash = total(n.kept.iter().map(|&v| bytes(g, v)));
+    budget.memory(stash, transient(g, p, &n.ops))
+}
+
+/// Checkpointing from `all`: recomputing everything makes a whole stage's activations
+/// live at once in the backward; keeping some values that several ops read (the residual
+/// stream between layers, a normalised input) splits that into segments, each live only
+/// while its own backward runs. Keep, one at a time, the value that lowers the memory
+/// most, while the memory is over the budget; then stop recomputing what the budget does
+/// not need, the most expensive first.
+fn checkpoints(g: &Function, p: &StageProblem, budget: Budget) -> HashSet<OpId> {
+    let mut rec: HashSet<OpId> = choose_all(g, p).ops.into_iter().collect();
+    let mut current = memory_of(g, p, budget, &rec);
+    let fan_out = |q: OpId| -> bool { g.op(q).results().iter().any(|&r| g.users(r).len() >= 2) };
+    for _ in 0..256 {
+        if current <= budget.bytes {
+            break;
+        }
+        let mut cands: Vec<OpId> = rec.iter().copied().filter(|&q| fan_out(q)).collect();
+        cands.sort();
+        let mut best: Option<(f64, OpId)> = None;
+        for q in cands {
+            let mut r2 = rec.clone();
+            r2.remove(&q);
+            let m = memory_of(g, p, budget, &r2);
+            if best.is_none_or(|(b, _)| m < b) {
+                best = Some((m, q));
+            }
+        }
+        match best {
+            Some((m, q)) if m < current => {
+                rec.remove(&q);
+                rec = needs(g, p, &rec).ops;
+                current = m;
+            }
+            _ => break,
+        }
+    }
+    let time = |o: &OpId| p.time.get(o).copied().unwrap_or(0.0);
+    let mut order: Vec<OpId> = rec.iter().copied().collect();
+    order.sort_by(|a, b| time(b).total_cmp(&time(a)).then(a.cmp(b)));
+    for o in order {
+        if rec.remove(&o) && memory_of(g, p, budget, &rec) > budget.bytes {
             rec.insert(o);
         }
     }
@@ -446,7 +585,7 @@ const ILP_MAX_CLASSES: usize = 600;
 fn ilp(
     g: &Function,
     p: &StageProblem,
-    budget: f64,
+    budget: Budget,
     warm: &HashSet<OpId>,
     limit: Duration,
 ) -> Option<(HashSet<OpId>, bool)> {
@@ -534,9 +673,20 @@ fn ilp(
             _ => 0.0,
         }
     };
-    let weight = |_: Id, n: &PpNode| -> f64 {
+    // A stashed value counts once per micro-batch in flight; a recomputed op's results
+    // once (while the backward runs).
+    let weight = |c: Id, n: &PpNode| -> f64 {
         match n {
-            PpNode::Arg(i) if !free[*i as usize] => bytes(g, values[*i as usize]) / 1024.0,
+            PpNode::Arg(i) if !free[*i as usize] => {
+                budget.inflight * bytes(g, values[*i as usize]) / 1024.0
+            }
+            PpNode::Op { .. } => op_class.get(&eg.find(c)).map_or(0.0, |qs| {
+                total(
+                    qs.iter()
+                        .flat_map(|&q| g.op(q).results())
+                        .map(|&v| bytes(g, v)),
+                ) / 1024.0
+            }),
             _ => 0.0,
         }
     };
@@ -563,7 +713,7 @@ fn ilp(
     let problem = IlpProblem {
         allowed: &allowed,
         cost: &cost,
-        budget: Some((&weight, budget / 1024.0)),
+        budget: Some((&weight, budget.bytes / 1024.0)),
     };
     let choice = extract_with(&eg, &roots, &problem, &start, limit)?;
     let mut rec = HashSet::new();
@@ -582,6 +732,8 @@ fn ilp(
 /// copy) reads it, else to `bwd_weight`; it is placed right before its first reader.
 pub fn apply(g: &mut Function, choices: &[StageChoice]) -> Result<usize, PassError> {
     let (stage_of, _) = assign_stages(g)?;
+    // An untagged program stays untagged (it is one stage).
+    let tagged = g.ops().iter().any(|&o| g.op(o).stage.is_some());
     let mut copies = 0;
     let mut names: HashSet<String> = (0..g.num_values())
         .map(|i| g.value(ValueId(i as u32)).name.clone())
@@ -645,8 +797,10 @@ pub fn apply(g: &mut Function, choices: &[StageChoice]) -> Result<usize, PassErr
             let mut new = NewOp::new(d.kind, operands, types)
                 .attrs(d.attrs.clone())
                 .names(result_names)
-                .stage(s)
                 .phase(phase[&q]);
+            if tagged {
+                new = new.stage(s);
+            }
             if let Some(l) = &d.loc {
                 new = new.loc(l.clone());
             }
@@ -694,6 +848,35 @@ pub fn apply(g: &mut Function, choices: &[StageChoice]) -> Result<usize, PassErr
     Ok(copies)
 }
 
+/// [`apply`] a plan made on another copy of the same training function: per stage, the
+/// (first) result names of the ops to recompute.
+pub fn apply_named(g: &mut Function, chosen: &[(u32, Vec<String>)]) -> Result<usize, PassError> {
+    let pos: HashMap<OpId, usize> = g.ops().iter().enumerate().map(|(i, &o)| (o, i)).collect();
+    let mut choices = vec![];
+    for (stage, names) in chosen {
+        let mut ops = vec![];
+        for n in names {
+            let op = g
+                .find_value(n)
+                .and_then(|v| g.producer(v))
+                .ok_or_else(|| {
+                    fail(format!(
+                        "@{}: no op makes %{n}, which the plan recomputes on stage {stage} (the training program differs from the planned one)",
+                        g.name
+                    ))
+                })?;
+            ops.push(op);
+        }
+        ops.sort_by_key(|o| pos.get(o).copied().unwrap_or(usize::MAX));
+        choices.push(StageChoice {
+            stage: *stage,
+            ops,
+            ..Default::default()
+        });
+    }
+    apply(g, &choices)
+}
+
 /// Put the copies `o` reads (and theirs, recursively) into `out` before `o`.
 fn place_before(
     g: &Function,
@@ -736,7 +919,7 @@ fn place_before(
 pub fn recompute_function(
     g: &mut Function,
     mode: RecomputeMode,
-    budgets: &BTreeMap<u32, f64>,
+    budgets: &BTreeMap<u32, Budget>,
     profile: &DeviceProfile,
     ilp_limit: Duration,
 ) -> Result<Vec<StageChoice>, PassError> {
@@ -751,7 +934,7 @@ pub fn recompute_function(
             _ => choose_within(
                 g,
                 p,
-                budgets.get(&p.stage).copied().unwrap_or(f64::INFINITY),
+                budgets.get(&p.stage).copied().unwrap_or(Budget::NONE),
                 ilp_limit,
             ),
         })
@@ -764,8 +947,8 @@ pub fn recompute_function(
 pub struct RecomputePass {
     pub grad: String,
     pub mode: RecomputeMode,
-    /// Per micro-batch and stage, for `auto`.
-    pub budget: Option<f64>,
+    /// Per stage, for `auto`.
+    pub budget: Option<Budget>,
     pub profile: DeviceProfile,
     pub ilp_limit: Duration,
 }
@@ -774,7 +957,14 @@ impl RecomputePass {
     pub fn from_options(o: &PassOptions) -> Result<Self, PassError> {
         o.expect_only(
             PASS,
-            &["mode", "budget", "grad", "profile", "ilp-time-limit-ms"],
+            &[
+                "mode",
+                "budget",
+                "inflight",
+                "grad",
+                "profile",
+                "ilp-time-limit-ms",
+            ],
         )?;
         let mode = match o.get("mode") {
             None => RecomputeMode::All,
@@ -784,16 +974,18 @@ impl RecomputePass {
                 ))
             })?,
         };
+        let inflight = o.u64(PASS, "inflight")?.unwrap_or(1).max(1) as f64;
         let budget = match o.get("budget") {
             None => None,
-            Some(b) => Some(
-                crate::partition::parse_bytes(b)
+            Some(b) => Some(Budget {
+                bytes: crate::partition::parse_bytes(b)
                     .map_err(|e| PassError::Usage(format!("pass `{PASS}`: budget: {e}")))?,
-            ),
+                inflight,
+            }),
         };
         if mode == RecomputeMode::Auto && budget.is_none() {
             return Err(PassError::Usage(format!(
-                "pass `{PASS}`: mode=auto needs budget=BYTES (stash per micro-batch and stage)"
+                "pass `{PASS}`: mode=auto needs budget=BYTES (activation memory per stage: inflight × stash + recomputed)"
             )));
         }
         let profile = DeviceProfile::builtin(o.get("profile").unwrap_or("h100"))
@@ -819,9 +1011,9 @@ impl Pass for RecomputePass {
             .function_mut(&self.grad)
             .ok_or_else(|| fail(format!("the module has no @{}", self.grad)))?;
         let problems = analyze(f, &self.profile)?;
-        let budgets: BTreeMap<u32, f64> = problems
+        let budgets: BTreeMap<u32, Budget> = problems
             .iter()
-            .map(|p| (p.stage, self.budget.unwrap_or(f64::INFINITY)))
+            .map(|p| (p.stage, self.budget.unwrap_or(Budget::NONE)))
             .collect();
         recompute_function(f, self.mode, &budgets, &self.profile, self.ilp_limit)?;
         Ok(())

@@ -14,7 +14,7 @@ use common::{i64t, ModelBuilder, Rng};
 use ppcc_passes::autodiff::build_gradient_function;
 use ppcc_passes::cost::DeviceProfile;
 use ppcc_passes::recompute::{
-    analyze, choose_all, choose_within, evaluate, recompute_function, RecomputeMode,
+    analyze, choose_all, choose_within, evaluate, recompute_function, Budget, RecomputeMode,
 };
 use ppcc_passes::split::{split_stages, SplitOptions};
 use ppir::{Attr, Attrs, Function, Module, OpKind::*, Tensor, ValueId};
@@ -145,12 +145,22 @@ fn recomputation_keeps_values_and_matches_the_predicted_stash() {
             );
         }
         // all, then auto at fractions of each stage's stash.
-        let mut runs: Vec<(RecomputeMode, BTreeMap<u32, f64>)> =
+        let mut runs: Vec<(RecomputeMode, BTreeMap<u32, Budget>)> =
             vec![(RecomputeMode::All, BTreeMap::new())];
         for frac in [0.75, 0.5, 0.25, 0.0] {
             let budgets = problems
                 .iter()
-                .map(|p| (p.stage, frac * choose_all(g, p).stash_bytes_off))
+                .map(|p| {
+                    let inflight = 1.0 + (seed % 3) as f64;
+                    let off = choose_all(g, p).stash_bytes_off;
+                    (
+                        p.stage,
+                        Budget {
+                            bytes: frac * inflight * off,
+                            inflight,
+                        },
+                    )
+                })
                 .collect();
             runs.push((RecomputeMode::Auto, budgets));
         }
@@ -176,13 +186,12 @@ fn recomputation_keeps_values_and_matches_the_predicted_stash() {
                 );
                 assert!(c.stash_bytes <= c.stash_bytes_off);
                 if let Some(&b) = budgets.get(&c.stage) {
-                    // Within the budget, unless even `all` is over it.
-                    let all = choices.iter().find(|x| x.stage == c.stage).map(|x| x.fits);
+                    // Within the budget, unless nothing fits it.
+                    let m = b.memory(c.stash_bytes, c.recomputed_bytes);
                     assert!(
-                        c.stash_bytes <= b || all == Some(false),
-                        "seed {seed}: stage {} keeps {} over its budget {b}",
+                        m <= b.bytes * (1.0 + 1e-9) || !c.fits,
+                        "seed {seed}: stage {} needs {m} over its budget {b:?}",
                         c.stage,
-                        c.stash_bytes
                     );
                 }
                 if c.ops.is_empty() {
@@ -195,16 +204,25 @@ fn recomputation_keeps_values_and_matches_the_predicted_stash() {
     assert_eq!(checked, 24 * 5);
 }
 
-/// On stages small enough to enumerate, the ILP's choice is the least extra time within
-/// the budget (what every subset of recomputable ops gives), and the greedy choice is
-/// never better than it.
+/// On stages small enough to enumerate: the ILP's choice is the least extra time among
+/// the subsets of recomputable ops that fit its (conservative) memory model — every
+/// recomputed value counted as live at once — and fits the liveness-based model too; no
+/// choice is faster than the fastest subset that fits the liveness model; and when
+/// nothing fits, no choice claims to.
 #[test]
 fn the_ilp_choice_is_the_least_extra_time() {
     let profile = DeviceProfile::builtin("h100").expect("profile");
-    let mut compared = 0;
-    for seed in 100..140u64 {
+    let (mut compared, mut infeasible, mut inexact) = (0, 0, 0);
+    for seed in 100..160u64 {
         let (m, _) = random_model(seed, 2 + (seed % 2) as u32);
         let g = m.function("grad").expect("@grad");
+        let made = |c: &ppcc_passes::recompute::StageChoice| -> f64 {
+            c.ops
+                .iter()
+                .flat_map(|&o| g.op(o).results())
+                .map(|&v| g.ty(v).size_bytes().unwrap_or(0) as f64)
+                .fold(0.0, |a, b| a + b)
+        };
         for p in analyze(g, &profile).unwrap_or_else(|e| panic!("{e}")) {
             let mut ops: Vec<_> = p.time.keys().copied().collect();
             ops.sort();
@@ -212,38 +230,54 @@ fn the_ilp_choice_is_the_least_extra_time() {
                 continue;
             }
             let off = choose_all(g, &p).stash_bytes_off;
-            for frac in [0.6, 0.3] {
-                let budget = frac * off;
-                let mut best = f64::INFINITY;
+            for (frac, inflight) in [(0.8, 1.0), (0.7, 2.0), (0.6, 4.0)] {
+                let budget = Budget {
+                    bytes: frac * inflight * off,
+                    inflight,
+                };
+                // The fastest subset under each model.
+                let (mut best_live, mut best_sum) = (f64::INFINITY, f64::INFINITY);
                 for mask in 0u32..(1 << ops.len()) {
                     let rec: HashSet<_> = (0..ops.len())
                         .filter(|i| mask & (1 << i) != 0)
                         .map(|i| ops[i])
                         .collect();
                     let c = evaluate(g, &p, &rec);
-                    if c.stash_bytes <= budget {
-                        best = best.min(c.extra_time);
+                    if budget.memory(c.stash_bytes, c.recomputed_bytes) <= budget.bytes {
+                        best_live = best_live.min(c.extra_time);
+                    }
+                    if budget.memory(c.stash_bytes, made(&c)) <= budget.bytes {
+                        best_sum = best_sum.min(c.extra_time);
                     }
                 }
                 let exact = choose_within(g, &p, budget, Duration::from_secs(5));
                 let greedy = choose_within(g, &p, budget, Duration::ZERO);
-                if best.is_infinite() {
+                for c in [&exact, &greedy] {
+                    let m = budget.memory(c.stash_bytes, c.recomputed_bytes);
+                    assert_eq!(c.fits, m <= budget.bytes * (1.0 + 1e-9), "seed {seed}");
+                    if c.fits {
+                        assert!(c.extra_time >= best_live * (1.0 - 1e-9), "seed {seed}");
+                    }
+                }
+                if best_live.is_infinite() {
+                    infeasible += 1;
                     assert!(!exact.fits && !greedy.fits, "seed {seed}");
                     continue;
                 }
-                assert!(exact.fits && greedy.fits, "seed {seed}");
-                assert!(greedy.extra_time >= best * (1.0 - 1e-9), "seed {seed}");
-                if exact.exact {
-                    assert!(
-                        (exact.extra_time - best).abs() <= 1e-9 * best.max(1e-12),
-                        "seed {seed} stage {}: ILP {} vs best {best}",
-                        p.stage,
-                        exact.extra_time
-                    );
-                    compared += 1;
+                if best_sum.is_finite() {
+                    assert!(exact.fits, "seed {seed}");
+                    assert!(exact.extra_time <= best_sum * (1.0 + 1e-9), "seed {seed}");
+                    if exact.exact {
+                        compared += 1;
+                    } else {
+                        inexact += 1;
+                    }
                 }
             }
         }
     }
-    assert!(compared >= 10, "only {compared} stages compared");
+    assert!(
+        compared >= 10,
+        "only {compared} stages compared ({infeasible} infeasible, {inexact} not proven)"
+    );
 }

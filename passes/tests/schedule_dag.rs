@@ -85,6 +85,7 @@ fn random_costs(rng: &mut Rng, n: usize) -> CostTable {
             backward_weight: c(),
             activation_memory: 1.0,
             weight_memory: 0.0,
+            transient_memory: 0.0,
         })
         .collect();
     t

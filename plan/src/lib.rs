@@ -89,6 +89,10 @@ pub struct Plan {
     /// Ops split into pieces by the rewriter (`--split`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub splits: Vec<SplitDoc>,
+    /// `--recompute`: `off`, `auto` or `all` (what each stage recomputes is in
+    /// `stages[i].recompute`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<String>,
     /// The phases of a stage's functions, in order (with a program).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases: Option<Vec<String>>,
@@ -169,6 +173,30 @@ pub struct StageDoc {
     /// `stage<i>`, relative to the build directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<String>,
+    /// What the stage's backward recomputes instead of stashing (absent: nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<RecomputeDoc>,
+}
+
+/// `stages[i].recompute`, per micro-batch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecomputeDoc {
+    /// Names (in the training program) of the values made again in the backward.
+    pub values: Vec<String>,
+    /// Bytes the stage would stash without recomputation (`activation_bytes_per_microbatch`
+    /// is what it stashes with it).
+    #[serde(deserialize_with = "finite_or_null::f64")]
+    pub stash_bytes_without: f64,
+    /// Bytes of the recomputed values, live while the backward runs.
+    #[serde(deserialize_with = "finite_or_null::f64")]
+    pub recomputed_bytes: f64,
+    #[serde(deserialize_with = "finite_or_null::f64")]
+    pub extra_seconds: f64,
+    #[serde(deserialize_with = "finite_or_null::f64")]
+    pub extra_flops: f64,
+    /// Whether the choice is proven the least extra time for its memory budget.
+    pub exact: bool,
 }
 
 /// `stages[i].native_seconds`.

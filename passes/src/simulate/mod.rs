@@ -33,6 +33,9 @@ pub struct StageCosts {
     pub activation_memory: f64,
     /// Bytes of the stage's parameters.
     pub weight_memory: f64,
+    /// Bytes live only while the stage's backward of one micro-batch runs, on top of the
+    /// stash (activations recomputed there).
+    pub transient_memory: f64,
 }
 
 /// What the simulator needs to know about time and memory.
@@ -70,6 +73,7 @@ impl CostTable {
                     backward_weight,
                     activation_memory: 1.0,
                     weight_memory: 0.0,
+                    transient_memory: 0.0,
                 };
                 num_virtual_stages
             ],
@@ -185,6 +189,13 @@ pub fn simulate(schedule: &Schedule, costs: &CostTable) -> Result<SimReport, Sch
         let (mut n, mut bytes) = (0usize, 0.0f64);
         for a in &schedule.per_rank[r] {
             let act = costs.stages[a.stage].activation_memory;
+            if matches!(
+                a.kind,
+                ActionKind::BackwardInput | ActionKind::BackwardWeight | ActionKind::FullBackward
+            ) {
+                let during = bytes + costs.stages[a.stage].transient_memory;
+                peak_stash_bytes[r] = f64::max(peak_stash_bytes[r], during);
+            }
             match a.kind {
                 ActionKind::Forward => {
                     n += 1;
