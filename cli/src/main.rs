@@ -41,7 +41,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Compile a model into a pipeline plan (the same as `ppcc MODEL.onnx -o DIR ...`).
-    Compile(compile_cmd::CompileArgs),
+    Compile(Box<compile_cmd::CompileArgs>),
     /// Train a compiled plan with one worker per device, in the schedule's order.
     Run(run_cmd::RunArgs),
     /// Import an ONNX model and print (or write) its ppir.
@@ -130,7 +130,7 @@ fn error_chain(e: &anyhow::Error) -> String {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Compile(a) => compile_cmd::compile(a),
+        Command::Compile(a) => compile_cmd::compile(*a),
         Command::Run(a) => run_cmd::run(a),
         Command::Import(a) => onnx_cmds::import(a),
         Command::Eval(a) => onnx_cmds::eval(a),

@@ -136,6 +136,19 @@ fn mpi_split_lm_head_equals_train() {
     );
 }
 
+/// A plan whose backward recomputes every activation it can trains like the whole model
+/// on one device.
+#[test]
+fn mpi_recompute_all_equals_train() {
+    check_with(
+        "examples/gpt.onnx",
+        &["--microbatches", "4", "--batch", "16"],
+        &["--recompute", "all"],
+        "2",
+        "1f1b",
+    );
+}
+
 #[test]
 fn a_failing_rank_ends_the_job() {
     let dir = tmp("fault");

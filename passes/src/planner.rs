@@ -190,9 +190,9 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             other => other,
         }
     };
-    // With recomputation the stash can shrink to about one micro-batch of activations
-    // (those of the backward running, made again): partitions that fit under that bound
-    // are candidates too, and recomputation then fits them into the limit.
+    // With recomputation most of the stash can go: partitions whose weights, gradients
+    // and optimizer state fit are candidates too, and recomputation then fits their
+    // activations into what is left (or the candidate is dropped).
     let mut candidates = match partition(m, &popts) {
         Ok(c) => c,
         Err(_) if o.recompute != RecomputeMode::Off => vec![],
@@ -200,7 +200,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     };
     if o.recompute != RecomputeMode::Off {
         let mut relaxed = popts.clone();
-        relaxed.memory.stash = 1.0;
+        relaxed.memory.stash = 0.0;
         match partition(m, &relaxed) {
             Ok(more) => {
                 for p in more {
@@ -499,7 +499,7 @@ fn over_limit(m: &ppir::Module, o: &PlannerOptions, p: &Plan, limit: f64) -> Pas
         }
     }
     fail(format!(
-        "device {r} needs {} at its peak under this schedule, the memory limit is {} (over by {}): weights {}, gradients {}, optimizer state {}, stashed activations {} ({} micro-batches in flight); the smallest limit for this plan is {}{hint}; use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger memory limit",
+        "device {r} needs {} at its peak under this schedule, the memory limit is {} (over by {}): weights {}, gradients {}, optimizer state {}, stashed activations {} ({} in flight); the plan closest to the limit needs {}{hint}; use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger memory limit",
         human_bytes(peak),
         human_bytes(limit),
         human_bytes(peak - limit),
@@ -507,7 +507,10 @@ fn over_limit(m: &ppir::Module, o: &PlannerOptions, p: &Plan, limit: f64) -> Pas
         human_bytes(weights),
         human_bytes(weights * (p.costs.optimizer_state_factor - 1.0).max(0.0)),
         human_bytes(stash),
-        p.report.peak_stash[r],
+        match p.report.peak_stash[r] {
+            1 => "1 micro-batch".to_string(),
+            n => format!("{n} micro-batches"),
+        },
         human_bytes(peak),
     ))
 }

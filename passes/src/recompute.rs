@@ -263,37 +263,41 @@ pub fn evaluate(g: &Function, p: &StageProblem, rec: &HashSet<OpId>) -> StageCho
 /// and freed after its last: keeping a layer's input makes that layer's values live only
 /// while its own backward runs.
 fn transient(g: &Function, p: &StageProblem, ops: &HashSet<OpId>) -> f64 {
-    // Positions: a copy sits at its first reader's; process users before producers.
-    let mut order: Vec<OpId> = ops.iter().copied().collect();
+    // A copy sits right before its first reader, after the copies it reads (in body
+    // order): its place is (reader's position, its own body index); a backward op's is
+    // (position, ∞). A copy lives from its place to its last reader's.
     let body: HashMap<OpId, usize> = g.ops().iter().enumerate().map(|(i, &o)| (o, i)).collect();
+    let mut order: Vec<OpId> = ops.iter().copied().collect();
     order.sort_by_key(|o| std::cmp::Reverse(body.get(o).copied().unwrap_or(0)));
-    let mut first: HashMap<OpId, usize> = HashMap::new();
-    let mut events: Vec<(usize, u8, f64)> = vec![];
+    let mut place: HashMap<OpId, (usize, usize)> = HashMap::new();
+    let mut events: Vec<((usize, usize), u8, f64)> = vec![];
     for q in order {
-        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        let mut readers: Vec<(usize, usize)> = vec![];
         for &r in g.op(q).results() {
             for u in g.users(r) {
                 let Use::Operand(user, _) = u else { continue };
-                let at = if ops.contains(user) {
-                    first.get(user).copied()
-                } else {
-                    p.bwd.get(user).copied()
-                };
-                if let Some(at) = at {
-                    lo = lo.min(at);
-                    hi = hi.max(at);
+                if ops.contains(user) {
+                    if let Some(&(at, _)) = place.get(user) {
+                        readers.push((at, body.get(user).copied().unwrap_or(0)));
+                    }
+                } else if let Some(&at) = p.bwd.get(user) {
+                    readers.push((at, usize::MAX));
                 }
             }
         }
-        if lo == usize::MAX {
+        let (Some(first), Some(last)) = (
+            readers.iter().map(|r| r.0).min(),
+            readers.iter().copied().max(),
+        ) else {
             continue;
-        }
-        first.insert(q, lo);
+        };
+        let at = (first, body.get(&q).copied().unwrap_or(0));
+        place.insert(q, at);
         let b = total(g.op(q).results().iter().map(|&v| bytes(g, v)));
-        events.push((lo, 0, b));
-        events.push((hi, 1, -b));
+        events.push((at, 0, b));
+        events.push((last, 1, -b));
     }
-    // At one position, copies made there are live together with what ends there.
+    // At one place, what is made there is live together with what ends there.
     events.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
     let (mut live, mut peak) = (0.0f64, 0.0f64);
     for (_, _, b) in events {

@@ -39,6 +39,14 @@ pub(crate) fn sample() -> Plan {
         }),
         params: Some(vec![]),
         dir: Some(format!("stage{s}")),
+        recompute: (s == 0).then(|| RecomputeDoc {
+            values: vec!["h".into()],
+            stash_bytes_without: 64.0,
+            recomputed_bytes: 32.0,
+            extra_seconds: 1e-6,
+            extra_flops: 8.0,
+            exact: true,
+        }),
     };
     Plan {
         format: FORMAT.into(),
@@ -78,6 +86,7 @@ pub(crate) fn sample() -> Plan {
         }),
         program: true,
         target: "cpu".into(),
+        recompute: Some("auto".into()),
         channels: Some(vec![Channel {
             id: 0,
             from: 0,
