@@ -9,10 +9,13 @@ Writes into --out:
 
     gpt24.onnx          GPT-style decoder (24 blocks by default, ~35 M parameters)
     two_tower_big.onnx  two-tower recommendation MLP (~28 M parameters)
+    mmt.onnx            multi-modal transformer: encoder branches of different depth and
+                        sequence length (text tokens, image patches, audio frames), pooled,
+                        concatenated and classified (--mmt-branches)
 
-Both models use opset 17 (default domain; opset 20 with --gelu op), IR version 8, float32 weights drawn from a
+The models use opset 17 (default domain; opset 20 with --gelu op), IR version 8, float32 weights drawn from a
 seeded normal distribution, and a symbolic batch dimension "N" on every graph input and
-output. No constant in either graph depends on the batch size (every Reshape target uses 0
+output. No constant in any graph depends on the batch size (every Reshape target uses 0
 or -1 on the batch axis), so ppcc can re-batch them (`ppcc train --batch 16
 --microbatches 4` runs them with 4 rows).
 
@@ -116,12 +119,104 @@ class Graph:
 # ---------------------------------------------------------------------------------------
 
 
+class Transformer:
+    """Transformer pieces on one Graph: layer norm, linear, GELU and a pre-norm block
+    (multi-head attention + MLP, residual). The constants they share are made once, in
+    this order: [causal mask], attention scale, head split/merge shapes, GELU constants."""
+
+    def __init__(self, g, a, d_model, heads, causal_seq=None):
+        if d_model % heads:
+            sys.exit(f"d_model {d_model} is not a multiple of heads {heads}")
+        self.g, self.a, self.D, self.H = g, a, d_model, heads
+        self.DH = d_model // heads
+        self.FF = a.ff_mult * d_model
+        self.mask = None
+        if causal_seq is not None:
+            T = causal_seq
+            self.mask = g.constant(
+                "const/causal_mask", np.triu(np.full((T, T), -1e9, dtype=np.float32), k=1)
+            )  # [T,T] additive, broadcast over [N,H,T,T]
+        self.scale = g.constant("const/attn_scale",
+                                np.array(1.0 / np.sqrt(self.DH), dtype=np.float32))
+        self.split_shape = g.constant("const/split_heads_shape",
+                                      np.array([0, 0, heads, self.DH], np.int64))
+        self.merge_shape = g.constant("const/merge_heads_shape", np.array([0, 0, -1], np.int64))
+        if a.gelu == "tanh":
+            self.c_half = g.constant("const/gelu_half", np.array(0.5, np.float32))
+            self.c_one = g.constant("const/gelu_one", np.array(1.0, np.float32))
+            self.c_cube = g.constant("const/gelu_0044715", np.array(0.044715, np.float32))
+            self.c_k = g.constant("const/gelu_sqrt_2_over_pi",
+                                  np.array(np.sqrt(2 / np.pi), np.float32))
+        elif a.gelu == "erf":
+            self.c_half = g.constant("const/gelu_half", np.array(0.5, np.float32))
+            self.c_one = g.constant("const/gelu_one", np.array(1.0, np.float32))
+            self.c_sqrt2 = g.constant("const/gelu_sqrt2", np.array(np.sqrt(2.0), np.float32))
+
+    def layer_norm(self, x, p):
+        g = self.g
+        gamma = g.weight(f"{p}.weight", (self.D,), fill=1.0)
+        beta = g.weight(f"{p}.bias", (self.D,), fill=0.0)
+        return g.op("LayerNormalization", [x, gamma, beta], f"{p}/LayerNorm",
+                    axis=-1, epsilon=1e-5)
+
+    def linear(self, x, p, n_in, n_out):
+        g = self.g
+        w = g.weight(f"{p}.weight", (n_in, n_out))
+        bias = g.weight(f"{p}.bias", (n_out,))
+        y = g.op("MatMul", [x, w], f"{p}/MatMul")
+        return g.op("Add", [y, bias], f"{p}/Add")
+
+    def gelu(self, x, p):
+        g = self.g
+        if self.a.gelu == "op":  # the model is written at opset 20 then
+            return g.op("Gelu", [x], f"{p}/Gelu", approximate="tanh")
+        if self.a.gelu == "erf":
+            t = g.op("Div", [x, self.c_sqrt2], f"{p}/Div")
+            t = g.op("Erf", [t], f"{p}/Erf")
+        else:  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            x2 = g.op("Mul", [x, x], f"{p}/Mul_sq")
+            x3 = g.op("Mul", [x2, x], f"{p}/Mul_cube")
+            t = g.op("Mul", [x3, self.c_cube], f"{p}/Mul_coef")
+            t = g.op("Add", [x, t], f"{p}/Add_inner")
+            t = g.op("Mul", [t, self.c_k], f"{p}/Mul_k")
+            t = g.op("Tanh", [t], f"{p}/Tanh")
+        t = g.op("Add", [t, self.c_one], f"{p}/Add_one")
+        t = g.op("Mul", [x, t], f"{p}/Mul_x")
+        return g.op("Mul", [t, self.c_half], f"{p}/Mul_half")
+
+    def block(self, x, p):
+        """One pre-norm block on x [N,T,D] (causal if the mask was made)."""
+        g, D = self.g, self.D
+        h = self.layer_norm(x, f"{p}.ln_1")
+        q = self.linear(h, f"{p}.attn.q_proj", D, D)
+        k = self.linear(h, f"{p}.attn.k_proj", D, D)
+        v = self.linear(h, f"{p}.attn.v_proj", D, D)
+        q = g.op("Reshape", [q, self.split_shape], f"{p}.attn/Reshape_q")  # [N,T,H,DH]
+        k = g.op("Reshape", [k, self.split_shape], f"{p}.attn/Reshape_k")
+        v = g.op("Reshape", [v, self.split_shape], f"{p}.attn/Reshape_v")
+        q = g.op("Transpose", [q], f"{p}.attn/Transpose_q", perm=[0, 2, 1, 3])  # [N,H,T,DH]
+        k = g.op("Transpose", [k], f"{p}.attn/Transpose_k", perm=[0, 2, 3, 1])  # [N,H,DH,T]
+        v = g.op("Transpose", [v], f"{p}.attn/Transpose_v", perm=[0, 2, 1, 3])  # [N,H,T,DH]
+        s = g.op("MatMul", [q, k], f"{p}.attn/MatMul_qk")  # [N,H,T,T]
+        s = g.op("Mul", [s, self.scale], f"{p}.attn/Mul_scale")
+        if self.mask is not None:
+            s = g.op("Add", [s, self.mask], f"{p}.attn/Add_mask")
+        s = g.op("Softmax", [s], f"{p}.attn/Softmax", axis=-1)
+        o = g.op("MatMul", [s, v], f"{p}.attn/MatMul_av")  # [N,H,T,DH]
+        o = g.op("Transpose", [o], f"{p}.attn/Transpose_merge", perm=[0, 2, 1, 3])
+        o = g.op("Reshape", [o, self.merge_shape], f"{p}.attn/Reshape_merge")  # [N,T,D]
+        o = self.linear(o, f"{p}.attn.o_proj", D, D)
+        x = g.op("Add", [x, o], f"{p}/Add_attn_residual")
+
+        h = self.layer_norm(x, f"{p}.ln_2")
+        h = self.linear(h, f"{p}.mlp.fc_in", D, self.FF)
+        h = self.gelu(h, f"{p}.mlp.gelu")
+        h = self.linear(h, f"{p}.mlp.fc_out", self.FF, D)
+        return g.op("Add", [x, h], f"{p}/Add_mlp_residual")
+
+
 def build_gpt(a):
     D, H, T, V = a.d_model, a.heads, a.seq, a.vocab
-    if D % H:
-        sys.exit(f"--d-model {D} is not a multiple of --heads {H}")
-    DH = D // H
-    FF = a.ff_mult * D
     g = Graph("gpt", a.seed, a.std)
     if a.gelu == "op":
         g.opset = 20  # Gelu is new in opset 20
@@ -129,50 +224,7 @@ def build_gpt(a):
 
     # Constants shared by all blocks. None of them mentions the batch size.
     pos_idx = g.constant("const/position_ids", np.arange(T, dtype=np.int64))
-    mask = g.constant(
-        "const/causal_mask", np.triu(np.full((T, T), -1e9, dtype=np.float32), k=1)
-    )  # [T,T] additive, broadcast over [N,H,T,T]
-    scale = g.constant("const/attn_scale", np.array(1.0 / np.sqrt(DH), dtype=np.float32))
-    split_shape = g.constant("const/split_heads_shape", np.array([0, 0, H, DH], np.int64))
-    merge_shape = g.constant("const/merge_heads_shape", np.array([0, 0, -1], np.int64))
-    if a.gelu == "tanh":
-        c_half = g.constant("const/gelu_half", np.array(0.5, np.float32))
-        c_one = g.constant("const/gelu_one", np.array(1.0, np.float32))
-        c_cube = g.constant("const/gelu_0044715", np.array(0.044715, np.float32))
-        c_k = g.constant("const/gelu_sqrt_2_over_pi", np.array(np.sqrt(2 / np.pi), np.float32))
-    elif a.gelu == "erf":
-        c_half = g.constant("const/gelu_half", np.array(0.5, np.float32))
-        c_one = g.constant("const/gelu_one", np.array(1.0, np.float32))
-        c_sqrt2 = g.constant("const/gelu_sqrt2", np.array(np.sqrt(2.0), np.float32))
-
-    def layer_norm(x, p):
-        gamma = g.weight(f"{p}.weight", (D,), fill=1.0)
-        beta = g.weight(f"{p}.bias", (D,), fill=0.0)
-        return g.op("LayerNormalization", [x, gamma, beta], f"{p}/LayerNorm",
-                    axis=-1, epsilon=1e-5)
-
-    def linear(x, p, n_in, n_out):
-        w = g.weight(f"{p}.weight", (n_in, n_out))
-        bias = g.weight(f"{p}.bias", (n_out,))
-        y = g.op("MatMul", [x, w], f"{p}/MatMul")
-        return g.op("Add", [y, bias], f"{p}/Add")
-
-    def gelu(x, p):
-        if a.gelu == "op":  # the model is written at opset 20 then
-            return g.op("Gelu", [x], f"{p}/Gelu", approximate="tanh")
-        if a.gelu == "erf":
-            t = g.op("Div", [x, c_sqrt2], f"{p}/Div")
-            t = g.op("Erf", [t], f"{p}/Erf")
-        else:  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-            x2 = g.op("Mul", [x, x], f"{p}/Mul_sq")
-            x3 = g.op("Mul", [x2, x], f"{p}/Mul_cube")
-            t = g.op("Mul", [x3, c_cube], f"{p}/Mul_coef")
-            t = g.op("Add", [x, t], f"{p}/Add_inner")
-            t = g.op("Mul", [t, c_k], f"{p}/Mul_k")
-            t = g.op("Tanh", [t], f"{p}/Tanh")
-        t = g.op("Add", [t, c_one], f"{p}/Add_one")
-        t = g.op("Mul", [x, t], f"{p}/Mul_x")
-        return g.op("Mul", [t, c_half], f"{p}/Mul_half")
+    tf = Transformer(g, a, D, H, causal_seq=T)
 
     wte = g.weight("wte.weight", (V, D))
     wpe = g.weight("wpe.weight", (T, D))
@@ -181,34 +233,9 @@ def build_gpt(a):
     x = g.op("Add", [tok, pos], "embed/Add")
 
     for i in range(a.layers):
-        p = f"h.{i}"
-        h = layer_norm(x, f"{p}.ln_1")
-        q = linear(h, f"{p}.attn.q_proj", D, D)
-        k = linear(h, f"{p}.attn.k_proj", D, D)
-        v = linear(h, f"{p}.attn.v_proj", D, D)
-        q = g.op("Reshape", [q, split_shape], f"{p}.attn/Reshape_q")  # [N,T,H,DH]
-        k = g.op("Reshape", [k, split_shape], f"{p}.attn/Reshape_k")
-        v = g.op("Reshape", [v, split_shape], f"{p}.attn/Reshape_v")
-        q = g.op("Transpose", [q], f"{p}.attn/Transpose_q", perm=[0, 2, 1, 3])  # [N,H,T,DH]
-        k = g.op("Transpose", [k], f"{p}.attn/Transpose_k", perm=[0, 2, 3, 1])  # [N,H,DH,T]
-        v = g.op("Transpose", [v], f"{p}.attn/Transpose_v", perm=[0, 2, 1, 3])  # [N,H,T,DH]
-        s = g.op("MatMul", [q, k], f"{p}.attn/MatMul_qk")  # [N,H,T,T]
-        s = g.op("Mul", [s, scale], f"{p}.attn/Mul_scale")
-        s = g.op("Add", [s, mask], f"{p}.attn/Add_mask")
-        s = g.op("Softmax", [s], f"{p}.attn/Softmax", axis=-1)
-        o = g.op("MatMul", [s, v], f"{p}.attn/MatMul_av")  # [N,H,T,DH]
-        o = g.op("Transpose", [o], f"{p}.attn/Transpose_merge", perm=[0, 2, 1, 3])
-        o = g.op("Reshape", [o, merge_shape], f"{p}.attn/Reshape_merge")  # [N,T,D]
-        o = linear(o, f"{p}.attn.o_proj", D, D)
-        x = g.op("Add", [x, o], f"{p}/Add_attn_residual")
+        x = tf.block(x, f"h.{i}")
 
-        h = layer_norm(x, f"{p}.ln_2")
-        h = linear(h, f"{p}.mlp.fc_in", D, FF)
-        h = gelu(h, f"{p}.mlp.gelu")
-        h = linear(h, f"{p}.mlp.fc_out", FF, D)
-        x = g.op("Add", [x, h], f"{p}/Add_mlp_residual")
-
-    x = layer_norm(x, "ln_f")
+    x = tf.layer_norm(x, "ln_f")
     w_head = g.weight("lm_head.weight", (D, V))
     g.nodes.append(helper.make_node("MatMul", [x, w_head], ["logits"], name="lm_head/MatMul"))
     g.add_output("logits", TensorProto.FLOAT, [BATCH_DIM, T, V])
@@ -218,6 +245,59 @@ def build_gpt(a):
 
     def inputs(n, rng):
         return {"tokens": rng.integers(0, V, size=(n, T), dtype=np.int64)}
+
+    return g, g.to_model(doc), inputs
+
+
+# ---------------------------------------------------------------------------------------
+# Multi-modal transformer (several encoder branches)
+# ---------------------------------------------------------------------------------------
+
+
+def build_mmt(a):
+    """Encoder branches of different depths and sequence lengths (text tokens, image
+    patches, audio frames), each mean-pooled, concatenated and classified: the shape of
+    GraphPipe's multi-modal transformer."""
+    D, H = a.mmt_d_model, a.mmt_heads
+    g = Graph("mmt", a.seed + 2, a.std)
+    if a.gelu == "op":
+        g.opset = 20
+    tf = Transformer(g, a, D, H)
+    branches = []
+    for spec in a.mmt_branches.split(","):
+        name, kind, depth, seq, width = spec.split(":")
+        depth, seq, width = int(depth), int(seq), int(width)
+        if kind == "tokens":
+            x_in = g.add_input(name, TensorProto.INT64, [BATCH_DIM, seq])
+            table = g.weight(f"{name}.embed.weight", (width, D))
+            x = g.op("Gather", [table, x_in], f"{name}.embed/Gather", axis=0)
+        else:
+            x_in = g.add_input(name, TensorProto.FLOAT, [BATCH_DIM, seq, width])
+            x = tf.linear(x_in, f"{name}.embed", width, D)
+        pos = g.weight(f"{name}.pos.weight", (seq, D))
+        x = g.op("Add", [x, pos], f"{name}.pos/Add")
+        for i in range(depth):
+            x = tf.block(x, f"{name}.h.{i}")
+        x = tf.layer_norm(x, f"{name}.ln_f")
+        x = g.op("ReduceMean", [x], f"{name}.pool/ReduceMean", axes=[1], keepdims=0)  # [N,D]
+        branches.append((name, kind, depth, seq, width, x))
+    h = g.op("Concat", [b[-1] for b in branches], "fuse/Concat", axis=1)
+    h = g.op("Relu", [tf.linear(h, "fuse.fc", D * len(branches), D)], "fuse.fc/Relu")
+    w = g.weight("classifier.weight", (D, a.mmt_classes))
+    g.nodes.append(helper.make_node("MatMul", [h, w], ["logits"], name="classifier/MatMul"))
+    g.add_output("logits", TensorProto.FLOAT, [BATCH_DIM, a.mmt_classes])
+    doc = (f"Multi-modal transformer: d_model {D}, {H} heads, branches "
+           + ", ".join(f"{n} ({k}, {d} blocks, seq {s})" for n, k, d, s, _, _ in branches)
+           + f"; mean-pooled, concatenated, {a.mmt_classes} classes.")
+
+    def inputs(n, rng):
+        out = {}
+        for name, kind, _, seq, width, _ in branches:
+            if kind == "tokens":
+                out[name] = rng.integers(0, width, size=(n, seq), dtype=np.int64)
+            else:
+                out[name] = rng.standard_normal((n, seq, width), dtype=np.float32)
+        return out
 
     return g, g.to_model(doc), inputs
 
@@ -325,7 +405,7 @@ def main():
     ap.add_argument("--out", default="target/bench/models", help="output directory")
     ap.add_argument("--seed", type=int, default=0, help="weight seed")
     ap.add_argument("--std", type=float, default=0.02, help="std of the random weights")
-    ap.add_argument("--only", choices=["gpt", "two_tower"], help="write just one model")
+    ap.add_argument("--only", choices=["gpt", "two_tower", "mmt"], help="write just one model")
     gp = ap.add_argument_group("gpt24.onnx")
     gp.add_argument("--layers", type=int, default=24)
     gp.add_argument("--d-model", type=int, default=320)
@@ -348,6 +428,12 @@ def main():
     tt.add_argument("--item-width", type=int, default=1536)
     tt.add_argument("--head-layers", type=int, default=3)
     tt.add_argument("--head-width", type=int, default=1024)
+    mm = ap.add_argument_group("mmt.onnx")
+    mm.add_argument("--mmt-d-model", type=int, default=512)
+    mm.add_argument("--mmt-heads", type=int, default=8)
+    mm.add_argument("--mmt-branches", default="text:tokens:8:128:30522,image:patches:6:196:768,audio:frames:3:100:128",
+                    help="NAME:tokens|patches|frames:DEPTH:SEQ:VOCAB_OR_FEATURES, comma-separated")
+    mm.add_argument("--mmt-classes", type=int, default=1000)
     ck = ap.add_argument_group("checks")
     ck.add_argument("--alt-batch", type=int, default=2,
                     help="second batch size for the onnxruntime check")
@@ -359,7 +445,8 @@ def main():
     a = ap.parse_args()
 
     os.makedirs(a.out, exist_ok=True)
-    builders = [("gpt24", build_gpt, []), ("two_tower_big", build_two_tower, ["--loss", "mse"])]
+    builders = [("gpt24", build_gpt, []), ("two_tower_big", build_two_tower, ["--loss", "mse"]),
+                ("mmt", build_mmt, [])]
     ok = True
     for name, build, ppcc_extra in builders:
         if a.only and not name.startswith(a.only):

@@ -839,21 +839,36 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
         let n = step_times.len() as f64;
         for (i, w) in workers.iter().enumerate() {
             let r = w.rank;
-            let weights: u64 = w
-                .stages
-                .iter()
-                .flat_map(|s| s.weights.values())
-                .map(|t| (t.shape.iter().product::<usize>() * t.dtype.size_bytes()) as u64)
-                .sum();
-            // Weights, gradients (as big as the params) and the stash at its peak.
-            let measured = 2.0 * weights as f64 + peak_stash[i] as f64;
+            // Weights and states (optimizer moments, running statistics), gradients of the
+            // trained params (the functions' `param` arguments), the stash at its peak.
+            let (mut weights, mut grads) = (0u64, 0u64);
+            for s in &w.stages {
+                let trained: std::collections::HashSet<String> = s
+                    .spec
+                    .functions()
+                    .into_iter()
+                    .filter_map(|f| s.exec.signature(f))
+                    .flat_map(|(args, _)| args)
+                    .filter(|(_, kind, _)| *kind == ppir::ArgKind::Param)
+                    .map(|(name, _, _)| name)
+                    .collect();
+                for (name, t) in &s.weights {
+                    let b = (t.shape.iter().product::<usize>() * t.dtype.size_bytes()) as u64;
+                    weights += b;
+                    if trained.contains(name) {
+                        grads += b;
+                    }
+                }
+            }
+            let measured = (weights + grads + peak_stash[i]) as f64;
             let stages: Vec<String> = w.stages.iter().map(|s| s.spec.stage.to_string()).collect();
             events(RunEvent::Note(format!(
-                "device {r} (stage {}): busy {} per step, peak memory {} (weights+grads {}, stash {}), predicted {}",
+                "device {r} (stage {}): busy {} per step, peak memory {} (weights and optimizer state {}, gradients {}, stash {}), predicted {}",
                 stages.join(","),
                 fmt_time(busy[i] / n),
                 mib(measured),
-                mib(2.0 * weights as f64),
+                mib(weights as f64),
+                mib(grads as f64),
                 mib(peak_stash[i] as f64),
                 plan.predicted_peak_memory.get(r).map_or("?".into(), |p| mib(*p))
             )));

@@ -394,12 +394,19 @@ fn fit(
 ) -> Result<(Vec<StageChoice>, SimReport), PassError> {
     let g = &model.g;
     let base = costs.clone();
+    let op_peak: std::collections::HashMap<u32, f64> = model
+        .problems
+        .iter()
+        .map(|p| (p.stage, p.op_peak))
+        .collect();
     let set = |costs: &mut CostTable, choices: &[StageChoice]| {
         for c in choices {
             let i = c.stage as usize;
             if let (Some(st), Some(b)) = (costs.stages.get_mut(i), base.stages.get(i)) {
                 st.activation_memory = c.stash_bytes;
-                st.transient_memory = c.recomputed_bytes;
+                // The recomputed values and the largest op's working memory.
+                st.transient_memory =
+                    c.recomputed_bytes + op_peak.get(&c.stage).copied().unwrap_or(0.0);
                 st.backward_input = b.backward_input + c.extra_time;
             }
         }
@@ -447,8 +454,12 @@ fn fit(
                 slack[r] += report.peak_memory[r] - limit;
             }
             let share = mine.len() as f64;
+            let peak = mine
+                .iter()
+                .map(|&i| model.problems[i].op_peak)
+                .fold(0.0, f64::max);
             let budget = Budget {
-                bytes: ((limit - weights - slack[r]) / share).max(0.0),
+                bytes: ((limit - weights - peak - slack[r]) / share).max(0.0),
                 inflight: (report.peak_stash[r].max(1) as f64 / share).max(1.0),
             };
             for i in mine {

@@ -95,6 +95,10 @@ pub struct StageProblem {
     pub time: HashMap<OpId, f64>,
     /// The stage's backward ops, with their position in the function body.
     pub bwd: HashMap<OpId, usize>,
+    /// The working memory of the stage's largest op, beyond the stash and the weights:
+    /// its results and the operands made in the same pass (forward, or backward), at most
+    /// over its ops (the gradient of an LM head's logits is as large as the logits).
+    pub op_peak: f64,
 }
 
 /// A stage's recomputation plan and what it costs and saves, per micro-batch.
@@ -191,8 +195,21 @@ pub fn analyze(g: &Function, profile: &DeviceProfile) -> Result<Vec<StageProblem
             roots: vec![],
             time: HashMap::new(),
             bwd: HashMap::new(),
+            op_peak: 0.0,
         });
         let d = g.op(op);
+        let same_pass = |v: ValueId| match g.value(v).def {
+            ValueDef::Op(q, _) => stage_of[q.index()] == s && is_fwd(g, q) == is_fwd(g, op),
+            ValueDef::Arg(_) => false,
+        };
+        let working = total(d.results().iter().map(|&v| bytes(g, v)))
+            + total(
+                d.operands()
+                    .iter()
+                    .filter(|&&v| same_pass(v))
+                    .map(|&v| bytes(g, v)),
+            );
+        p.op_peak = p.op_peak.max(working);
         if is_fwd(g, op) {
             if !d.kind.has_side_effect() {
                 let t = op_time_in(g, op, profile).map_err(|e| fail(e.to_string()))?;
