@@ -48,9 +48,11 @@ pub struct CompileArgs {
     #[arg(long, value_name = "P", default_value_t = 2)]
     pub stages: usize,
     /// Micro-batches per step, M (must divide the global batch). Default: the largest
-    /// divisor of the global batch up to 2·P.
-    #[arg(long, value_name = "M")]
-    pub microbatches: Option<u64>,
+    /// divisor of the global batch up to 2·P. `auto`: plan every divisor of the global
+    /// batch up to 8·P (under the memory limit, with recomputation as --recompute says)
+    /// and keep the one with the shortest predicted iteration.
+    #[arg(long, value_name = "M|auto", value_parser = parse_microbatches)]
+    pub microbatches: Option<Microbatches>,
     /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v) or a torch
     /// CSV file (one row per device, cells like 0F1, 1I0, 2W3, 1B2).
     #[arg(long, value_name = "NAME|FILE.csv", default_value = "1f1b")]
@@ -134,6 +136,22 @@ pub struct CompileArgs {
     pub program: ProgramArgs,
 }
 
+/// `--microbatches`: a count or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Microbatches {
+    Count(u64),
+    Auto,
+}
+
+fn parse_microbatches(s: &str) -> Result<Microbatches, String> {
+    if s == "auto" {
+        return Ok(Microbatches::Auto);
+    }
+    s.parse::<u64>()
+        .map(Microbatches::Count)
+        .map_err(|_| format!("`{s}` is neither a number nor `auto`"))
+}
+
 impl CompileArgs {
     fn options(&self) -> Result<CompileOptions> {
         let model = self.model.clone().context("give the model to compile")?;
@@ -146,7 +164,11 @@ impl CompileArgs {
             output,
             force: self.force,
             stages: self.stages,
-            microbatches: self.microbatches,
+            microbatches: match self.microbatches {
+                Some(Microbatches::Count(m)) => Some(m),
+                _ => None,
+            },
+            microbatches_auto: self.microbatches == Some(Microbatches::Auto),
             schedule: self.schedule.clone(),
             partition: self.partition,
             chunks: self.chunks,

@@ -899,3 +899,69 @@ fn a_failed_write_names_the_file() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--microbatches auto` plans every divisor of the global batch up to 8·P, says what it
+/// compared and keeps the shortest predicted iteration; under a memory limit the counts
+/// that do not fit are named as such, and with none fitting the error lists them.
+#[test]
+fn microbatches_auto_compares_the_divisors_of_the_batch() {
+    let dir = out_dir("mb-auto");
+    let (ok, _, stderr) = compile(
+        "mlp.onnx",
+        &dir,
+        &[
+            "--stages",
+            "2",
+            "--batch",
+            "24",
+            "--microbatches",
+            "auto",
+            "--plan-only",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("--microbatches auto: global batch 24 on 2 devices"),
+        "{stderr}"
+    );
+    let tried: Vec<&str> = stderr.lines().filter(|l| l.contains(" rows: ")).collect();
+    // 1, 2, 3, 4, 6, 8, 12 (16 = 8·P caps 24).
+    assert_eq!(tried.len(), 7, "{stderr}");
+    let chosen = tried
+        .iter()
+        .find(|l| l.ends_with("<- chosen"))
+        .unwrap_or_else(|| panic!("none chosen: {stderr}"));
+    let m: u64 = chosen.split_whitespace().next().unwrap().parse().unwrap();
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["microbatches"].as_u64(), Some(m));
+    assert_eq!(plan["global_batch"].as_u64(), Some(24));
+    // The chosen count has the shortest of the predicted iterations.
+    let ms = |l: &str| -> f64 {
+        let at = l.find("iteration ").unwrap() + "iteration ".len();
+        l[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(tried.iter().all(|l| ms(l) >= ms(chosen)), "{stderr}");
+    let err = compile_err(
+        "mlp.onnx",
+        "mb-auto-none",
+        &[
+            "--batch",
+            "8",
+            "--microbatches",
+            "auto",
+            "--memory-limit",
+            "1K",
+        ],
+    );
+    assert!(
+        err.contains("no number of micro-batches plans for a global batch of 8"),
+        "{err}"
+    );
+    assert!(err.contains("does not plan"), "{err}");
+    let err = compile_err("mlp.onnx", "mb-bad", &["--microbatches", "some"]);
+    assert!(
+        err.contains("`some` is neither a number nor `auto`"),
+        "{err}"
+    );
+}

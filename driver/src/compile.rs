@@ -84,6 +84,9 @@ pub struct CompileOptions {
     pub stages: usize,
     /// Micro-batches per step, M. `None`: the largest divisor of the global batch up to 2·P.
     pub microbatches: Option<u64>,
+    /// Choose M: plan every divisor of the global batch up to 8·P and keep the shortest
+    /// predicted iteration that fits the memory limit (`microbatches` is then ignored).
+    pub microbatches_auto: bool,
     /// A built-in schedule or a torch CSV file.
     pub schedule: String,
     pub partition: PartitionChoice,
@@ -119,6 +122,7 @@ impl CompileOptions {
             force: false,
             stages: 2,
             microbatches: None,
+            microbatches_auto: false,
             schedule: "1f1b".into(),
             partition: PartitionChoice::Auto,
             chunks: None,
@@ -426,6 +430,11 @@ impl<'a> Compiler<'a> {
 
     /// Run the pipeline: write the build directory.
     pub fn run(mut self) -> Result<Compiled> {
+        if self.options.microbatches_auto {
+            let m = choose_microbatches(&mut self)?;
+            self.options.microbatches = Some(m);
+            self.options.microbatches_auto = false;
+        }
         run_pipeline(&mut self)
     }
 
@@ -477,6 +486,87 @@ fn load_profile(spec: &str) -> Result<DeviceProfile> {
 }
 
 /// The default number of micro-batches: the largest divisor of `global` up to `2·p`.
+/// `--microbatches auto`: plan (`--plan-only`, `--split off`, in a scratch directory) with
+/// every divisor M of the global batch up to 8·P and return the one with the shortest
+/// predicted iteration; say what was compared.
+fn choose_microbatches(c: &mut Compiler) -> Result<u64> {
+    let a = c.options.clone();
+    let global = match a.program.batch {
+        Some(b) => Some(b),
+        None => {
+            let imported = ppcc_frontends::onnx::import_onnx_file_full(
+                &a.model,
+                &ppcc_frontends::onnx::ImportOptions::default(),
+            )
+            .with_context(|| format!("importing {}", a.model.display()))?;
+            crate::program::model_batch(&imported.module)?
+        }
+    };
+    let Some(global) = global.filter(|&g| g > 0) else {
+        bail!("--microbatches auto needs the global batch: give --batch (the model's batch dimension is symbolic)");
+    };
+    let cap = (8 * a.stages.max(1)) as u64;
+    let scratch = std::env::temp_dir().join(format!("ppcc-microbatches-{}", std::process::id()));
+    let mut tried: Vec<(u64, std::result::Result<f64, String>)> = vec![];
+    for m in (1..=global.min(cap)).filter(|m| global % m == 0) {
+        c.progress(format!(
+            "--microbatches auto: planning {m} micro-batches of {} rows",
+            global / m
+        ));
+        let mut o = a.clone();
+        o.microbatches = Some(m);
+        o.microbatches_auto = false;
+        o.plan_only = true;
+        o.force = true;
+        o.split = Some("off".into());
+        o.output = scratch.join(format!("m{m}"));
+        o.program.batch = Some(global);
+        let result = Compiler::new(o).run();
+        tried.push((
+            m,
+            result
+                .map(|r| r.plan.report.makespan)
+                .map_err(|e| crate::error_chain(&e)),
+        ));
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    let best = tried
+        .iter()
+        .filter_map(|(m, r)| r.as_ref().ok().map(|t| (*m, *t)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    let mut lines = vec![format!(
+        "--microbatches auto: global batch {global} on {} devices",
+        a.stages
+    )];
+    for (m, r) in &tried {
+        lines.push(match r {
+            Ok(t) => format!(
+                "  {m:>4} × {:>5} rows: predicted iteration {:.3} ms{}",
+                global / m,
+                t * 1e3,
+                if best.map(|b| b.0) == Some(*m) {
+                    "  <- chosen"
+                } else {
+                    ""
+                }
+            ),
+            Err(e) => format!(
+                "  {m:>4} × {:>5} rows: does not plan: {}",
+                global / m,
+                e.lines().next().unwrap_or("")
+            ),
+        });
+    }
+    (c.events)(Event::Note(lines.join("\n")));
+    match best {
+        Some((m, _)) => Ok(m),
+        None => bail!(
+            "--microbatches auto: no number of micro-batches plans for a global batch of {global}:\n{}",
+            lines[1..].join("\n")
+        ),
+    }
+}
+
 fn default_microbatches(global: Option<u64>, p: usize) -> u64 {
     let cap = (2 * p).max(1) as u64;
     match global {

@@ -6,8 +6,21 @@
 //! (a stage DAG with one stage per device for the graph partitioner, a chain otherwise),
 //! builds the schedule on that layout, adds communication, validates it, fills the
 //! simulator's [`CostTable`] from the cost model (per-stage F/B/W, per-edge transfer times,
-//! weights and stash bytes) and simulates. The best candidate by makespan wins; its peak
-//! memory per device must fit the limit or the plan fails naming the device and the excess.
+//! weights and stash bytes) and simulates. The best candidate by makespan among those whose
+//! peak memory fits the limit wins; when none fits, the error names the device, what fills
+//! it (weights, gradients, optimizer state, stash) and what the closest plan needs.
+//!
+//! Memory per device: weights × (2 + optimizer state), plus micro-batches in flight × each
+//! stage's stash (what its backward reads, from the training program `@grad` that
+//! autodiff builds for the candidate: [`crate::recompute::analyze`]), plus, while a
+//! backward runs, the recomputed values live at once and the stage's largest op's working
+//! memory. With [`RecomputeMode::Auto`] the devices over the limit recompute activations
+//! (the least extra time within their budget, [`crate::recompute::choose_within`]), and the
+//! partitions that fit only thanks to that (weights fit, activations do not) are candidates
+//! too; [`RecomputeMode::All`] recomputes everything on every stage. The recomputation
+//! time is added to each stage's input-gradient time, and [`Plan::recompute`] lists, by
+//! `@grad` value name, what each stage makes again, for the driver to apply
+//! ([`crate::recompute::apply_named`]).
 
 use std::time::Duration;
 
