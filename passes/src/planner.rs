@@ -206,32 +206,43 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     // With recomputation most of the stash can go: partitions whose weights, gradients
     // and optimizer state fit are candidates too, and recomputation then fits their
     // activations into what is left (or the candidate is dropped).
-    let mut candidates = match partition(m, &popts) {
+    let strict = match partition(m, &popts) {
         Ok(c) => c,
         Err(_) if o.recompute != RecomputeMode::Off => vec![],
         Err(e) => return Err(explain(e)),
     };
-    if o.recompute != RecomputeMode::Off {
-        let mut relaxed = popts.clone();
-        relaxed.memory.stash = 0.0;
-        match partition(m, &relaxed) {
-            Ok(more) => {
-                for p in more {
-                    if !candidates.iter().any(|q| q.stage_of_op == p.stage_of_op) {
-                        candidates.push(p);
-                    }
-                }
-            }
-            Err(e) if candidates.is_empty() => return Err(explain(e)),
-            Err(_) => {}
-        }
-    }
     let mut simulated = vec![];
     let mut best: Option<Plan> = None;
     // The candidate that comes closest to the limit, when none fits.
     let mut least_over: Option<Plan> = None;
+    let (mut best_analyzed, mut least_over_analyzed) = (false, false);
     let mut first_error = None;
-    for part in candidates {
+    let mut seen: Vec<Vec<u32>> = vec![];
+    let mut round = 0;
+    let mut queue = strict;
+    loop {
+        if queue.is_empty() {
+            // The partitions that fit only with recomputation, when the others do not
+            // fit without it.
+            let needed = best.is_none() || best_analyzed;
+            if round > 0 || o.recompute == RecomputeMode::Off || !needed {
+                break;
+            }
+            round += 1;
+            let mut relaxed = popts.clone();
+            relaxed.memory.stash = 0.0;
+            match partition(m, &relaxed) {
+                Ok(more) => queue = more,
+                Err(e) if best.is_none() && least_over.is_none() => return Err(explain(e)),
+                Err(_) => break,
+            }
+            continue;
+        }
+        let part = queue.remove(0);
+        if seen.contains(&part.stage_of_op) {
+            continue;
+        }
+        seen.push(part.stage_of_op.clone());
         let layout = match &fixed_layout {
             Some(l) => l.clone(),
             None if o.partition == PartitionKind::Graph => Layout::Dag {
@@ -265,17 +276,22 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
         if let Err(e) = validate(&schedule) {
             return Err(fail(format!("the schedule is not valid: {e}")));
         }
-        if let Err(e) = simulate(&schedule, &costs) {
-            first_error.get_or_insert(e.to_string());
-            continue;
-        }
         // With recomputation: the stash from the training program itself, and what to
         // recompute (without, the partitioner's estimate until a plan is chosen).
-        let (choices, report, model) = if o.recompute == RecomputeMode::Off {
-            match simulate(&schedule, &costs) {
-                Ok(r) => (vec![], r, None),
-                Err(e) => return Err(fail(e.to_string())),
+        // (Under `auto`, a candidate far below the limit by the partitioner's estimate is
+        // analysed only if it is chosen.)
+        let rough = match simulate(&schedule, &costs) {
+            Ok(r) => r,
+            Err(e) => {
+                first_error.get_or_insert(e.to_string());
+                continue;
             }
+        };
+        let rough_peak = rough.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
+        let (choices, report, model) = if o.recompute == RecomputeMode::Off
+            || (o.recompute == RecomputeMode::Auto && rough_peak <= ROUGH_MARGIN * limit)
+        {
+            (vec![], rough, None)
         } else {
             let model = stash_model(m, o, &part)?;
             let (c, r) = fit(&model, o, &schedule, &mut costs, limit)?;
@@ -286,26 +302,9 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
         let total: f64 = part.stages.iter().map(|s| s.cost.time()).sum();
         let candidate = Plan {
             lower_bound: o.microbatches as f64 * total / o.ranks as f64,
-            recompute: choices
-                .iter()
-                .filter(|c| !c.ops.is_empty())
-                .map(|c| StageRecompute {
-                    stage: c.stage as usize,
-                    values: model.as_ref().map_or(vec![], |md| {
-                        c.ops
-                            .iter()
-                            .filter_map(|&op| md.g.op(op).results().first())
-                            .map(|&v| md.g.value(v).name.clone())
-                            .collect()
-                    }),
-                    stash_bytes_off: c.stash_bytes_off,
-                    stash_bytes: c.stash_bytes,
-                    recomputed_bytes: c.recomputed_bytes,
-                    extra_seconds: c.extra_time,
-                    extra_flops: c.extra_flops,
-                    exact: c.exact,
-                })
-                .collect(),
+            recompute: model
+                .as_ref()
+                .map_or(vec![], |md| recompute_list(md, &choices)),
             partition: part,
             layout,
             schedule,
@@ -318,6 +317,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
                 over < b.report.peak_memory.iter().fold(0.0, |a: f64, &x| a.max(x)) - limit
             });
             if closer {
+                least_over_analyzed = model.is_some();
                 least_over = Some(candidate);
             }
             continue;
@@ -326,24 +326,30 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             .as_ref()
             .is_none_or(|b| candidate.report.makespan < b.report.makespan * (1.0 - 1e-12));
         if better {
+            best_analyzed = model.is_some();
             best = Some(candidate);
         }
     }
-    // Without recomputation: the chosen plan's stash from its training program.
-    if o.recompute == RecomputeMode::Off {
-        let refine = |p: &mut Plan| -> Result<(), PassError> {
-            let model = stash_model(m, o, &p.partition)?;
-            let (_, report) = fit(&model, o, &p.schedule, &mut p.costs, limit)?;
-            p.report = report;
-            Ok(())
-        };
+    // A plan chosen on the partitioner's estimate: its stash from its training program
+    // (and, under `auto`, recomputation if it needs it after all).
+    let refine = |p: &mut Plan| -> Result<(), PassError> {
+        let model = stash_model(m, o, &p.partition)?;
+        let (choices, report) = fit(&model, o, &p.schedule, &mut p.costs, limit)?;
+        p.report = report;
+        p.recompute = recompute_list(&model, &choices);
+        Ok(())
+    };
+    if !best_analyzed {
         if let Some(p) = best.as_mut() {
             refine(p)?;
             let peak = p.report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
             if peak > limit {
                 least_over = best.take();
+                least_over_analyzed = true;
             }
         }
+    }
+    if !least_over_analyzed {
         if let Some(p) = least_over.as_mut() {
             refine(p)?;
         }
@@ -359,6 +365,34 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     };
     plan.candidates = simulated;
     Ok(plan)
+}
+
+/// Under `auto`, a candidate whose estimated peak is at most this share of the limit is
+/// taken to need no recomputation until it is chosen (the estimate leaves out received
+/// values and the largest op's working memory).
+const ROUGH_MARGIN: f64 = 0.8;
+
+/// What each stage of a plan recomputes, by `@grad` value name.
+fn recompute_list(model: &StashModel, choices: &[StageChoice]) -> Vec<StageRecompute> {
+    choices
+        .iter()
+        .filter(|c| !c.ops.is_empty())
+        .map(|c| StageRecompute {
+            stage: c.stage as usize,
+            values: c
+                .ops
+                .iter()
+                .filter_map(|&op| model.g.op(op).results().first())
+                .map(|&v| model.g.value(v).name.clone())
+                .collect(),
+            stash_bytes_off: c.stash_bytes_off,
+            stash_bytes: c.stash_bytes,
+            recomputed_bytes: c.recomputed_bytes,
+            extra_seconds: c.extra_time,
+            extra_flops: c.extra_flops,
+            exact: c.exact,
+        })
+        .collect()
 }
 
 /// The training program of a partition and each stage's recomputation problem.
