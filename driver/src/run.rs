@@ -426,6 +426,14 @@ fn fmt_time(s: f64) -> String {
     }
 }
 
+/// The process's peak resident set (`VmHWM` in /proc/self/status), where the system says.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 fn mib(b: f64) -> String {
     format!("{:.2} MiB", b / (1u64 << 20) as f64)
 }
@@ -871,6 +879,18 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
                 mib(grads as f64),
                 mib(peak_stash[i] as f64),
                 plan.predicted_peak_memory.get(r).map_or("?".into(), |p| mib(*p))
+            )));
+        }
+        // The whole process: every device's buffers (one device per process under MPI),
+        // the loaded code and the runtime itself.
+        if let Some(rss) = peak_rss_bytes() {
+            let who = match a.transport {
+                Transport::Local => "this process (all devices)".to_string(),
+                Transport::Mpi => format!("the process of device {}", ranks[0]),
+            };
+            events(RunEvent::Note(format!(
+                "peak resident memory of {who}: {}",
+                mib(rss as f64)
             )));
         }
     }
