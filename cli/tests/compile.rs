@@ -965,3 +965,40 @@ fn microbatches_auto_compares_the_divisors_of_the_batch() {
         "{err}"
     );
 }
+
+/// When nothing fits even with recomputation, the error names the device and what fills
+/// it; without recomputation it points at `--recompute auto`.
+#[test]
+fn over_the_limit_with_and_without_recomputation() {
+    let args = |r: &'static str| {
+        vec![
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--batch",
+            "16",
+            "--plan-only",
+            "--memory-limit",
+            "300K",
+            "--recompute",
+            r,
+        ]
+    };
+    let err = compile_err("gpt.onnx", "over-auto", &args("auto"));
+    for part in [
+        "device 0 needs",
+        "the memory limit is 293.0 KiB",
+        "weights 59.6 KiB, gradients 59.6 KiB, optimizer state 59.6 KiB",
+        "micro-batches in flight), working memory of a backward",
+        "the plan closest to the limit needs",
+    ] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    let err = compile_err("gpt.onnx", "over-off", &args("off"));
+    assert!(err.contains("no plan fits the memory limit"), "{err}");
+    assert!(
+        err.contains("--recompute auto makes activations again"),
+        "{err}"
+    );
+}

@@ -209,6 +209,14 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     let strict = match partition(m, &popts) {
         Ok(c) => c,
         Err(_) if o.recompute != RecomputeMode::Off => vec![],
+        Err(PassError::Failed { pass, message }) if message.contains("memory limit") => {
+            return Err(explain(PassError::Failed {
+                pass,
+                message: format!(
+                    "{message} (--recompute auto makes activations again in the backward instead of keeping them)"
+                ),
+            }))
+        }
         Err(e) => return Err(explain(e)),
     };
     let mut simulated = vec![];
@@ -540,7 +548,11 @@ fn over_limit(m: &ppir::Module, o: &PlannerOptions, p: &Plan, limit: f64) -> Pas
         .filter(|&s| p.schedule.layout.rank_of(s) == r)
         .map(|s| p.costs.stages[s].weight_memory)
         .sum();
-    let stash = p.report.peak_stash_bytes[r];
+    let transient = (0..p.costs.stages.len())
+        .filter(|&s| p.schedule.layout.rank_of(s) == r)
+        .map(|s| p.costs.stages[s].transient_memory)
+        .fold(0.0, f64::max);
+    let stash = (p.report.peak_stash_bytes[r] - transient).max(0.0);
     let mut hint = String::new();
     if o.recompute == RecomputeMode::Off {
         let all = PlannerOptions {
@@ -557,7 +569,7 @@ fn over_limit(m: &ppir::Module, o: &PlannerOptions, p: &Plan, limit: f64) -> Pas
         }
     }
     fail(format!(
-        "device {r} needs {} at its peak under this schedule, the memory limit is {} (over by {}): weights {}, gradients {}, optimizer state {}, stashed activations {} ({} in flight); the plan closest to the limit needs {}{hint}; use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger memory limit",
+        "device {r} needs {} at its peak under this schedule, the memory limit is {} (over by {}): weights {}, gradients {}, optimizer state {}, stashed activations {} ({} in flight), working memory of a backward {} (recomputed values and the largest op); the plan closest to the limit needs {}{hint}; use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger memory limit",
         human_bytes(peak),
         human_bytes(limit),
         human_bytes(peak - limit),
@@ -569,6 +581,7 @@ fn over_limit(m: &ppir::Module, o: &PlannerOptions, p: &Plan, limit: f64) -> Pas
             1 => "1 micro-batch".to_string(),
             n => format!("{n} micro-batches"),
         },
+        human_bytes(transient),
         human_bytes(peak),
     ))
 }
