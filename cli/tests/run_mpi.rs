@@ -136,17 +136,22 @@ fn mpi_split_lm_head_equals_train() {
     );
 }
 
-/// A plan whose backward recomputes every activation it can trains like the whole model
-/// on one device.
+/// Plans whose backward recomputes every activation it can, or what a memory limit needs,
+/// train like the whole model on one device.
 #[test]
-fn mpi_recompute_all_equals_train() {
-    check_with(
-        "examples/gpt.onnx",
-        &["--microbatches", "4", "--batch", "16"],
-        &["--recompute", "all"],
-        "2",
-        "1f1b",
-    );
+fn mpi_recompute_equals_train() {
+    for compile_only in [
+        &["--recompute", "all"][..],
+        &["--recompute", "auto", "--memory-limit", "520K"][..],
+    ] {
+        check_with(
+            "examples/gpt.onnx",
+            &["--microbatches", "4", "--batch", "16"],
+            compile_only,
+            "2",
+            "1f1b",
+        );
+    }
 }
 
 #[test]
