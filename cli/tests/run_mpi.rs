@@ -55,9 +55,14 @@ fn check_with(model: &str, opts: &[&str], compile_only: &[&str], stages: &str, s
     targs.extend_from_slice(opts);
     let want = ppcc(&targs);
     assert!(want.ok, "{}", want.stderr);
+    // Tests run in parallel: the compile-only options are part of the name.
     let dir = tmp(&format!(
-        "{}-{stages}-{schedule}",
-        Path::new(model).file_stem().unwrap().to_string_lossy()
+        "{}-{stages}-{schedule}{}",
+        Path::new(model).file_stem().unwrap().to_string_lossy(),
+        compile_only
+            .iter()
+            .map(|o| format!("-{}", o.replace(|c: char| !c.is_ascii_alphanumeric(), "_")))
+            .collect::<String>()
     ));
     let mut extra = vec!["--stages", stages, "--schedule", schedule];
     extra.extend_from_slice(opts);
