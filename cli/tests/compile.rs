@@ -990,7 +990,7 @@ fn over_the_limit_with_and_without_recomputation() {
         "device 0 needs",
         "the memory limit is 293.0 KiB",
         "weights 59.6 KiB, gradients 59.6 KiB, optimizer state 59.6 KiB",
-        "micro-batches in flight), working memory of a backward",
+        "micro-batches in flight), temporaries of a stage function",
         "the plan closest to the limit needs",
     ] {
         assert!(err.contains(part), "{part:?} in {err}");

@@ -874,6 +874,37 @@ fn measured_stash(stderr: &str) -> Vec<f64> {
         .collect()
 }
 
+/// A figure printed as `<label><x> MiB` in `line`, in bytes.
+fn mib_after(line: &str, label: &str) -> f64 {
+    let at = line
+        .find(label)
+        .unwrap_or_else(|| panic!("no {label:?} in {line:?}"))
+        + label.len();
+    let mib: f64 = line[at..]
+        .split(' ')
+        .next()
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no figure after {label:?} in {line:?}"));
+    mib * (1u64 << 20) as f64
+}
+
+/// Per device: (measured, predicted) temporaries and (measured, predicted) peak memory.
+fn measured_memory(stderr: &str) -> Vec<((f64, f64), (f64, f64))> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("device ") && l.contains("peak memory"))
+        .map(|l| {
+            (
+                (
+                    mib_after(l, "temporaries "),
+                    mib_after(&l[l.find("temporaries ").unwrap()..], "(predicted "),
+                ),
+                (mib_after(l, "peak memory "), mib_after(l, "), predicted ")),
+            )
+        })
+        .collect()
+}
+
 /// The stash plan.json predicts per device (one stage per device): micro-batches in
 /// flight × bytes per micro-batch.
 fn predicted_stash(dir: &Path) -> Vec<f64> {
@@ -1000,9 +1031,152 @@ fn recomputation_trains_like_keeping_every_activation() {
                         "{model} {mode} --target {target}: device {d} stashed {m} bytes, predicted {p}"
                     );
                 }
+                // Temporaries: the interpreter holds exactly the values the plan counts;
+                // native code fuses elementwise chains, so it holds at most those.
+                let rounding = 0.006 * (1u64 << 20) as f64;
+                for (d, ((tm, tp), (pm, pp))) in
+                    measured_memory(&out.stderr).into_iter().enumerate()
+                {
+                    let what = format!("{model} {mode} --target {target}: device {d}");
+                    if target == "interp" {
+                        assert!(
+                            (tm - tp).abs() <= rounding,
+                            "{what}: temporaries {tm}, predicted {tp}"
+                        );
+                    } else {
+                        assert!(
+                            tm <= tp * 1.1 + rounding,
+                            "{what}: temporaries {tm}, predicted {tp}"
+                        );
+                    }
+                    assert!(
+                        (pm - pp).abs() <= 0.1 * pp + rounding,
+                        "{what}: peak memory {pm}, predicted {pp}"
+                    );
+                }
             }
             let _ = std::fs::remove_dir_all(&dir);
         }
         let _ = std::fs::remove_dir_all(&off);
     }
+}
+
+/// Training-mode dropout under recomputation: the backward makes the dropout again with
+/// the same seed and key, so the mask is the one the forward drew. A two-layer network
+/// with a dropout after each hidden layer (made here with the onnx package), 2 stages,
+/// `--recompute all` against `off`, on native code and the interpreter: the same losses,
+/// and less stash.
+#[test]
+fn recomputed_dropout_draws_the_same_mask() {
+    let dir = tmp("dropout-model");
+    let _ = std::fs::create_dir_all(&dir);
+    let model = dir.join("dropout_mlp.onnx");
+    let python = std::env::var("PPCC_PYTHON").unwrap_or_else(|_| {
+        pipeline_common::repo()
+            .join(".venv/bin/python")
+            .display()
+            .to_string()
+    });
+    let script = r#"
+import sys, numpy as np, onnx
+from onnx import helper, numpy_helper, TensorProto as T
+rng = np.random.default_rng(7)
+init, nodes, h, width = [], [], "x", 16
+for i, w in enumerate([32, 32]):
+    init += [numpy_helper.from_array((rng.standard_normal((width, w)) * 0.3).astype(np.float32), f"w{i}"),
+             numpy_helper.from_array(np.zeros(w, np.float32), f"b{i}")]
+    nodes += [helper.make_node("MatMul", [h, f"w{i}"], [f"m{i}"]),
+              helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+              helper.make_node("Tanh", [f"a{i}"], [f"t{i}"]),
+              helper.make_node("Dropout", [f"t{i}", "ratio", "train"], [f"h{i}"], seed=11 + i)]
+    h, width = f"h{i}", w
+init += [numpy_helper.from_array((rng.standard_normal((width, 5)) * 0.3).astype(np.float32), "wo"),
+         numpy_helper.from_array(np.array(0.25, np.float32), "ratio"),
+         numpy_helper.from_array(np.array(True), "train")]
+nodes.append(helper.make_node("MatMul", [h, "wo"], ["logits"]))
+g = helper.make_graph(nodes, "dropout_mlp",
+    [helper.make_tensor_value_info("x", T.FLOAT, ["batch", 16])],
+    [helper.make_tensor_value_info("logits", T.FLOAT, ["batch", 5])], init)
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+onnx.save(m, sys.argv[1])
+"#;
+    let made = std::process::Command::new(&python)
+        .args(["-c", script, model.to_str().unwrap()])
+        .output()
+        .unwrap_or_else(|e| panic!("{python}: {e}"));
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let model = model.to_str().unwrap();
+    let opts = ["--stages", "2", "--microbatches", "4", "--batch", "64"];
+    let mut stashes = vec![];
+    let mut reference: Option<Vec<f64>> = None;
+    for mode in ["off", "all"] {
+        let out_dir = tmp(&format!("dropout-{mode}"));
+        let mut extra = vec!["--recompute", mode];
+        extra.extend_from_slice(&opts);
+        compile(model, &out_dir, &extra);
+        let text = std::fs::read_to_string(out_dir.join("plan.json")).unwrap();
+        assert_eq!(
+            mode == "all",
+            text.contains("\"stash_bytes_without\""),
+            "--recompute {mode}: {text}"
+        );
+        if mode == "all" {
+            // What is made again includes a dropout's result (the next layer's weight
+            // gradient reads it).
+            let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let values: Vec<String> = plan["stages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|s| {
+                    s["recompute"]["values"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
+            assert!(
+                values.iter().any(|v| v == "h0" || v == "h1"),
+                "a dropout is recomputed: {values:?}"
+            );
+        }
+        for target in ["cpu", "interp"] {
+            let out = ppcc(&[
+                "run",
+                out_dir.to_str().unwrap(),
+                "--steps",
+                "4",
+                "--target",
+                target,
+            ]);
+            assert!(
+                out.ok,
+                "--recompute {mode} --target {target}: {}",
+                out.stderr
+            );
+            let got = losses(&out.stdout);
+            match &reference {
+                None => reference = Some(got),
+                Some(want) => assert_same(
+                    &format!("dropout --recompute {mode} --target {target}"),
+                    &got,
+                    want,
+                ),
+            }
+            if target == "cpu" {
+                stashes.push(measured_stash(&out.stderr).iter().sum::<f64>());
+            }
+        }
+        let _ = std::fs::remove_dir_all(&out_dir);
+    }
+    assert!(
+        stashes[1] < stashes[0],
+        "recomputation stashes less: {stashes:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -196,13 +196,49 @@ fn parse_and_lower<'c>(
         parse_pass_pipeline(pm.as_operation_pass_manager(), pipeline).map_err(fail)?;
         pm.run(module).map_err(fail)
     };
+    // CPU code frees each temporary after its last use (`free_early`), right after the
+    // deallocation pipeline placed the frees.
+    let passes = pipeline_passes(&opts.pipeline);
+    let free_after = passes
+        .iter()
+        .position(|p| p == "buffer-deallocation-pipeline")
+        .filter(|_| opts.cuda.is_none());
+    let free_early = |module: &mut Module<'c>| -> Result<(), CompileError> {
+        crate::free_early::free_after_last_use(module.as_operation().to_raw());
+        if module.as_operation().verify() {
+            Ok(())
+        } else {
+            Err(CompileError::Pipeline {
+                pipeline: "ppcc free-after-last-use".into(),
+                diagnostics: drain(sink),
+            })
+        }
+    };
     match &opts.keep_passes {
-        None => run(&opts.pipeline, &mut module)?,
+        None => match free_after {
+            None => run(&opts.pipeline, &mut module)?,
+            Some(at) => {
+                run(
+                    &format!("builtin.module({})", passes[..=at].join(",")),
+                    &mut module,
+                )?;
+                free_early(&mut module)?;
+                if at + 1 < passes.len() {
+                    run(
+                        &format!("builtin.module({})", passes[at + 1..].join(",")),
+                        &mut module,
+                    )?;
+                }
+            }
+        },
         Some(dir) => {
             create_dir(dir)?;
             write_file(&dir.join("00-input.mlir"), mlir)?;
-            for (i, pass) in pipeline_passes(&opts.pipeline).iter().enumerate() {
+            for (i, pass) in passes.iter().enumerate() {
                 run(&format!("builtin.module({pass})"), &mut module)?;
+                if Some(i) == free_after {
+                    free_early(&mut module)?;
+                }
                 let stem: String = pass
                     .chars()
                     .take_while(|c| *c != '{')
@@ -332,17 +368,26 @@ fn compile_to_object_with(
     }
     let llvm_module = unsafe { inkwell::module::Module::new(raw as _) };
     add_entries(&llvm_ctx, &llvm_module, sigs)?;
-    if opts.cuda.is_some() {
-        // The host code's temporaries are read and written by kernels: they come from the
-        // runtime's device-addressable allocator (`gpu_shim.c`), not the C heap.
-        for (from, to) in [
+    // The host code's temporaries: in CUDA modules they are read and written by kernels,
+    // so they come from the runtime's device-addressable allocator (`gpu_shim.c`); in CPU
+    // modules from the C heap through support.c's counting wrappers (the runtime reports
+    // the peak per call).
+    let allocator = if opts.cuda.is_some() {
+        [
             ("malloc", "ppcc_gpu_malloc"),
             ("aligned_alloc", "ppcc_gpu_aligned_alloc"),
             ("free", "ppcc_gpu_free"),
-        ] {
-            if let Some(f) = llvm_module.get_function(from) {
-                f.as_global_value().set_name(to);
-            }
+        ]
+    } else {
+        [
+            ("malloc", "ppcc_tmp_malloc"),
+            ("aligned_alloc", "ppcc_tmp_aligned_alloc"),
+            ("free", "ppcc_tmp_free"),
+        ]
+    };
+    for (from, to) in allocator {
+        if let Some(f) = llvm_module.get_function(from) {
+            f.as_global_value().set_name(to);
         }
     }
     let tm = host_target_machine(opts.opt_level, opts.cuda.is_some())?;

@@ -12,6 +12,8 @@
  *   ppcc_softmax_f32          softmax / log_softmax over a contiguous last axis (f32);
  *   ppcc_layernorm_f32        layer normalisation over contiguous trailing axes (f32);
  *   ppcc_prof_begin/_end/_take  per-op timing of modules lowered with profile_ops;
+ *   ppcc_tmp_malloc/_aligned_alloc/_free  the generated code's temporaries (counted);
+ *   ppcc_tmp_take_peak        the most bytes of them live at once since the last take;
  *   memrefCopy                the ABI MLIR's memref.copy lowering calls for copies between
  *                             non-contiguous memrefs (same signature as MLIR's CRunnerUtils).
  *
@@ -99,6 +101,49 @@ void ppcc_prof_end(int64_t t0, int64_t op) {
 void ppcc_prof_take(int64_t *out, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = i < ppcc_prof_cap ? ppcc_prof_ns[i] : 0;
   if (ppcc_prof_cap) memset(ppcc_prof_ns, 0, (size_t)ppcc_prof_cap * sizeof(int64_t));
+}
+
+/* ---- temporaries of the generated code ---- */
+
+/* The generated functions' temporaries (MLIR's memref.alloc / dealloc, lowered to
+ * malloc / aligned_alloc / free) come here in CPU modules (compile.rs renames the calls), so
+ * the runtime can report the most bytes live at once per call: a header before each block
+ * keeps its size and offset. Counters are per thread: each stage's functions run on one
+ * thread at a time. */
+static _Thread_local uint64_t ppcc_tmp_live, ppcc_tmp_peak;
+
+static void *ppcc_tmp_track(char *base, size_t off, size_t n) {
+  if (!base) return NULL;
+  char *p = base + off;
+  ((uint64_t *)p)[-1] = (uint64_t)n;
+  ((uint64_t *)p)[-2] = (uint64_t)off;
+  ppcc_tmp_live += n;
+  if (ppcc_tmp_live > ppcc_tmp_peak) ppcc_tmp_peak = ppcc_tmp_live;
+  return p;
+}
+
+void *ppcc_tmp_malloc(size_t n) { return ppcc_tmp_track((char *)malloc(n + 16), 16, n); }
+
+void *ppcc_tmp_aligned_alloc(size_t align, size_t n) {
+  if (align < 16) align = 16;
+  size_t total = n + align;
+  total = (total + align - 1) / align * align;
+  return ppcc_tmp_track((char *)aligned_alloc(align, total), align, n);
+}
+
+void ppcc_tmp_free(void *q) {
+  if (!q) return;
+  uint64_t n = ((uint64_t *)q)[-1], off = ((uint64_t *)q)[-2];
+  ppcc_tmp_live -= n < ppcc_tmp_live ? n : ppcc_tmp_live;
+  free((char *)q - off);
+}
+
+/* The most bytes of temporaries live at once on this thread since the last take; the
+ * count restarts from what is live now. */
+uint64_t ppcc_tmp_take_peak(void) {
+  uint64_t p = ppcc_tmp_peak;
+  ppcc_tmp_peak = ppcc_tmp_live;
+  return p;
 }
 
 /* ---- packing workspace ---- */

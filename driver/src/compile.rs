@@ -833,6 +833,8 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     std::fs::create_dir_all(&output)
         .with_context(|| format!("cannot create {}", output.display()))?;
     let mut native_times: Option<Vec<[f64; 4]>> = None;
+    // Per stage: the most bytes of temporaries one call of its functions has live.
+    let mut stage_temporaries: Option<Vec<f64>> = None;
     let program = if a.plan_only {
         None
     } else {
@@ -871,6 +873,20 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
                 split.stages.len()
             );
         }
+        stage_temporaries = Some(
+            split
+                .stages
+                .iter()
+                .map(|st| {
+                    [&st.fwd, &st.bwd_input, &st.bwd_weight]
+                        .into_iter()
+                        .chain(st.optim.as_ref())
+                        .filter_map(|name| module.function(name))
+                        .map(|f| ppir::memory::peak_temporary_bytes(f) as f64)
+                        .fold(0.0, f64::max)
+                })
+                .collect(),
+        );
         c.progress("writing");
         let mut stage_modules = vec![];
         for st in &split.stages {
@@ -922,6 +938,17 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         }
         Some((training, split, data))
     };
+    // The stages' temporaries counted on their functions replace the planner's bound
+    // (recomputed values plus the backward's own temporaries, taken as coinciding).
+    if let Some(temps) = &stage_temporaries {
+        for (s, &t) in temps.iter().enumerate() {
+            if let Some(c) = best.costs.stages.get_mut(s) {
+                c.transient_memory = t;
+            }
+        }
+        best.report = simulate(&best.schedule, &best.costs)
+            .context("simulating the schedule with the stages' temporaries")?;
+    }
     // Predicting this machine with its native code: the plan's stage times become the
     // generated functions' measured times (the cost model's op sums chose the partition;
     // its own prediction stays in plan.json as `prediction_cost_model`).
@@ -980,6 +1007,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         appended: appended.as_ref(),
         plan_seconds,
         native_times: native_times.as_deref(),
+        stage_temporaries: stage_temporaries.as_deref(),
         model_prediction: model_prediction.clone(),
     });
     if let Some((_, split, _)) = &program {
@@ -1187,6 +1215,8 @@ struct PlanDoc<'a> {
     plan_seconds: f64,
     /// Per stage: measured seconds of the native fwd, bwd_input, bwd_weight, optim.
     native_times: Option<&'a [[f64; 4]]>,
+    /// Per stage: the temporaries of its functions (bytes).
+    stage_temporaries: Option<&'a [f64]>,
     model_prediction: Option<doc::Prediction>,
 }
 
@@ -1260,6 +1290,7 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
                     }),
                     params: split.map(|sf| sf.params.clone()),
                     dir: split.map(|_| format!("stage{s}")),
+                    temporary_bytes: d.stage_temporaries.and_then(|t| t.get(s)).copied(),
                     recompute: p.recompute.iter().find(|r| r.stage == s).map(|r| {
                         doc::RecomputeDoc {
                             values: r.values.clone(),

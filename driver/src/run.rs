@@ -434,6 +434,17 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The most bytes of temporaries the plan predicts for one call of a function of device
+/// `r`'s stages (`None` for a plan without the figure).
+fn predicted_temporaries(plan: &PlanSpec, r: usize) -> Option<f64> {
+    plan.doc
+        .stages
+        .iter()
+        .filter(|s| s.device == r)
+        .map(|s| s.temporary_bytes)
+        .try_fold(0.0f64, |a, t| t.map(|t| a.max(t)))
+}
+
 fn mib(b: f64) -> String {
     format!("{:.2} MiB", b / (1u64 << 20) as f64)
 }
@@ -603,10 +614,7 @@ fn build_workers(
             weights = saved;
         }
         let exec: Box<dyn StageExecutable> = match target {
-            Target::Interp => Box::new(InterpretedStage {
-                module,
-                options: Default::default(),
-            }),
+            Target::Interp => Box::new(InterpretedStage::new(module, Default::default())),
             Target::Cpu | Target::Cuda => {
                 let so = spec.dir.join("module.so");
                 if !so.exists() {
@@ -771,6 +779,7 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
     let mut step_times = vec![];
     let mut trace: Vec<(u64, f64, Timed)> = vec![];
     let mut peak_stash = vec![0u64; ranks.len()];
+    let mut peak_temporary: Vec<Option<u64>> = vec![None; ranks.len()];
     let mut busy = vec![0.0f64; ranks.len()];
     let run_start = Instant::now();
     let end_step = start_step
@@ -797,6 +806,9 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
         }
         for (i, rep) in reports.iter().enumerate() {
             peak_stash[i] = peak_stash[i].max(rep.peak_stash_bytes);
+            if let Some(t) = rep.peak_temporary_bytes {
+                peak_temporary[i] = Some(peak_temporary[i].unwrap_or(0).max(t));
+            }
             busy[i] += rep
                 .actions
                 .iter()
@@ -868,10 +880,20 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
                     }
                 }
             }
-            let measured = (weights + grads + peak_stash[i]) as f64;
+            let temporaries = peak_temporary[i].unwrap_or(0);
+            let measured = (weights + grads + peak_stash[i] + temporaries) as f64;
             let stages: Vec<String> = w.stages.iter().map(|s| s.spec.stage.to_string()).collect();
+            let temporaries = match peak_temporary[i] {
+                Some(t) => format!(
+                    ", temporaries {}{}",
+                    mib(t as f64),
+                    predicted_temporaries(&plan, r)
+                        .map_or(String::new(), |p| format!(" (predicted {})", mib(p)))
+                ),
+                None => String::new(),
+            };
             events(RunEvent::Note(format!(
-                "device {r} (stage {}): busy {} per step, peak memory {} (weights and optimizer state {}, gradients {}, stash {}), predicted {}",
+                "device {r} (stage {}): busy {} per step, peak memory {} (weights and optimizer state {}, gradients {}, stash {}{temporaries}), predicted {}",
                 stages.join(","),
                 fmt_time(busy[i] / n),
                 mib(measured),

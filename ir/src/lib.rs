@@ -21,6 +21,7 @@
 pub mod abi;
 pub mod attr;
 pub mod interp;
+pub mod memory;
 pub mod module;
 pub mod ops;
 pub mod schedule;

@@ -13,8 +13,8 @@
 //! Memory per device: weights × (2 + optimizer state), plus micro-batches in flight × each
 //! stage's stash (what its backward reads, from the training program `@grad` that
 //! autodiff builds for the candidate: [`crate::recompute::analyze`]), plus, while a
-//! backward runs, the recomputed values live at once and the stage's largest op's working
-//! memory. With [`RecomputeMode::Auto`] the devices over the limit recompute activations
+//! backward runs, the recomputed values live at once and the temporaries of the stage's
+//! functions (values made and read within one of them, by liveness). With [`RecomputeMode::Auto`] the devices over the limit recompute activations
 //! (the least extra time within their budget, [`crate::recompute::choose_within`]), and the
 //! partitions that fit only thanks to that (weights fit, activations do not) are candidates
 //! too; [`RecomputeMode::All`] recomputes everything on every stage. The recomputation
@@ -377,7 +377,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
 
 /// Under `auto`, a candidate whose estimated peak is at most this share of the limit is
 /// taken to need no recomputation until it is chosen (the estimate leaves out received
-/// values and the largest op's working memory).
+/// values and the functions' temporaries).
 const ROUGH_MARGIN: f64 = 0.8;
 
 /// What each stage of a plan recomputes, by `@grad` value name.
@@ -449,19 +449,20 @@ fn fit(
 ) -> Result<(Vec<StageChoice>, SimReport), PassError> {
     let g = &model.g;
     let base = costs.clone();
-    let op_peak: std::collections::HashMap<u32, f64> = model
+    let working: std::collections::HashMap<u32, f64> = model
         .problems
         .iter()
-        .map(|p| (p.stage, p.op_peak))
+        .map(|p| (p.stage, p.working))
         .collect();
     let set = |costs: &mut CostTable, choices: &[StageChoice]| {
         for c in choices {
             let i = c.stage as usize;
             if let (Some(st), Some(b)) = (costs.stages.get_mut(i), base.stages.get(i)) {
                 st.activation_memory = c.stash_bytes;
-                // The recomputed values and the largest op's working memory.
+                // The recomputed values and the stage's own temporaries (a bound: their
+                // peaks need not coincide; the driver counts the stage functions exactly).
                 st.transient_memory =
-                    c.recomputed_bytes + op_peak.get(&c.stage).copied().unwrap_or(0.0);
+                    c.recomputed_bytes + working.get(&c.stage).copied().unwrap_or(0.0);
                 st.backward_input = b.backward_input + c.extra_time;
             }
         }
@@ -511,7 +512,7 @@ fn fit(
             let share = mine.len() as f64;
             let peak = mine
                 .iter()
-                .map(|&i| model.problems[i].op_peak)
+                .map(|&i| model.problems[i].working)
                 .fold(0.0, f64::max);
             let budget = Budget {
                 bytes: ((limit - weights - peak - slack[r]) / share).max(0.0),
@@ -569,7 +570,7 @@ fn over_limit(m: &ppir::Module, o: &PlannerOptions, p: &Plan, limit: f64) -> Pas
         }
     }
     fail(format!(
-        "device {r} needs {} at its peak under this schedule, the memory limit is {} (over by {}): weights {}, gradients {}, optimizer state {}, stashed activations {} ({} in flight), working memory of a backward {} (recomputed values and the largest op); the plan closest to the limit needs {}{hint}; use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger memory limit",
+        "device {r} needs {} at its peak under this schedule, the memory limit is {} (over by {}): weights {}, gradients {}, optimizer state {}, stashed activations {} ({} in flight), temporaries of a stage function {} (recomputed values included); the plan closest to the limit needs {}{hint}; use more stages, a schedule that keeps fewer micro-batches in flight (1f1b rather than gpipe), or a larger memory limit",
         human_bytes(peak),
         human_bytes(limit),
         human_bytes(peak - limit),

@@ -95,10 +95,12 @@ pub struct StageProblem {
     pub time: HashMap<OpId, f64>,
     /// The stage's backward ops, with their position in the function body.
     pub bwd: HashMap<OpId, usize>,
-    /// The working memory of the stage's largest op, beyond the stash and the weights:
-    /// its results and the operands made in the same pass (forward, or backward), at most
-    /// over its ops (the gradient of an LM head's logits is as large as the logits).
-    pub op_peak: f64,
+    /// The stage's temporaries without recomputation: the most bytes live at once of
+    /// values its ops make that only its own function of the same phase reads (each from
+    /// its op to its last reader), over the forward, input-gradient and weight-gradient
+    /// functions, as [`ppir::memory::peak_temporary_bytes`] counts them on the stage's
+    /// functions (the gradient of an LM head's logits is as large as the logits).
+    pub working: f64,
 }
 
 /// A stage's recomputation plan and what it costs and saves, per micro-batch.
@@ -195,21 +197,9 @@ pub fn analyze(g: &Function, profile: &DeviceProfile) -> Result<Vec<StageProblem
             roots: vec![],
             time: HashMap::new(),
             bwd: HashMap::new(),
-            op_peak: 0.0,
+            working: 0.0,
         });
         let d = g.op(op);
-        let same_pass = |v: ValueId| match g.value(v).def {
-            ValueDef::Op(q, _) => stage_of[q.index()] == s && is_fwd(g, q) == is_fwd(g, op),
-            ValueDef::Arg(_) => false,
-        };
-        let working = total(d.results().iter().map(|&v| bytes(g, v)))
-            + total(
-                d.operands()
-                    .iter()
-                    .filter(|&&v| same_pass(v))
-                    .map(|&v| bytes(g, v)),
-            );
-        p.op_peak = p.op_peak.max(working);
         if is_fwd(g, op) {
             if !d.kind.has_side_effect() {
                 let t = op_time_in(g, op, profile).map_err(|e| fail(e.to_string()))?;
@@ -232,7 +222,67 @@ pub fn analyze(g: &Function, profile: &DeviceProfile) -> Result<Vec<StageProblem
             }
         }
     }
+    for (s, w) in working_peaks(g, &stage_of) {
+        if let Some(p) = problems.get_mut(&s) {
+            p.working = w;
+        }
+    }
     Ok(problems.into_values().collect())
+}
+
+/// Which of a stage's functions an op goes to: forward, input or weight gradient.
+fn function_of(g: &Function, op: OpId) -> u8 {
+    match g.op(op).phase {
+        Some(Phase::BwdInput) => 1,
+        Some(Phase::BwdWeight) => 2,
+        _ => 0,
+    }
+}
+
+/// Per stage, the most bytes of temporaries live at once in one of its functions (the
+/// ops of one stage and phase, in body order): values made there and read only there,
+/// each from its op to its last reader. A value read by another stage or phase leaves
+/// the function (stashed or sent) and is not a temporary.
+fn working_peaks(g: &Function, stage_of: &[u32]) -> BTreeMap<u32, f64> {
+    let group = |op: OpId| (stage_of[op.index()], function_of(g, op));
+    let mut temp = vec![0.0f64; g.num_values()];
+    let mut remaining = vec![0usize; g.num_values()];
+    for &op in g.ops() {
+        for &v in g.op(op).results() {
+            let local = g.users(v).iter().all(|u| match u {
+                Use::Operand(user, _) => group(*user) == group(op),
+                Use::Return(_) => false,
+            });
+            if local {
+                temp[v.index()] = bytes(g, v);
+                remaining[v.index()] = g.users(v).len();
+            }
+        }
+    }
+    let mut live: HashMap<(u32, u8), f64> = HashMap::new();
+    let mut peak: BTreeMap<u32, f64> = BTreeMap::new();
+    for &op in g.ops() {
+        let key = group(op);
+        let d = g.op(op);
+        let made = total(d.results().iter().map(|&v| temp[v.index()]));
+        let now = live.entry(key).or_insert(0.0);
+        let p = peak.entry(key.0).or_insert(0.0);
+        *p = p.max(*now + made);
+        *now += total(
+            d.results()
+                .iter()
+                .filter(|&&v| remaining[v.index()] > 0)
+                .map(|&v| temp[v.index()]),
+        );
+        for &v in d.operands() {
+            let left = &mut remaining[v.index()];
+            if *left == 1 {
+                *now = (*now - temp[v.index()]).max(0.0);
+            }
+            *left = left.saturating_sub(1);
+        }
+    }
+    peak
 }
 
 /// Where a stage's values come from under a set of recomputed ops.

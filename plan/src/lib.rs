@@ -176,6 +176,11 @@ pub struct StageDoc {
     /// What the stage's backward recomputes instead of stashing (absent: nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recompute: Option<RecomputeDoc>,
+    /// The most bytes of temporaries one call of the stage's functions has live at once
+    /// (values made and read inside it, by liveness in body order; absent without a
+    /// program). `ppcc run` measures the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temporary_bytes: Option<f64>,
 }
 
 /// `stages[i].recompute`, per micro-batch.

@@ -47,6 +47,7 @@ pub(crate) fn sample() -> Plan {
             extra_flops: 8.0,
             exact: true,
         }),
+        temporary_bytes: Some(96.0),
     };
     Plan {
         format: FORMAT.into(),

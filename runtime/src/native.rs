@@ -269,6 +269,21 @@ impl NativeModule {
         Some(ns.into_iter().map(|x| x as f64 * 1e-9).collect())
     }
 
+    /// The most bytes of the generated code's temporaries live at once on this thread
+    /// since the last take (the count restarts from what is live now); `None` for a
+    /// library without the counting allocator (CUDA modules, older builds).
+    pub fn take_temporary_peak(&self) -> Option<u64> {
+        if self.gpu.is_some() {
+            return None;
+        }
+        type Take = unsafe extern "C" fn() -> u64;
+        // SAFETY: `uint64_t ppcc_tmp_take_peak(void)` from support.c reads and resets
+        // thread-local counters.
+        let take = unsafe { self._lib.get::<Take>(b"ppcc_tmp_take_peak\0") }.ok()?;
+        // SAFETY: no arguments; thread-local state only.
+        Some(unsafe { take() })
+    }
+
     pub fn has_function(&self, name: &str) -> bool {
         self.funcs.contains_key(name)
     }
@@ -1026,6 +1041,10 @@ impl crate::pipeline::StageExecutable for NativeStage {
 
     fn weights_changed(&mut self) {
         self.prepared.clear();
+    }
+
+    fn take_temporary_peak(&mut self) -> Option<u64> {
+        self.native.take_temporary_peak()
     }
 }
 

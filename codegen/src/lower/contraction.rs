@@ -506,14 +506,28 @@ fn emit_gemm_call(
     alpha: f64,
     c: Option<(&str, &[u64], f64)>,
     d: DType,
+    shape: Option<&[u64]>,
 ) -> String {
     if !e.library_calls {
-        return emit_gemm_generic(e, a, b, batch, (m, k, n), alpha, c, d);
+        let r = emit_gemm_generic(e, a, b, batch, (m, k, n), alpha, c, d);
+        return match shape {
+            Some(s) => {
+                let mut out = batch.to_vec();
+                out.extend([m, n]);
+                e.reshape(&r, &out, s, d)
+            }
+            None => r,
+        };
     }
     let sym = declare_gemm(e, d);
     let t = elem_type(d);
-    let mut out = batch.to_vec();
-    out.extend([m, n]);
+    // The buffer has the result's final shape (a dense row-major reshape of
+    // `[batch.., m, n]`), so the caller's result is this allocation itself and the
+    // function's output can take its place (no copy into a reshaped view).
+    let out: Vec<u64> = match shape {
+        Some(s) => s.to_vec(),
+        None => batch.iter().copied().chain([m, n]).collect(),
+    };
     let mty = memref_type(&out, d);
     let pa = tensor_ptr(e, a.name, a.shape, d);
     let pb = tensor_ptr(e, b.name, b.shape, d);
@@ -712,7 +726,7 @@ pub fn emit_matmul2d(
         let (sa, sb) = ([m, k], [k, n]);
         let a = Mat::new(a, &sa, false);
         let b = Mat::new(b, &sb, false);
-        return emit_gemm_call(e, a, b, &[], (m, k, n), 1.0, None, d);
+        return emit_gemm_call(e, a, b, &[], (m, k, n), 1.0, None, d, None);
     }
     let out = [m, n];
     let acc = e.zeros(&out, d);
@@ -739,7 +753,7 @@ pub fn emit_batch_matmul(
         let (sa, sb) = ([batch, m, k], [batch, k, n]);
         let a = Mat::new(a, &sa, false);
         let b = Mat::new(b, &sb, false);
-        return emit_gemm_call(e, a, b, &[batch], (m, k, n), 1.0, None, d);
+        return emit_gemm_call(e, a, b, &[batch], (m, k, n), 1.0, None, d, None);
     }
     let out = [batch, m, n];
     let acc = e.zeros(&out, d);
@@ -1012,7 +1026,9 @@ fn float_matmul(
         let a2 = e.reshape(&a, &a_shape, &a2_shape, d);
         let b2_shape = [b_shape[rb - 2], b_shape[rb - 1]];
         let b2 = e.reshape(&b, &b_shape, &b2_shape, d);
-        let r2 = emit_gemm_call(
+        let mut full = batch.to_vec();
+        full.extend([m, n]);
+        let r = emit_gemm_call(
             e,
             Mat::new(&a2, &a2_shape, false),
             Mat::new(&b2, &b2_shape, tb),
@@ -1021,10 +1037,9 @@ fn float_matmul(
             1.0,
             bias.map(|(name, shape)| (name, shape, 1.0)),
             d,
+            Some(&full),
         );
-        let mut full = batch.to_vec();
-        full.extend([m, n]);
-        return (e.reshape(&r2, &[nb * m, n], &full, d), bias.is_some());
+        return (r, bias.is_some());
     }
     // A bias rides along only on a single (unbatched) product.
     let bias = bias.filter(|_| batch.is_empty());
@@ -1037,6 +1052,7 @@ fn float_matmul(
         1.0,
         bias.map(|(name, shape)| (name, shape, 1.0)),
         d,
+        None,
     );
     (r, bias.is_some())
 }
@@ -1095,6 +1111,7 @@ fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
         alpha,
         c.as_ref().map(|(n, s)| (n.as_str(), s.as_slice(), beta)),
         d,
+        None,
     ))
 }
 
@@ -1305,8 +1322,9 @@ fn conv_im2col(
         1.0,
         bias.as_deref().map(|b| (b, &bias_shape[..], 1.0)),
         d,
+        Some(want),
     );
-    Ok(e.reshape(&r, &[n, m, ohw], want, d))
+    Ok(r)
 }
 
 fn conv_transpose(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {

@@ -478,8 +478,28 @@ pub fn run_function_cow(
     f: &Function,
     args: Vec<Cow<'_, Tensor>>,
     opts: &InterpOptions,
-    mut comm: Option<&mut dyn Comm>,
+    comm: Option<&mut dyn Comm>,
 ) -> Result<Vec<Tensor>, InterpError> {
+    run_function_stats(f, args, opts, comm).map(|(out, _)| out)
+}
+
+/// What one run of a function used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// The most bytes of temporaries live at once: values the function's ops make that
+    /// are not among its results (sizes by declared element type, as the memory model
+    /// and native code count them), including the results of the op being run. Arguments
+    /// and results are the caller's (weights, stash, gradients).
+    pub peak_temporary_bytes: u64,
+}
+
+/// [`run_function_cow`], also reporting what the run used.
+pub fn run_function_stats(
+    f: &Function,
+    args: Vec<Cow<'_, Tensor>>,
+    opts: &InterpOptions,
+    mut comm: Option<&mut dyn Comm>,
+) -> Result<(Vec<Tensor>, RunStats), InterpError> {
     let function = || f.name.clone();
     if args.len() != f.args().len() {
         return Err(InterpError::ArgCount {
@@ -507,6 +527,11 @@ pub fn run_function_cow(
             values[v.index()] = Some(t);
         }
     }
+
+    // Temporaries: op results that are not function results, by their declared size.
+    let temp = crate::memory::temporary_sizes(f);
+    let temp_bytes = |v: ValueId| temp[v.index()];
+    let (mut live, mut stats) = (0u64, RunStats::default());
 
     for &op_id in f.ops() {
         let op = f.op(op_id);
@@ -580,13 +605,19 @@ pub fn run_function_cow(
                     .map_err(|OpFail(m)| op_error(m))?,
             }
         };
+        let made: u64 = op.results().iter().map(|&r| temp_bytes(r)).sum();
+        stats.peak_temporary_bytes = stats.peak_temporary_bytes.max(live + made);
         for (&r, t) in op.results().iter().zip(outs) {
             if remaining[r.index()] > 0 {
                 values[r.index()] = Some(Cow::Owned(t));
+                live += temp_bytes(r);
             }
         }
         for &v in op.operands() {
             let left = &mut remaining[v.index()];
+            if *left == 1 && values[v.index()].is_some() {
+                live = live.saturating_sub(temp_bytes(v));
+            }
             *left = left.saturating_sub(1);
             if *left == 0 {
                 values[v.index()] = None;
@@ -614,7 +645,7 @@ pub fn run_function_cow(
             }
         }
     }
-    Ok(out)
+    Ok((out, stats))
 }
 
 /// The arguments of `f` in order: `Input` arguments from `inputs` by name, `Param` and

@@ -38,7 +38,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use ppir::interp::{eval_op, run_function_cow, Comm, CommError, InterpError, InterpOptions};
+use ppir::interp::{eval_op, run_function_stats, Comm, CommError, InterpError, InterpOptions};
 use ppir::{ArgKind, Attrs, DType, Function, Module, OpKind, Tensor, TensorType};
 
 use crate::data::slice_rows;
@@ -283,12 +283,30 @@ pub trait StageExecutable: Send {
     /// The caller replaced some of the weights (`param`/`state` arguments) it passes: an
     /// executable that keeps converted copies of them must drop those.
     fn weights_changed(&mut self) {}
+    /// The most bytes of temporaries (values made inside a function that are not its
+    /// results) live at once during the calls since the last take, on the calling thread;
+    /// `None` when the executable does not count them.
+    fn take_temporary_peak(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 /// A stage's functions on the reference interpreter.
 pub struct InterpretedStage {
     pub module: Module,
     pub options: InterpOptions,
+    /// The most bytes of temporaries of one call since the last take.
+    pub peak_temporary_bytes: u64,
+}
+
+impl InterpretedStage {
+    pub fn new(module: Module, options: InterpOptions) -> Self {
+        InterpretedStage {
+            module,
+            options,
+            peak_temporary_bytes: 0,
+        }
+    }
 }
 
 impl StageExecutable for InterpretedStage {
@@ -317,10 +335,13 @@ impl StageExecutable for InterpretedStage {
                 ArgValue::Device(d) => Cow::Owned(d.to_tensor()),
             })
             .collect();
-        Ok(run_function_cow(f, args, &self.options, Some(comm))?
-            .into_iter()
-            .map(Value::Host)
-            .collect())
+        let (out, stats) = run_function_stats(f, args, &self.options, Some(comm))?;
+        self.peak_temporary_bytes = self.peak_temporary_bytes.max(stats.peak_temporary_bytes);
+        Ok(out.into_iter().map(Value::Host).collect())
+    }
+
+    fn take_temporary_peak(&mut self) -> Option<u64> {
+        Some(std::mem::take(&mut self.peak_temporary_bytes))
     }
 }
 
@@ -360,6 +381,9 @@ pub struct RankReport {
     pub actions: Vec<Timed>,
     /// Peak bytes of stashed activations.
     pub peak_stash_bytes: u64,
+    /// The most bytes of temporaries one function call of this device's stages had live at
+    /// once (`None`: its executables do not count them).
+    pub peak_temporary_bytes: Option<u64>,
 }
 
 /// A stage on a device: its functions, weights, stash and gradient sums.
@@ -613,6 +637,9 @@ impl RankWorker {
                     .call(idx, f, a_mb, step, batch, transport, &mut report.losses)
                     .map_err(|m| err(Some(a_stage), Some(a_mb), Some(f), m))?;
             }
+            if let Some(t) = self.stages[idx].exec.take_temporary_peak() {
+                report.peak_temporary_bytes = Some(report.peak_temporary_bytes.unwrap_or(0).max(t));
+            }
             if matches!(
                 a.kind,
                 ActionKind::BackwardWeight | ActionKind::FullBackward
@@ -649,6 +676,9 @@ impl RankWorker {
             let start = t0.elapsed().as_secs_f64();
             self.call(idx, &f, 0, step, batch, transport, &mut report.losses)
                 .map_err(|m| err(Some(stage), None, Some(&f), m))?;
+            if let Some(t) = self.stages[idx].exec.take_temporary_peak() {
+                report.peak_temporary_bytes = Some(report.peak_temporary_bytes.unwrap_or(0).max(t));
+            }
             self.stages[idx].grads.clear();
             report.actions.push(Timed {
                 rank,

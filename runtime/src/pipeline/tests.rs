@@ -53,10 +53,10 @@ fn config(fault: Option<Fault>) -> RunConfig {
 /// The device of `stage`, running its executable (the interpreter by default).
 fn worker(stage: u32, exec: Option<Box<dyn StageExecutable>>, fault: Option<Fault>) -> RankWorker {
     let exec = exec.unwrap_or_else(|| {
-        Box::new(InterpretedStage {
-            module: ppir::text::parse_module(STAGES).unwrap(),
-            options: InterpOptions::default(),
-        })
+        Box::new(InterpretedStage::new(
+            ppir::text::parse_module(STAGES).unwrap(),
+            InterpOptions::default(),
+        ))
     });
     RankWorker {
         rank: stage as usize,
