@@ -681,7 +681,7 @@ impl Importer<'_> {
                 axes: vec![-1],
                 keepdims: true,
             };
-            let m = self.op(K::ReduceMax, max.to_attrs(), &[bias.clone()])?;
+            let m = self.op(K::ReduceMax, max.to_attrs(), std::slice::from_ref(&bias))?;
             Some(self.binop(K::Equal, m, neg_inf())?)
         } else {
             None
