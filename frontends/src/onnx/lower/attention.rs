@@ -14,7 +14,9 @@ use ppir::ops::OpAttrs;
 use ppir::{Attrs, DType, Dim, OpKind, Tensor};
 
 use super::super::attrs::NodeAttrs;
-use super::super::import::{invalid, scalar, unsupported, Fail, Importer, Val, R};
+use super::super::import::{
+    invalid, scalar, unsupported, Fail, Importer, Val, MATERIALIZE_MAX_ELEMENTS, R,
+};
 use super::super::proto::NodeProto;
 use super::super::tensor::dtype_from_onnx;
 use super::{norm_axis, OrInvalid};
@@ -473,7 +475,13 @@ impl Importer<'_> {
             };
             let t = self.op(K::Transpose, perm.to_attrs(), &[y])?;
             let td = self.dims_of(&t)?;
-            let hidden = known(td[2], "the query heads")? * known(td[3], "V's head size")?;
+            let (heads, size) = (
+                known(td[2], "the query heads")?,
+                known(td[3], "V's head size")?,
+            );
+            let Some(hidden) = heads.checked_mul(size) else {
+                invalid!("{heads} heads of size {size} overflow");
+            };
             self.reshape_to(t, &[td[0], td[1], Dim::Known(hidden as u64)])?
         } else {
             y
@@ -533,6 +541,15 @@ impl Importer<'_> {
     ) -> R<Option<Bias>> {
         use OpKind as K;
         let (sq, total) = (s.sq, s.total);
+        // Shape-only masks are built at import time as [sq, total] tensors.
+        if sq
+            .checked_mul(total)
+            .is_none_or(|n| n > MATERIALIZE_MAX_ELEMENTS)
+        {
+            unsupported!(
+                "the attention mask of {sq} queries by {total} keys is too large to build at import time"
+            );
+        }
         let neg_inf = || Val::konst(scalar(s.dt, f64::NEG_INFINITY));
         let zero = || Val::konst(scalar(s.dt, 0.0));
 
