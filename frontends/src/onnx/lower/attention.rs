@@ -320,55 +320,17 @@ impl Importer<'_> {
         }
         let windowed = left >= 0 || right >= 0;
 
-        let qt = self.ty(&q)?;
-        let dt = qt.dtype;
-        if !dt.is_float() {
-            invalid!("Q must be a float tensor, not {dt}");
-        }
-        let rank = qt.rank();
-        let (kr, vr) = (self.rank_of(&k)?, self.rank_of(&v)?);
-        if kr != rank || vr != rank {
-            invalid!("Q, K and V must have the same rank, got {rank}, {kr} and {vr}");
-        }
-        // Q, K, V as [B, heads, S, head size].
-        let (q, k, v) = match rank {
-            3 => {
-                let (Some(qh), Some(kvh)) = (q_heads, kv_heads) else {
-                    invalid!(
-                        "attributes `q_num_heads` and `kv_num_heads` are required for 3-D inputs"
-                    )
-                };
-                (
-                    self.split_heads(q, qh, "Q", "q_num_heads")?,
-                    self.split_heads(k, kvh, "K", "kv_num_heads")?,
-                    self.split_heads(v, kvh, "V", "kv_num_heads")?,
-                )
-            }
-            4 => {
-                if opset >= 25 && (q_heads.is_some() || kv_heads.is_some()) {
-                    invalid!("q_num_heads and kv_num_heads must not be given for 4-D inputs");
-                }
-                (q, k, v)
-            }
-            r => invalid!("Q, K and V must be 3-D or 4-D, got rank {r}"),
-        };
-        let (qd, kd, vd) = (self.dims_of(&q)?, self.dims_of(&k)?, self.dims_of(&v)?);
-        let qh = known(qd[1], "the number of query heads")?;
-        let kvh = known(kd[1], "the number of key heads")?;
-        if vd[1] != kd[1] {
-            invalid!("K has {} heads, V {}", kd[1], vd[1]);
-        }
-        if kvh == 0 || qh % kvh != 0 {
-            invalid!("the query heads ({qh}) must be a multiple of the key/value heads ({kvh})");
-        }
-        let head = known(qd[3], "the head size")?;
-        if kd[3] != qd[3] {
-            invalid!("Q's head size is {}, K's {}", qd[3], kd[3]);
-        }
-        if kd[2] != vd[2] {
-            invalid!("K has {} positions, V {}", kd[2], vd[2]);
-        }
-        let sq = known(qd[2], "the query sequence length")?;
+        let Heads {
+            q,
+            k,
+            v,
+            dt,
+            rank,
+            q_heads: qh,
+            kv_heads: kvh,
+            head,
+            sq,
+        } = self.attention_heads(q, k, v, q_heads, kv_heads)?;
 
         // The cache: present = concat(past, new) along the sequence.
         let cat = ConcatAttrs { axis: 2 }.to_attrs();
@@ -441,51 +403,15 @@ impl Importer<'_> {
             None => capped.clone(),
         };
 
-        // Softmax in `softmax_precision`; rows with every key masked give zeros, and the
-        // softmax itself sees zeros there so that neither it nor its gradient is NaN.
         let precision = match a.int("softmax_precision").inv()? {
             Some(t) => float_type("softmax_precision", t)?,
             None => dt,
         };
-        let logits = self.cast_to(with_bias.clone(), precision)?;
-        let dead = match &bias {
-            Some(b) => b.dead_rows.clone(),
-            None => None,
-        };
-        let logits = match &dead {
-            Some(d) => {
-                let zero = Val::konst(scalar(precision, 0.0));
-                self.op(K::Where, Attrs::new(), &[d.clone(), zero, logits])?
-            }
-            None => logits,
-        };
-        let probs = self.op(K::Softmax, SoftmaxAttrs { axis: -1 }.to_attrs(), &[logits])?;
-        let probs = match &dead {
-            Some(d) => {
-                let zero = Val::konst(scalar(precision, 0.0));
-                self.op(K::Where, Attrs::new(), &[d.clone(), zero, probs])?
-            }
-            None => probs,
-        };
+        let dead = bias.and_then(|b| b.dead_rows);
+        let probs = self.masked_softmax(with_bias.clone(), dead, precision)?;
         let probs = self.cast_to(probs, dt)?;
         let y = self.binop(K::MatMul, probs.clone(), v_rep)?;
-        let y = if rank == 3 {
-            let perm = TransposeAttrs {
-                perm: Some(vec![0, 2, 1, 3]),
-            };
-            let t = self.op(K::Transpose, perm.to_attrs(), &[y])?;
-            let td = self.dims_of(&t)?;
-            let (heads, size) = (
-                known(td[2], "the query heads")?,
-                known(td[3], "V's head size")?,
-            );
-            let Some(hidden) = heads.checked_mul(size) else {
-                invalid!("{heads} heads of size {size} overflow");
-            };
-            self.reshape_to(t, &[td[0], td[1], Dim::Known(hidden as u64)])?
-        } else {
-            y
-        };
+        let y = if rank == 3 { self.merge_heads(y)? } else { y };
         let wants_qk = node.output.get(3).is_some_and(|o| !o.is_empty());
         let qk_out = if wants_qk {
             match mode {
@@ -498,6 +424,114 @@ impl Importer<'_> {
             Val::Opaque("qk_matmul_output is not requested".into())
         };
         Ok(vec![y, present_key, present_value, qk_out])
+    }
+
+    /// Q, K and V as `[B, heads, S, head size]` (3-D inputs split into heads), checked
+    /// against each other.
+    fn attention_heads(
+        &mut self,
+        q: Val,
+        k: Val,
+        v: Val,
+        q_heads: Option<i64>,
+        kv_heads: Option<i64>,
+    ) -> R<Heads> {
+        let opset = self.opset;
+        let qt = self.ty(&q)?;
+        let dt = qt.dtype;
+        if !dt.is_float() {
+            invalid!("Q must be a float tensor, not {dt}");
+        }
+        let rank = qt.rank();
+        let (kr, vr) = (self.rank_of(&k)?, self.rank_of(&v)?);
+        if kr != rank || vr != rank {
+            invalid!("Q, K and V must have the same rank, got {rank}, {kr} and {vr}");
+        }
+        // Q, K, V as [B, heads, S, head size].
+        let (q, k, v) = match rank {
+            3 => {
+                let (Some(qh), Some(kvh)) = (q_heads, kv_heads) else {
+                    invalid!(
+                        "attributes `q_num_heads` and `kv_num_heads` are required for 3-D inputs"
+                    )
+                };
+                (
+                    self.split_heads(q, qh, "Q", "q_num_heads")?,
+                    self.split_heads(k, kvh, "K", "kv_num_heads")?,
+                    self.split_heads(v, kvh, "V", "kv_num_heads")?,
+                )
+            }
+            4 => {
+                if opset >= 25 && (q_heads.is_some() || kv_heads.is_some()) {
+                    invalid!("q_num_heads and kv_num_heads must not be given for 4-D inputs");
+                }
+                (q, k, v)
+            }
+            r => invalid!("Q, K and V must be 3-D or 4-D, got rank {r}"),
+        };
+        let (qd, kd, vd) = (self.dims_of(&q)?, self.dims_of(&k)?, self.dims_of(&v)?);
+        let qh = known(qd[1], "the number of query heads")?;
+        let kvh = known(kd[1], "the number of key heads")?;
+        if vd[1] != kd[1] {
+            invalid!("K has {} heads, V {}", kd[1], vd[1]);
+        }
+        if kvh == 0 || qh % kvh != 0 {
+            invalid!("the query heads ({qh}) must be a multiple of the key/value heads ({kvh})");
+        }
+        let head = known(qd[3], "the head size")?;
+        if kd[3] != qd[3] {
+            invalid!("Q's head size is {}, K's {}", qd[3], kd[3]);
+        }
+        if kd[2] != vd[2] {
+            invalid!("K has {} positions, V {}", kd[2], vd[2]);
+        }
+        let sq = known(qd[2], "the query sequence length")?;
+        Ok(Heads {
+            q,
+            k,
+            v,
+            dt,
+            rank,
+            q_heads: qh,
+            kv_heads: kvh,
+            head,
+            sq,
+        })
+    }
+
+    /// Softmax over the keys in `precision`. Rows with every key masked (`dead`) give
+    /// zeros, and the softmax itself sees zeros there, so neither it nor its gradient is
+    /// NaN.
+    fn masked_softmax(&mut self, scores: Val, dead: Option<Val>, precision: DType) -> R<Val> {
+        use OpKind as K;
+        let logits = self.cast_to(scores, precision)?;
+        let zero = || Val::konst(scalar(precision, 0.0));
+        let logits = match &dead {
+            Some(d) => self.op(K::Where, Attrs::new(), &[d.clone(), zero(), logits])?,
+            None => logits,
+        };
+        let probs = self.op(K::Softmax, SoftmaxAttrs { axis: -1 }.to_attrs(), &[logits])?;
+        match dead {
+            Some(d) => self.op(K::Where, Attrs::new(), &[d, zero(), probs]),
+            None => Ok(probs),
+        }
+    }
+
+    /// `[B, heads, S, size]` → `[B, S, heads·size]`.
+    fn merge_heads(&mut self, y: Val) -> R<Val> {
+        let perm = TransposeAttrs {
+            perm: Some(vec![0, 2, 1, 3]),
+        };
+        let t = self.op(OpKind::Transpose, perm.to_attrs(), &[y])?;
+        let td = self.dims_of(&t)?;
+        let (heads, size) = (
+            known(td[2], "the query heads")?,
+            known(td[3], "V's head size")?,
+        );
+        let Some(hidden) = heads.checked_mul(size) else {
+            invalid!("{heads} heads of size {size} overflow");
+        };
+        self.reshape_to(t, &[td[0], td[1], Dim::Known(hidden as u64)])
     }
 
     /// `[B, S, heads·size]` → `[B, heads, S, size]`.
@@ -717,6 +751,20 @@ struct BiasShape {
     left: i64,
     right: i64,
     windowed: bool,
+}
+
+/// Q, K and V split into heads, with what the rest of the lowering needs of their shapes.
+struct Heads {
+    q: Val,
+    k: Val,
+    v: Val,
+    dt: DType,
+    /// The inputs' rank (3 or 4).
+    rank: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    head: usize,
+    sq: usize,
 }
 
 struct Bias {
