@@ -419,3 +419,77 @@ fn inputs_too_large_to_count_are_refused() {
         "{s}"
     );
 }
+
+/// The opset-23 transformer ops: absent before opset 23, and what they cannot take is
+/// named with the node and the attribute or input.
+#[test]
+fn transformer_op_errors_name_the_node_and_attribute() {
+    let attention = |opset: i64, inputs: &[&str], attrs| {
+        let mut m = Model::new(opset);
+        for &(name, dims) in &[
+            ("q", &[1, 4, 8][..]),
+            ("k", &[1, 4, 8][..]),
+            ("v", &[1, 4, 8][..]),
+            ("pk", &[1, 2, 3, 4][..]),
+        ] {
+            if inputs.contains(&name) {
+                m = m.input(f32_info(name, dims));
+            }
+        }
+        m.node(node("Attention", inputs, &["y"], attrs))
+            .output(out_info("y", data_type::FLOAT))
+    };
+    let e = err(&attention(22, &["q", "k", "v"], vec![]));
+    assert!(e.is_unsupported(), "{e}");
+    assert!(
+        e.to_string()
+            .contains("(Attention, opset 22): unsupported op"),
+        "{e}"
+    );
+    let s = err(&attention(23, &["q", "k", "v"], vec![])).to_string();
+    assert!(
+        s.contains(r#"node "Attention_y" (Attention, opset 23)"#)
+            && s.contains("`q_num_heads` and `kv_num_heads` are required for 3-D inputs"),
+        "{s}"
+    );
+    let heads = || vec![attr_int("q_num_heads", 2), attr_int("kv_num_heads", 3)];
+    let s = err(&attention(23, &["q", "k", "v"], heads())).to_string();
+    assert!(s.contains("not a multiple of kv_num_heads = 3"), "{s}");
+    let s = err(&attention(23, &["q", "k", "v", "", "pk"], heads())).to_string();
+    assert!(
+        s.contains("past_key (input 4) and past_value (input 5)"),
+        "{s}"
+    );
+    let mut with_scale = heads();
+    with_scale[1] = attr_int("kv_num_heads", 2);
+    with_scale.push(attr_float("scale", -1.0));
+    let s = err(&attention(23, &["q", "k", "v"], with_scale)).to_string();
+    assert!(s.contains("attribute `scale` = -1"), "{s}");
+
+    let m = Model::new(23)
+        .input(f32_info("x", &[2, 4]))
+        .input(f32_info("g", &[4]))
+        .node(node(
+            "RMSNormalization",
+            &["x", "g"],
+            &["y"],
+            vec![attr_int("stash_type", 7)],
+        ))
+        .output(out_info("y", data_type::FLOAT));
+    let s = err(&m).to_string();
+    assert!(
+        s.contains("(RMSNormalization, opset 23)") && s.contains("`stash_type` must be a float"),
+        "{s}"
+    );
+    let m = Model::new(23)
+        .input(f32_info("x", &[1, 3, 8]))
+        .input(f32_info("c", &[1, 3, 4]))
+        .node(node("RotaryEmbedding", &["x", "c", "c"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let s = err(&m).to_string();
+    assert!(
+        s.contains("(RotaryEmbedding, opset 23)")
+            && s.contains("`num_heads` is required for a 3-D input"),
+        "{s}"
+    );
+}

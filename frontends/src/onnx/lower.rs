@@ -6,6 +6,8 @@
 
 use std::rc::Rc;
 
+mod attention;
+
 use ppir::ops::attrs::{
     AvgPoolAttrs, BatchNormAttrs, CastAttrs, ClipAttrs, ConcatAttrs, ConvAttrs, ConvTransposeAttrs,
     DropoutAttrs, EluAttrs, FlattenAttrs, GatherAttrs, GeluAttrs, GemmAttrs, HardSigmoidAttrs,
@@ -24,8 +26,10 @@ use super::tensor::{dtype_from_onnx, element_count, tensor_from_proto};
 /// Oldest opset of the default domain ppcc imports. Opset 6 is what the onnx package's
 /// PyTorch-converted test models use; older opsets differ in too many details.
 pub const MIN_OPSET: i64 = 6;
-/// Newest opset ppcc imports. Opsets 22–25 only widened type constraints of the ops below;
-/// the ops that changed in opsets 26–28 are listed in [`VERSIONS_AFTER_25`].
+/// Newest opset ppcc imports. Opsets 22–25 only widened type constraints of the ops below,
+/// except `Attention` (new in 23; `nonpad_kv_seqlen` in 24, sliding windows in 25), which
+/// its arm follows per version; the ops that changed in opsets 26–28 are listed in
+/// [`VERSIONS_AFTER_25`].
 pub const MAX_OPSET: i64 = 28;
 
 /// Whether ppcc follows an op version of opsets 26–28.
@@ -84,6 +88,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Abs",
     "Add",
     "And",
+    "Attention",
     "AveragePool",
     "BatchNormalization",
     "Cast",
@@ -137,6 +142,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "PRelu",
     "Pad",
     "Pow",
+    "RMSNormalization",
     "Range",
     "Reciprocal",
     "ReduceL1",
@@ -150,6 +156,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "RotaryEmbedding",
     "Selu",
     "SequenceAt",
     "SequenceConstruct",
@@ -558,6 +565,9 @@ impl Importer<'_> {
                 };
                 self.op(K::LayerNorm, attrs.to_attrs(), &operands)?
             }
+            "RMSNormalization" => self.lower_rms_norm(node, &a)?,
+            "RotaryEmbedding" => self.lower_rotary_embedding(node, &a)?,
+            "Attention" => return self.lower_attention(node, &a),
             "LRN" => {
                 let x = self.req(node, 0)?;
                 let Some(size) = a.int("size").inv()? else {
