@@ -414,3 +414,32 @@ fn inputs_too_large_to_count_are_refused() {
         "{s}"
     );
 }
+
+#[test]
+fn einsum_errors_name_the_node_and_the_equation() {
+    for (eq, why) in [
+        ("ij,jk->iz", "no input has"),
+        ("ij,jk,kl->il", "3 terms for 2 inputs"),
+        ("ijk,jk->ik", "does not fit an input of rank 2"),
+    ] {
+        let mut n = node(
+            "Einsum",
+            &["a", "b"],
+            &["y"],
+            vec![attr_str("equation", eq)],
+        );
+        n.name = "mm".into();
+        let m = Model::new(13)
+            .input(f32_info("a", &[2, 3]))
+            .input(f32_info("b", &[3, 4]))
+            .node(n)
+            .output(out_info("y", data_type::FLOAT));
+        let e = err(&m).to_string();
+        assert!(
+            e.contains(r#"node "mm" (Einsum, opset 13)"#)
+                && e.contains(&format!("equation {eq:?}"))
+                && e.contains(why),
+            "{e}"
+        );
+    }
+}

@@ -101,12 +101,12 @@ pub(super) fn parse_equation(equation: &str, ranks: &[usize]) -> Result<Equation
             let (letters, ell) = parse_term(r)?;
             for (i, l) in letters.iter().enumerate() {
                 if letters[..i].contains(l) {
-                    return Err(format!("the output repeats {:?}", char_of(*l)));
+                    return Err(format!("the output repeats {}", label_name(*l)));
                 }
                 if !inputs.iter().any(|t| t.contains(l)) {
                     return Err(format!(
-                        "the output has {:?}, which no input has",
-                        char_of(*l)
+                        "the output has {}, which no input has",
+                        label_name(*l)
                     ));
                 }
             }
@@ -132,8 +132,13 @@ pub(super) fn parse_equation(equation: &str, ranks: &[usize]) -> Result<Equation
     Ok(Equation { inputs, output })
 }
 
-fn char_of(l: Label) -> char {
-    char::from_u32(l).unwrap_or('?')
+/// A subscript for messages: `'i'`, or `ellipsis dimension 0`.
+fn label_name(l: Label) -> String {
+    if l >= ELLIPSIS {
+        format!("ellipsis dimension {}", l - ELLIPSIS)
+    } else {
+        format!("{:?}", char::from_u32(l).unwrap_or('?'))
+    }
 }
 
 /// The reshape spec of a group of dimensions: their product, -1 when one is the batch size.
@@ -181,8 +186,8 @@ impl Importer<'_> {
                     }
                     Some(&s) if s == d || d == Dim::Known(1) => {}
                     Some(&s) => invalid!(
-                        "equation {equation:?}: subscript {:?} is {s} in one place and {d} in another",
-                        char_of(l)
+                        "equation {equation:?}: subscript {} is {s} in one place and {d} in another",
+                        label_name(l)
                     ),
                 }
             }
@@ -295,14 +300,14 @@ impl Importer<'_> {
             let dims = self.dims_of(&x)?;
             let (Dim::Known(ni), Dim::Known(nj)) = (dims[i], dims[j]) else {
                 unsupported!(
-                    "equation {equation:?}: the diagonal over {:?} needs a static size",
-                    char_of(labels[i])
+                    "equation {equation:?}: the diagonal over {} needs a static size",
+                    label_name(labels[i])
                 )
             };
             if ni != nj {
                 invalid!(
-                    "equation {equation:?}: the diagonal over {:?} joins sizes {ni} and {nj}",
-                    char_of(labels[i])
+                    "equation {equation:?}: the diagonal over {} joins sizes {ni} and {nj}",
+                    label_name(labels[i])
                 );
             }
             let mut perm: Vec<usize> = (0..dims.len()).filter(|&k| k != i && k != j).collect();

@@ -137,7 +137,7 @@ impl Importer<'_> {
                     (Some(w), None) => Some(w),
                     (None, Some(v)) => {
                         let c = CastAttrs { to: xt.dtype }.to_attrs();
-                        Some(self.op(K::Cast, c, &[v.clone()])?)
+                        Some(self.op(K::Cast, c, std::slice::from_ref(v))?)
                     }
                     (None, None) => None,
                 };
