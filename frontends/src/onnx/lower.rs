@@ -116,6 +116,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Flatten",
     "Floor",
     "Gather",
+    "GatherElements",
     "Gelu",
     "Gemm",
     "GlobalAveragePool",
@@ -564,6 +565,7 @@ impl Importer<'_> {
             "Einsum" => self.lower_einsum(node, &a)?,
             "ArgMax" | "ArgMin" => self.lower_arg_extreme(node, &a, op == "ArgMax")?,
             "CumSum" => self.lower_cumsum(node, &a)?,
+            "GatherElements" => self.lower_gather_elements(node, &a)?,
             "LRN" => {
                 let x = self.req(node, 0)?;
                 let Some(size) = a.int("size").inv()? else {

@@ -1,5 +1,5 @@
-//! ONNX `ArgMax`/`ArgMin` and `CumSum`, decomposed into ppir ops (linear and
-//! `n log n` work respectively, so no new IR op is needed):
+//! ONNX `ArgMax`/`ArgMin`, `CumSum` and `GatherElements`, decomposed into ppir ops (linear
+//! or `n log n` work, so no new IR op is needed):
 //!
 //! - `ArgMax` (`ArgMin`): `reduce_min(where(x == reduce_max(x), iota, n))` along the axis,
 //!   the first index of the extreme (`reduce_max(where(.., iota, -1))` with
@@ -7,6 +7,7 @@
 //! - `CumSum`: a Hillis–Steele scan, `y += shift(y, k)` for k = 1, 2, 4.. < n, a shift being
 //!   a `pad` with zeros in front and the same count cut off the end; `exclusive` shifts by
 //!   one first, `reverse` shifts the other way. Differentiable through `pad` and `add`.
+//! - `GatherElements`: a `gather` from the flattened data at computed flat indices.
 
 use ppir::ops::attrs::{PadAttrs, ReduceAttrs};
 use ppir::ops::OpAttrs;
@@ -111,5 +112,69 @@ impl Importer<'_> {
             value: 0.0,
         };
         self.op(OpKind::Pad, attrs.to_attrs(), &[v])
+    }
+}
+
+impl Importer<'_> {
+    /// `GatherElements(data, indices)` along `axis`: a `gather` from the flattened data at
+    /// `indices · stride(axis) + Σ coordinate(k) · stride(k)` over the other axes (negative
+    /// indices wrap), so it stays linear in the indices and differentiable through `gather`.
+    pub(super) fn lower_gather_elements(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
+        use OpKind as K;
+        let (data, idx) = (self.req(node, 0)?, self.req(node, 1)?);
+        let (dd, it) = (self.dims_of(&data)?, self.ty(&idx)?);
+        let rank = dd.len();
+        if rank == 0 || it.rank() != rank {
+            invalid!(
+                "data and indices must have the same rank (at least 1), got {rank} and {}",
+                it.rank()
+            );
+        }
+        if it.dtype.is_float() {
+            invalid!("the indices must be integers, got {}", it.dtype);
+        }
+        let axis = norm_axis(a.int_or("axis", 0).inv()?, rank)?;
+        let (Some(dims), Some(idims)) = (
+            dd.iter().map(|d| d.known()).collect::<Option<Vec<u64>>>(),
+            it.static_shape(),
+        ) else {
+            unsupported!("{}", BATCH_NEEDED)
+        };
+        for k in 0..rank {
+            if k != axis && idims[k] > dims[k] {
+                invalid!(
+                    "indices dimension {k} ({}) exceeds the data's ({})",
+                    idims[k],
+                    dims[k]
+                );
+            }
+        }
+        let mut strides = vec![1i64; rank];
+        for k in (0..rank - 1).rev() {
+            strides[k] = strides[k + 1] * dims[k + 1] as i64;
+        }
+        let i64c = |v: i64| Val::konst(scalar(DType::I64, v as f64));
+        let cast = ppir::ops::attrs::CastAttrs { to: DType::I64 }.to_attrs();
+        let mut flat = self.op(K::Cast, cast, &[idx])?;
+        // Negative indices count from the end of the axis.
+        let n = dims[axis] as i64;
+        let neg = self.op(K::Less, Attrs::new(), &[flat.clone(), i64c(0)])?;
+        let wrapped = self.op(K::Add, Attrs::new(), &[flat.clone(), i64c(n)])?;
+        flat = self.op(K::Where, Attrs::new(), &[neg, wrapped, flat])?;
+        if strides[axis] != 1 {
+            flat = self.op(K::Mul, Attrs::new(), &[flat, i64c(strides[axis])])?;
+        }
+        for k in (0..rank).filter(|&k| k != axis && idims[k] > 1) {
+            let mut shape = vec![1usize; rank];
+            shape[k] = idims[k] as usize;
+            let coords = (0..idims[k] as i64).map(|c| c * strides[k]).collect();
+            let offsets = Val::konst(Tensor::from_i64(DType::I64, shape, coords));
+            flat = self.op(K::Add, Attrs::new(), &[flat, offsets])?;
+        }
+        let total = dims.iter().product::<u64>() as i64;
+        let shape = ppir::ops::attrs::ShapeAttrs { shape: vec![total] }.to_attrs();
+        let data = self.op(K::Reshape, shape, &[data])?;
+        let g = ppir::ops::attrs::GatherAttrs { axis: 0 }.to_attrs();
+        self.op(K::Gather, g, &[data, flat])
     }
 }
