@@ -1242,3 +1242,38 @@ fn argmax_ties_and_cumsum_of_integers() {
         );
     }
 }
+
+#[test]
+fn layer_norm_mean_and_inv_std_dev_are_in_the_stash_type() {
+    // A double input: Y is double, Mean and InvStdDev float (stash_type 1).
+    let m = Model::new(17)
+        .input(value_info("x", data_type::DOUBLE, &[Ok(2), Ok(4)]))
+        .input(value_info("g", data_type::DOUBLE, &[Ok(4)]))
+        .node(node(
+            "LayerNormalization",
+            &["x", "g"],
+            &["y", "mean", "inv"],
+            vec![attr_float("epsilon", 0.0)],
+        ))
+        .output(out_info("y", data_type::DOUBLE))
+        .output(out_info("mean", data_type::FLOAT))
+        .output(out_info("inv", data_type::FLOAT));
+    let module = import(&m);
+    let x = Tensor::from_f64(
+        DType::F64,
+        vec![2, 4],
+        vec![1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 2.0, 2.0],
+    );
+    let g = Tensor::from_f64(DType::F64, vec![4], vec![1.0, 2.0, 1.0, 1.0]);
+    let out = run(&module, vec![x, g]);
+    assert_eq!(out[0].dtype, DType::F64);
+    assert_eq!((out[1].dtype, out[2].dtype), (DType::F32, DType::F32));
+    assert_eq!(out[1].shape, vec![2, 1]);
+    assert_close(&f32s(&out[1]), &[2.5, 1.0]);
+    let s = 1.25f32.sqrt();
+    assert_close(&f32s(&out[2]), &[1.0 / s, 1.0]);
+    assert_close(
+        &f32s(&out[0]),
+        &[-1.5 / s, -1.0 / s, 0.5 / s, 1.5 / s, -1.0, -2.0, 1.0, 1.0],
+    );
+}

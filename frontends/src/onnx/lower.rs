@@ -1277,8 +1277,8 @@ impl Importer<'_> {
 
     /// `LayerNormalization`; the optional `Mean` and `InvStdDev` results (over
     /// `axis..rank`, kept as size-1 axes) come from the same decomposition as Y, computed in
-    /// float32 for float16/bfloat16 inputs (`stash_type` = 1, the only value ONNX defines
-    /// a meaning for here).
+    /// float32 for float16/bfloat16 inputs and in the input's type otherwise, and given in
+    /// `stash_type`'s type (1: float, 16: bfloat16, the types ONNX allows for them).
     fn lower_layer_norm(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Vec<Val>> {
         use OpKind as K;
         let (x, scale) = (self.req(node, 0)?, self.req(node, 1)?);
@@ -1293,10 +1293,11 @@ impl Importer<'_> {
             operands.extend(bias);
             return Ok(vec![self.op(K::LayerNorm, attrs.to_attrs(), &operands)?]);
         }
-        let stash = a.int_or("stash_type", 1).inv()?;
-        if stash != 1 {
-            unsupported!("stash_type {stash} (only 1, float, is supported)");
-        }
+        let stash = match a.int_or("stash_type", 1).inv()? {
+            1 => DType::F32,
+            16 => DType::BF16,
+            s => invalid!("stash_type must be 1 (float) or 16 (bfloat16), got {s}"),
+        };
         let xt = self.ty(&x)?;
         if !xt.dtype.is_float() {
             invalid!("expects a float tensor, got {}", xt.dtype);
@@ -1332,6 +1333,15 @@ impl Importer<'_> {
         if let Some(b) = bias {
             y = self.op(K::Add, Attrs::new(), &[y, b])?;
         }
+        let (mean, inv) = if cd == stash {
+            (mean, inv)
+        } else {
+            let to = CastAttrs { to: stash }.to_attrs();
+            (
+                self.op(K::Cast, to.clone(), &[mean])?,
+                self.op(K::Cast, to, &[inv])?,
+            )
+        };
         Ok(vec![y, mean, inv])
     }
 

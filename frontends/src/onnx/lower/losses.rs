@@ -1,7 +1,9 @@
 //! ONNX's loss ops (`SoftmaxCrossEntropyLoss`, `NegativeLogLikelihoodLoss`), decomposed into
 //! ppir ops so autodiff, the cost model and codegen need nothing new: the class axis (ONNX's
 //! axis 1) moves last, `label_logit` picks each position's score at its label, and class
-//! weights, `ignore_index` and the reduction are elementwise ops and sums.
+//! weights, `ignore_index` and the reduction are elementwise ops and sums. The plain mean
+//! (no weights, no `log_prob`) is the fused `softmax_cross_entropy`, whose mean over no
+//! counted position is 0 where ONNX's reference divides 0 by 0.
 
 use ppir::ops::attrs::{
     CastAttrs, CrossEntropyAttrs, GatherAttrs, LabelLogitAttrs, ReduceAttrs, SoftmaxAttrs,
