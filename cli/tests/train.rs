@@ -433,3 +433,86 @@ fn a_nonfinite_loss_stops_training() {
         assert_eq!(run(&go_on).len(), 4);
     }
 }
+
+/// A model whose loss is its own ONNX `SoftmaxCrossEntropyLoss` node (N-d scores, class
+/// weights, `ignore_index`; and the plain mean, which imports as the fused loss) trains
+/// with `--loss output`: the loss falls, and both targets agree.
+#[test]
+fn an_onnx_softmax_cross_entropy_loss_trains() {
+    let python = std::env::var("PPCC_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo().join(".venv/bin/python"));
+    let has_onnx = Command::new(&python)
+        .args(["-c", "import onnx, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_onnx {
+        eprintln!("skipping: no onnx/numpy at {}", python.display());
+        return;
+    }
+    let dir = temp_dir("sce");
+    let script = r#"
+import sys, numpy as np, onnx
+from onnx import helper as h, numpy_helper as nh, TensorProto as T
+out, weighted = sys.argv[1], sys.argv[2] == "1"
+rng = np.random.default_rng(0)
+w = nh.from_array((rng.normal(size=(4, 3)) * 0.1).astype(np.float32), "W")
+inputs = ["scores", "y"]
+nodes = [
+    h.make_node("MatMul", ["x", "W"], ["logits"]),
+    h.make_node("Transpose", ["logits"], ["scores"], perm=[0, 2, 1]),
+]
+attrs = {"reduction": "mean"}
+if weighted:
+    wts = nh.from_array(np.array([1.0, 2.0, 0.5], np.float32))
+    nodes.append(h.make_node("Constant", [], ["wts"], value=wts))
+    inputs.append("wts")
+    attrs["ignore_index"] = -1
+nodes.append(h.make_node("SoftmaxCrossEntropyLoss", inputs, ["loss"], **attrs))
+g = h.make_graph(
+    nodes, "sce",
+    [h.make_tensor_value_info("x", T.FLOAT, [8, 2, 4]), h.make_tensor_value_info("y", T.INT64, [8, 2])],
+    [h.make_tensor_value_info("loss", T.FLOAT, [])], [w])
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), out + "/sce.onnx")
+x = rng.normal(size=(8, 2, 4)).astype(np.float32)
+y = rng.integers(0, 3, size=(8, 2))
+if weighted:
+    y[0, 1] = -1
+    y[3, 0] = -1
+np.savez(out + "/sce.npz", x=x, y=y.astype(np.int64))
+"#;
+    for weighted in ["1", "0"] {
+        let o = Command::new(&python)
+            .args(["-c", script, dir.to_str().unwrap(), weighted])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let (model, data) = (dir.join("sce.onnx"), dir.join("sce.npz"));
+        let args = |target| {
+            run(&[
+                model.to_str().unwrap(),
+                "--data",
+                data.to_str().unwrap(),
+                "--loss",
+                "output",
+                "--steps",
+                "8",
+                "--lr",
+                "0.5",
+                "--target",
+                target,
+            ])
+        };
+        let interp = args("interp");
+        assert!(
+            interp[7] < interp[0] * 0.9,
+            "weighted={weighted}: the loss does not fall: {interp:?}"
+        );
+        let cpu = args("cpu");
+        assert!(
+            max_rel(&cpu, &interp) < 1e-4,
+            "weighted={weighted}: {cpu:?} vs {interp:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -77,34 +77,29 @@ fn unsupported_opsets() {
 
 #[test]
 fn op_versions_after_opset_25_that_ppcc_does_not_follow_are_refused_by_name() {
-    // Einsum (version 28 at opset 28) is refused by name, as an op ppcc does not map; once
+    // Mod (version 28 at opset 28) is refused by name, as an op ppcc does not map; once
     // it is mapped, its version 28 stays refused until its row says it is followed.
-    let mut n = node(
-        "Einsum",
-        &["a", "b"],
-        &["y"],
-        vec![attr_str("equation", "ij,jk->ik")],
-    );
+    let mut n = node("Mod", &["a", "b"], &["y"], vec![]);
     n.name = "mm".into();
     let m = Model::new(28)
         .input(f32_info("a", &[2, 3]))
-        .input(f32_info("b", &[3, 4]))
+        .input(f32_info("b", &[2, 3]))
         .node(n)
         .output(out_info("y", data_type::FLOAT));
     let e = err(&m);
     assert!(e.is_unsupported());
-    assert_eq!(e.short(), r#"node "mm" (Einsum, opset 28): unsupported op"#);
-    assert_eq!(refused_version("Einsum", 28), Some(28));
+    assert_eq!(e.short(), r#"node "mm" (Mod, opset 28): unsupported op"#);
+    assert_eq!(refused_version("Mod", 28), Some(28));
     let e = OnnxError::UnsupportedOpVersion {
         node: "mm".into(),
-        op_type: "Einsum".into(),
+        op_type: "Mod".into(),
         version: 28,
         opset: 28,
     };
     assert!(e.is_unsupported());
     assert_eq!(
         e.to_string(),
-        r#"node "mm" (Einsum, opset 28): unsupported op version: Einsum version 28 (opsets 28 and later) is not implemented"#
+        r#"node "mm" (Mod, opset 28): unsupported op version: Mod version 28 (opsets 28 and later) is not implemented"#
     );
     // Each refused row applies from its version on, followed rows never.
     for &(op, v, how) in VERSIONS_AFTER_25 {
@@ -492,4 +487,33 @@ fn transformer_op_errors_name_the_node_and_attribute() {
             && s.contains("`num_heads` is required for a 3-D input"),
         "{s}"
     );
+}
+
+#[test]
+fn einsum_errors_name_the_node_and_the_equation() {
+    for (eq, why) in [
+        ("ij,jk->iz", "no input has"),
+        ("ij,jk,kl->il", "3 terms for 2 inputs"),
+        ("ijk,jk->ik", "does not fit an input of rank 2"),
+    ] {
+        let mut n = node(
+            "Einsum",
+            &["a", "b"],
+            &["y"],
+            vec![attr_str("equation", eq)],
+        );
+        n.name = "mm".into();
+        let m = Model::new(13)
+            .input(f32_info("a", &[2, 3]))
+            .input(f32_info("b", &[3, 4]))
+            .node(n)
+            .output(out_info("y", data_type::FLOAT));
+        let e = err(&m).to_string();
+        assert!(
+            e.contains(r#"node "mm" (Einsum, opset 13)"#)
+                && e.contains(&format!("equation {eq:?}"))
+                && e.contains(why),
+            "{e}"
+        );
+    }
 }

@@ -1055,3 +1055,225 @@ fn log_reductions_28_take_floats_only() {
         "{e}"
     );
 }
+
+/// Einsum by brute force over every assignment of the subscripts (letters only; `out`
+/// explicit), for checking the lowering.
+fn einsum_reference(terms: &[&str], out: &str, xs: &[(&[usize], Vec<f64>)]) -> Vec<f64> {
+    let mut size: std::collections::BTreeMap<char, usize> = Default::default();
+    for (t, (shape, _)) in terms.iter().zip(xs) {
+        for (c, &n) in t.chars().zip(shape.iter()) {
+            size.insert(c, n);
+        }
+    }
+    let letters: Vec<char> = size.keys().copied().collect();
+    let out: Vec<char> = out.chars().collect();
+    let out_len: usize = out.iter().map(|c| size[c]).product();
+    let mut y = vec![0.0; out_len];
+    let total: usize = letters.iter().map(|c| size[c]).product();
+    for mut k in 0..total {
+        let mut at = std::collections::HashMap::new();
+        for c in letters.iter().rev() {
+            at.insert(*c, k % size[c]);
+            k /= size[c];
+        }
+        let flat = |s: &[char], shape: &[usize]| {
+            s.iter().zip(shape).fold(0, |acc, (c, &n)| acc * n + at[c])
+        };
+        let mut p = 1.0;
+        for (t, (shape, data)) in terms.iter().zip(xs) {
+            let s: Vec<char> = t.chars().collect();
+            p *= data[flat(&s, shape)];
+        }
+        let out_shape: Vec<usize> = out.iter().map(|c| size[c]).collect();
+        y[flat(&out, &out_shape)] += p;
+    }
+    y
+}
+
+#[test]
+fn einsum_equations_match_a_brute_force_reference() {
+    // (equation, its terms, its output, the input shapes)
+    type Case<'a> = (&'a str, &'a [&'a str], &'a str, &'a [&'a [usize]]);
+    let cases: &[Case] = &[
+        ("ii->i", &["ii"], "i", &[&[3, 3]]),
+        ("ii", &["ii"], "", &[&[3, 3]]),
+        ("iji->j", &["iji"], "j", &[&[2, 3, 2]]),
+        (
+            "bij,bkj->bik",
+            &["bij", "bkj"],
+            "bik",
+            &[&[2, 3, 4], &[2, 5, 4]],
+        ),
+        ("i,j->ij", &["i", "j"], "ij", &[&[3], &[4]]),
+        ("ij,ij->ij", &["ij", "ij"], "ij", &[&[2, 3], &[2, 3]]),
+        (
+            "ij,jk,kl",
+            &["ij", "jk", "kl"],
+            "il",
+            &[&[2, 3], &[3, 4], &[4, 2]],
+        ),
+        ("abc,cb->a", &["abc", "cb"], "a", &[&[2, 3, 4], &[4, 3]]),
+        ("Ab,bA->", &["Ab", "bA"], "", &[&[3, 2], &[2, 3]]),
+        ("ijk->kji", &["ijk"], "kji", &[&[2, 3, 4]]),
+    ];
+    for &(eq, terms, out, shapes) in cases {
+        let names: Vec<String> = (0..shapes.len()).map(|i| format!("x{i}")).collect();
+        let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut m = Model::new(13);
+        for (n, s) in names.iter().zip(shapes) {
+            m = m.input(f32_info(
+                n,
+                &s.iter().map(|&d| d as i64).collect::<Vec<_>>(),
+            ));
+        }
+        let m = m
+            .node(node(
+                "Einsum",
+                &name_refs,
+                &["y"],
+                vec![attr_str("equation", eq)],
+            ))
+            .output(out_info("y", data_type::FLOAT));
+        let module = import(&m);
+        let xs: Vec<Tensor> = shapes.iter().map(|s| iota(s)).collect();
+        let got = run(&module, xs.clone());
+        let data: Vec<(&[usize], Vec<f64>)> = shapes
+            .iter()
+            .zip(&xs)
+            .map(|(s, t)| (*s, t.to_f64_vec()))
+            .collect();
+        let want = einsum_reference(terms, out, &data);
+        let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+        assert_close(&f32s(&got[0]), &want);
+    }
+    // Ellipses broadcast: [2, 1 | 2, 3] against [4 | 3, 5] → [2, 4 | 2, 5].
+    let m = Model::new(13)
+        .input(f32_info("a", &[2, 1, 2, 3]))
+        .input(f32_info("b", &[4, 3, 5]))
+        .node(node(
+            "Einsum",
+            &["a", "b"],
+            &["y"],
+            vec![attr_str("equation", "...ij,...jk")],
+        ))
+        .output(out_info("y", data_type::FLOAT));
+    let module = import(&m);
+    let (a, b) = (iota(&[2, 1, 2, 3]), iota(&[4, 3, 5]));
+    let got = run(&module, vec![a.clone(), b.clone()]);
+    assert_eq!(got[0].shape, vec![2, 4, 2, 5]);
+    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+    let mut want = vec![];
+    for e in 0..2 {
+        for f in 0..4 {
+            for i in 0..2 {
+                for k in 0..5 {
+                    let s: f64 = (0..3)
+                        .map(|j| a[e * 6 + i * 3 + j] * b[f * 15 + j * 5 + k])
+                        .sum();
+                    want.push(s as f32);
+                }
+            }
+        }
+    }
+    assert_close(&f32s(&got[0]), &want);
+}
+
+#[test]
+fn argmax_ties_and_cumsum_of_integers() {
+    // Ties: the first index, or the last with select_last_index.
+    for (op, last, want) in [
+        ("ArgMax", 0, vec![1, 0]),
+        ("ArgMax", 1, vec![2, 2]),
+        ("ArgMin", 0, vec![0, 1]),
+        ("ArgMin", 1, vec![0, 1]),
+    ] {
+        let m = Model::new(13)
+            .input(f32_info("x", &[2, 3]))
+            .node(node(
+                op,
+                &["x"],
+                &["y"],
+                vec![
+                    attr_int("axis", 1),
+                    attr_int("keepdims", 0),
+                    attr_int("select_last_index", last),
+                ],
+            ))
+            .output(out_info("y", data_type::INT64));
+        let x = Tensor::from_f32(vec![2, 3], vec![1.0, 5.0, 5.0, 7.0, 2.0, 7.0]);
+        let got = run(&import(&m), vec![x]);
+        assert_eq!(got[0].to_i64_vec(), want, "{op} select_last_index={last}");
+    }
+    // CumSum over a long axis of integers (exact), exclusive and reversed.
+    let n = 37usize;
+    let axis = Tensor::from_i64(DType::I64, vec![], vec![0]);
+    for (exclusive, reverse) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+        let m = Model::new(14)
+            .input(value_info("x", data_type::INT32, &[Ok(n as i64)]))
+            .init("axis", &axis)
+            .node(node(
+                "CumSum",
+                &["x", "axis"],
+                &["y"],
+                vec![
+                    attr_int("exclusive", exclusive),
+                    attr_int("reverse", reverse),
+                ],
+            ))
+            .output(out_info("y", data_type::INT32));
+        let xs: Vec<i64> = (0..n as i64).map(|i| i * i - 5).collect();
+        let x = Tensor::from_i64(DType::I32, vec![n], xs.clone());
+        let got = run(&import(&m), vec![x]);
+        let want: Vec<i64> = (0..n)
+            .map(|i| {
+                let range: Vec<usize> = match (exclusive, reverse) {
+                    (0, 0) => (0..=i).collect(),
+                    (1, 0) => (0..i).collect(),
+                    (0, _) => (i..n).collect(),
+                    _ => (i + 1..n).collect(),
+                };
+                range.iter().map(|&j| xs[j]).sum()
+            })
+            .collect();
+        assert_eq!(
+            got[0].to_i64_vec(),
+            want,
+            "exclusive={exclusive} reverse={reverse}"
+        );
+    }
+}
+
+#[test]
+fn layer_norm_mean_and_inv_std_dev_are_in_the_stash_type() {
+    // A double input: Y is double, Mean and InvStdDev float (stash_type 1).
+    let m = Model::new(17)
+        .input(value_info("x", data_type::DOUBLE, &[Ok(2), Ok(4)]))
+        .input(value_info("g", data_type::DOUBLE, &[Ok(4)]))
+        .node(node(
+            "LayerNormalization",
+            &["x", "g"],
+            &["y", "mean", "inv"],
+            vec![attr_float("epsilon", 0.0)],
+        ))
+        .output(out_info("y", data_type::DOUBLE))
+        .output(out_info("mean", data_type::FLOAT))
+        .output(out_info("inv", data_type::FLOAT));
+    let module = import(&m);
+    let x = Tensor::from_f64(
+        DType::F64,
+        vec![2, 4],
+        vec![1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 2.0, 2.0],
+    );
+    let g = Tensor::from_f64(DType::F64, vec![4], vec![1.0, 2.0, 1.0, 1.0]);
+    let out = run(&module, vec![x, g]);
+    assert_eq!(out[0].dtype, DType::F64);
+    assert_eq!((out[1].dtype, out[2].dtype), (DType::F32, DType::F32));
+    assert_eq!(out[1].shape, vec![2, 1]);
+    assert_close(&f32s(&out[1]), &[2.5, 1.0]);
+    let s = 1.25f32.sqrt();
+    assert_close(&f32s(&out[2]), &[1.0 / s, 1.0]);
+    assert_close(
+        &f32s(&out[0]),
+        &[-1.5 / s, -1.0 / s, 0.5 / s, 1.5 / s, -1.0, -2.0, 1.0, 1.0],
+    );
+}

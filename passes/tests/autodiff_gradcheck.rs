@@ -715,6 +715,60 @@ fn loss_cases() -> Cases {
         a().with("offset", Attr::Int(3)),
     );
     cases.push(("label_logit op".into(), b.functional(&[p])));
+    // ONNX SoftmaxCrossEntropyLoss as the importer decomposes it (weights, ignore_index,
+    // reduction mean, [N, C, d] scores): class axis last, log_softmax, label_logit, the
+    // labels' class weights (labels clamped), ignored positions masked, sum over the counted weights.
+    let mut b = ModelBuilder::new(604);
+    let scores = b.param("scores", &[2, 4, 3], std);
+    let weight = b.param("weight", &[4], Uniform(0.5, 1.5));
+    let labels = b.input("lab", i64t(&[2, 3], vec![0, 3, -1, 2, -1, 1]));
+    let t = b.op(Transpose, &[scores], a().with("perm", ints(&[0, 2, 1])));
+    let lp = b.op(LogSoftmax, &[t], a());
+    let picked = b.op(LabelLogit, &[lp, labels], a());
+    let ii = b.constant(i64t(&[], vec![-1]));
+    let eq = b.op(Equal, &[labels, ii], a());
+    let valid = b.op(Not, &[eq], a());
+    let (hi, lo) = (
+        b.constant(i64t(&[], vec![3])),
+        b.constant(i64t(&[], vec![0])),
+    );
+    let idx = b.op(Min, &[labels, hi], a());
+    let idx = b.op(Max, &[idx, lo], a());
+    let wpos = b.op(Gather, &[weight, idx], a());
+    let nl = b.op(Neg, &[picked], a());
+    let l = b.op(Mul, &[nl, wpos], a());
+    let zf = b.constant(Tensor::scalar_f64(DType::F64, 0.0));
+    let l = b.op(Where, &[valid, l, zf], a());
+    let all = || a().with("keepdims", Attr::Int(0));
+    let total = b.op(ReduceSum, &[l], all());
+    let counted = b.op(Where, &[valid, wpos, zf], a());
+    let count = b.op(ReduceSum, &[counted], all());
+    let loss = b.op(Div, &[total, count], a());
+    cases.push((
+        "onnx softmax cross-entropy decomposition".into(),
+        b.finish(vec![loss], LossKind::Output),
+    ));
+    // ONNX CumSum as the importer decomposes it: y += shift(y, k), k = 1, 2, 4, along
+    // axis 1 of length 5 (reverse: shifted the other way).
+    for reverse in [false, true] {
+        let mut b = ModelBuilder::new(605);
+        let mut y = b.param("x", &[2, 5, 2], std);
+        let mut k = 1;
+        while k < 5 {
+            let (front, back) = if reverse { (-k, k) } else { (k, -k) };
+            let s = b.op(
+                Pad,
+                &[y],
+                a().with("pads", ints(&[0, front, 0, 0, back, 0])),
+            );
+            y = b.op(Add, &[y, s], a());
+            k *= 2;
+        }
+        cases.push((
+            format!("onnx cumsum scan reverse={reverse}"),
+            b.functional(&[y]),
+        ));
+    }
     // Appended cross-entropy over the last axis of a [batch, seq, vocab] output.
     let mut b = ModelBuilder::new(601);
     let x = b.draw(&[2, 3, 4], std);

@@ -23,6 +23,10 @@ use super::import::{invalid, scalar, unsupported, Fail, Importer, SymInt, Val, B
 use super::proto::NodeProto;
 use super::tensor::{dtype_from_onnx, element_count, tensor_from_proto};
 
+mod einsum;
+mod losses;
+mod scan;
+
 /// Oldest opset of the default domain ppcc imports. Opset 6 is what the onnx package's
 /// PyTorch-converted test models use; older opsets differ in too many details.
 pub const MIN_OPSET: i64 = 6;
@@ -55,7 +59,8 @@ pub const VERSIONS_AFTER_25: &[(&str, i64, NewVersion)] = &[
     ("Compress", 28, NewVersion::Refused),
     ("DepthToSpace", 28, NewVersion::Refused),
     ("DequantizeLinear", 28, NewVersion::Refused),
-    ("Einsum", 28, NewVersion::Refused),
+    // Adds bfloat16 only.
+    ("Einsum", 28, NewVersion::Followed),
     ("Mod", 28, NewVersion::Refused),
     ("OneHot", 28, NewVersion::Refused),
     ("Optional", 28, NewVersion::Refused),
@@ -88,6 +93,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Abs",
     "Add",
     "And",
+    "ArgMax",
+    "ArgMin",
     "Attention",
     "AveragePool",
     "BatchNormalization",
@@ -102,8 +109,10 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Conv",
     "ConvTranspose",
     "Cos",
+    "CumSum",
     "Div",
     "Dropout",
+    "Einsum",
     "Elu",
     "Equal",
     "Erf",
@@ -112,6 +121,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Flatten",
     "Floor",
     "Gather",
+    "GatherElements",
     "Gelu",
     "Gemm",
     "GlobalAveragePool",
@@ -137,6 +147,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Mish",
     "Mul",
     "Neg",
+    "NegativeLogLikelihoodLoss",
     "Not",
     "Or",
     "PRelu",
@@ -172,6 +183,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Size",
     "Slice",
     "Softmax",
+    "SoftmaxCrossEntropyLoss",
     "Softplus",
     "Softsign",
     "Split",
@@ -554,17 +566,13 @@ impl Importer<'_> {
                 let attrs = InstanceNormAttrs { epsilon }.to_attrs();
                 self.op(K::InstanceNorm, attrs, &[x, s, b])?
             }
-            "LayerNormalization" => {
-                let mut operands = vec![self.req(node, 0)?, self.req(node, 1)?];
-                if let Some(b) = self.input(node, 2)? {
-                    operands.push(b);
-                }
-                let attrs = LayerNormAttrs {
-                    axis: a.int_or("axis", -1).inv()?,
-                    epsilon: a.float_or("epsilon", 1e-5).inv()?,
-                };
-                self.op(K::LayerNorm, attrs.to_attrs(), &operands)?
-            }
+            "LayerNormalization" => return self.lower_layer_norm(node, &a),
+            "SoftmaxCrossEntropyLoss" => return self.lower_loss(node, &a, true),
+            "NegativeLogLikelihoodLoss" => return self.lower_loss(node, &a, false),
+            "Einsum" => self.lower_einsum(node, &a)?,
+            "ArgMax" | "ArgMin" => self.lower_arg_extreme(node, &a, op == "ArgMax")?,
+            "CumSum" => self.lower_cumsum(node, &a)?,
+            "GatherElements" => self.lower_gather_elements(node, &a)?,
             "RMSNormalization" => self.lower_rms_norm(node, &a)?,
             "RotaryEmbedding" => self.lower_rotary_embedding(node, &a)?,
             "Attention" => return self.lower_attention(node, &a),
@@ -1275,6 +1283,76 @@ impl Importer<'_> {
             )?);
         }
         Ok(Val::Ir(self.push_ir(OpKind::BatchNorm, attrs, ids)?[0]))
+    }
+
+    /// `LayerNormalization`; the optional `Mean` and `InvStdDev` results (over
+    /// `axis..rank`, kept as size-1 axes) come from the same decomposition as Y, computed in
+    /// float32 for float16/bfloat16 inputs and in the input's type otherwise, and given in
+    /// `stash_type`'s type (1: float, 16: bfloat16, the types ONNX allows for them).
+    fn lower_layer_norm(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Vec<Val>> {
+        use OpKind as K;
+        let (x, scale) = (self.req(node, 0)?, self.req(node, 1)?);
+        let bias = self.input(node, 2)?;
+        let attrs = LayerNormAttrs {
+            axis: a.int_or("axis", -1).inv()?,
+            epsilon: a.float_or("epsilon", 1e-5).inv()?,
+        };
+        let wants = |i: usize| node.output.get(i).is_some_and(|o| !o.is_empty());
+        if !wants(1) && !wants(2) {
+            let mut operands = vec![x, scale];
+            operands.extend(bias);
+            return Ok(vec![self.op(K::LayerNorm, attrs.to_attrs(), &operands)?]);
+        }
+        let stash = match a.int_or("stash_type", 1).inv()? {
+            1 => DType::F32,
+            16 => DType::BF16,
+            s => invalid!("stash_type must be 1 (float) or 16 (bfloat16), got {s}"),
+        };
+        let xt = self.ty(&x)?;
+        if !xt.dtype.is_float() {
+            invalid!("expects a float tensor, got {}", xt.dtype);
+        }
+        let rank = xt.rank();
+        let axis = norm_axis(attrs.axis, rank.max(1))?;
+        let cd = match xt.dtype {
+            DType::F16 | DType::BF16 => DType::F32,
+            d => d,
+        };
+        let xs = if cd != xt.dtype {
+            self.op(K::Cast, CastAttrs { to: cd }.to_attrs(), &[x])?
+        } else {
+            x
+        };
+        let over = ReduceAttrs {
+            axes: (axis as i64..rank as i64).collect(),
+            keepdims: true,
+        };
+        let mean = self.op(K::ReduceMean, over.to_attrs(), std::slice::from_ref(&xs))?;
+        let d = self.op(K::Sub, Attrs::new(), &[xs, mean.clone()])?;
+        let sq = self.op(K::Mul, Attrs::new(), &[d.clone(), d.clone()])?;
+        let var = self.op(K::ReduceMean, over.to_attrs(), &[sq])?;
+        let eps = Val::konst(scalar(cd, attrs.epsilon));
+        let ve = self.op(K::Add, Attrs::new(), &[var, eps])?;
+        let sd = self.op(K::Sqrt, Attrs::new(), &[ve])?;
+        let inv = self.op(K::Reciprocal, Attrs::new(), &[sd])?;
+        let mut y = self.op(K::Mul, Attrs::new(), &[d, inv.clone()])?;
+        if cd != xt.dtype {
+            y = self.op(K::Cast, CastAttrs { to: xt.dtype }.to_attrs(), &[y])?;
+        }
+        y = self.op(K::Mul, Attrs::new(), &[y, scale])?;
+        if let Some(b) = bias {
+            y = self.op(K::Add, Attrs::new(), &[y, b])?;
+        }
+        let (mean, inv) = if cd == stash {
+            (mean, inv)
+        } else {
+            let to = CastAttrs { to: stash }.to_attrs();
+            (
+                self.op(K::Cast, to.clone(), &[mean])?,
+                self.op(K::Cast, to, &[inv])?,
+            )
+        };
+        Ok(vec![y, mean, inv])
     }
 
     fn lower_softmax(&mut self, node: &NodeProto, a: &NodeAttrs, kind: OpKind) -> R<Val> {

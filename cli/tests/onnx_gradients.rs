@@ -1,0 +1,151 @@
+//! Gradients through the ONNX ops the importer decomposes (Einsum, CumSum, LayerNormalization
+//! with its Mean and InvStdDev results, SoftmaxCrossEntropyLoss with class weights and
+//! `ignore_index`, GatherElements; ArgMax beside them, not differentiated): a small ONNX
+//! model whose own SoftmaxCrossEntropyLoss output is the loss (`--loss output`) is imported,
+//! differentiated by autodiff and checked against central finite differences of its loss,
+//! all in f64 on the reference interpreter. The model is written by the onnx Python package
+//! (`PPCC_PYTHON`, else the repository's `.venv`); the test is skipped without it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ppcc_frontends::onnx::{import_onnx, ImportOptions};
+use ppcc_passes::autodiff::{build_gradient_function, AutodiffOptions, LossKind};
+use ppir::interp::{bind_args, run_function, InterpOptions, Precision};
+use ppir::{DType, Module, Tensor, TensorData};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+const MODEL: &str = r#"
+import sys, numpy as np, onnx
+from onnx import helper as h, numpy_helper as nh, TensorProto as T
+rng = np.random.default_rng(1)
+params = [
+    nh.from_array((rng.normal(size=(4, 4)) * 0.5).astype(np.float32), "W"),
+    nh.from_array((1 + 0.1 * rng.normal(size=(4,))).astype(np.float32), "g"),
+    nh.from_array(np.array(1, np.int64), "axis"),
+    nh.from_array(np.array([[[0, 2, 1, -1]], [[1, 0, 2, 1]]], np.int64), "pick"),
+]
+wts = nh.from_array(np.array([1.0, 2.0, 0.5], np.float32))
+nodes = [
+    h.make_node("Constant", [], ["wts"], value=wts),
+    h.make_node("Einsum", ["x", "W"], ["e"], equation="bij,jk->bik"),
+    h.make_node("CumSum", ["e", "axis"], ["c"], reverse=1),
+    h.make_node("LayerNormalization", ["c", "g"], ["n", "mean", "inv"], axis=-1, epsilon=1e-3),
+    h.make_node("Add", ["n", "mean"], ["t"]),
+    h.make_node("Mul", ["t", "inv"], ["s"]),
+    h.make_node("GatherElements", ["s", "pick"], ["p"], axis=1),
+    h.make_node("Add", ["s", "p"], ["scores"]),
+    h.make_node("SoftmaxCrossEntropyLoss", ["scores", "y", "wts"], ["loss"],
+                ignore_index=1, reduction="mean"),
+    h.make_node("ArgMax", ["scores"], ["am"], axis=1, keepdims=0),
+]
+g = h.make_graph(
+    nodes, "grads",
+    [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4]),
+     h.make_tensor_value_info("y", T.INT64, [2, 4])],
+    [h.make_tensor_value_info("loss", T.FLOAT, []),
+     h.make_tensor_value_info("am", T.INT64, [2, 4])],
+    params)
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), sys.argv[1])
+"#;
+
+fn f64_opts() -> InterpOptions {
+    InterpOptions {
+        precision: Precision::F64,
+    }
+}
+
+fn loss_of(m: &Module, inputs: &HashMap<String, Tensor>) -> Vec<Tensor> {
+    let f = m.function("grad").unwrap();
+    let args = bind_args(m, f, inputs).unwrap();
+    run_function(f, args, &f64_opts(), None).unwrap()
+}
+
+fn floats(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec()
+}
+
+#[test]
+fn decomposed_onnx_ops_differentiate_like_finite_differences() {
+    let python = std::env::var("PPCC_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo().join(".venv/bin/python"));
+    let has_onnx = Command::new(&python)
+        .args(["-c", "import onnx, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_onnx {
+        eprintln!("skipping: no onnx/numpy at {}", python.display());
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ppcc-onnx-grads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("grads.onnx");
+    let o = Command::new(&python)
+        .args(["-c", MODEL, path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let mut m = import_onnx(&bytes, &ImportOptions::default()).unwrap();
+    let opts = AutodiffOptions {
+        loss: LossKind::Output,
+        ..AutodiffOptions::default()
+    };
+    let info = build_gradient_function(&mut m, &opts).unwrap();
+    assert_eq!(info.params, vec!["W".to_string(), "g".to_string()]);
+    let x: Vec<f64> = (0..24).map(|i| ((i * 7) % 11) as f64 * 0.2 - 1.0).collect();
+    let inputs = HashMap::from([
+        (
+            "x".to_string(),
+            Tensor::from_f64(DType::F32, vec![2, 3, 4], x),
+        ),
+        (
+            "y".to_string(),
+            Tensor::from_i64(DType::I64, vec![2, 4], vec![0, 1, 2, 0, 2, 2, 1, 0]),
+        ),
+    ]);
+    let outs = loss_of(&m, &inputs);
+    assert!(floats(&outs[0])[0].is_finite());
+    let h = 1e-4;
+    for (k, p) in info.params.iter().enumerate() {
+        let analytic = floats(&outs[1 + k]);
+        let original = m.weights[p].clone();
+        let mut fd = vec![];
+        for i in 0..original.num_elements() {
+            let mut at = |d: f64| {
+                let mut w = original.clone();
+                if let TensorData::Float(v) = &mut w.data {
+                    v[i] += d;
+                }
+                m.weights.insert(p.clone(), w);
+                floats(&loss_of(&m, &inputs)[0])[0]
+            };
+            let (p1, m1, p2, m2) = (at(h), at(-h), at(2.0 * h), at(-2.0 * h));
+            fd.push((8.0 * (p1 - m1) - (p2 - m2)) / (12.0 * h));
+        }
+        m.weights.insert(p.clone(), original);
+        let scale = analytic
+            .iter()
+            .chain(&fd)
+            .fold(1e-5f64, |a, v| a.max(v.abs()));
+        let err = analytic
+            .iter()
+            .zip(&fd)
+            .fold(0.0f64, |a, (x, y)| a.max((x - y).abs()))
+            / scale;
+        eprintln!("grad.{p}: largest |g| {scale:.3e}, relative error {err:.2e}");
+        assert!(
+            err < 1e-6,
+            "grad.{p}: relative error {err:e}\n analytic {analytic:?}\n finite differences {fd:?}"
+        );
+    }
+}

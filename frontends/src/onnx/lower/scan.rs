@@ -1,0 +1,180 @@
+//! ONNX `ArgMax`/`ArgMin`, `CumSum` and `GatherElements`, decomposed into ppir ops (linear
+//! or `n log n` work, so no new IR op is needed):
+//!
+//! - `ArgMax` (`ArgMin`): `reduce_min(where(x == reduce_max(x), iota, n))` along the axis,
+//!   the first index of the extreme (`reduce_max(where(.., iota, -1))` with
+//!   `select_last_index`). A NaN is not found as the extreme (the result is then `n`).
+//! - `CumSum`: a Hillis–Steele scan, `y += shift(y, k)` for k = 1, 2, 4.. < n, a shift being
+//!   a `pad` with zeros in front and the same count cut off the end; `exclusive` shifts by
+//!   one first, `reverse` shifts the other way. Differentiable through `pad` and `add`.
+//! - `GatherElements`: a `gather` from the flattened data at computed flat indices.
+
+use ppir::ops::attrs::{PadAttrs, ReduceAttrs};
+use ppir::ops::OpAttrs;
+use ppir::{Attrs, DType, Dim, OpKind, Tensor};
+
+use super::super::attrs::NodeAttrs;
+use super::super::import::{invalid, scalar, unsupported, Importer, Val, BATCH_NEEDED, R};
+use super::super::proto::NodeProto;
+use super::{norm_axis, OrInvalid};
+
+impl Importer<'_> {
+    /// `ArgMax` (`max` true) and `ArgMin`: int64 indices along `axis`.
+    pub(super) fn lower_arg_extreme(
+        &mut self,
+        node: &NodeProto,
+        a: &NodeAttrs,
+        max: bool,
+    ) -> R<Val> {
+        use OpKind as K;
+        let x = self.req(node, 0)?;
+        let dims = self.dims_of(&x)?;
+        let rank = dims.len();
+        if rank == 0 {
+            invalid!("expects a tensor of rank at least 1");
+        }
+        let axis = norm_axis(a.int_or("axis", 0).inv()?, rank)?;
+        let keepdims = a.int_or("keepdims", 1).inv()? != 0;
+        let last = a.int_or("select_last_index", 0).inv()? != 0;
+        let n = match dims[axis] {
+            Dim::Known(0) => invalid!("axis {axis} is empty"),
+            Dim::Known(n) => n as i64,
+            Dim::Batch => unsupported!("{}", BATCH_NEEDED),
+        };
+        let at_axis = |keepdims| {
+            ReduceAttrs {
+                axes: vec![axis as i64],
+                keepdims,
+            }
+            .to_attrs()
+        };
+        let extreme = if max { K::ReduceMax } else { K::ReduceMin };
+        let m = self.op(extreme, at_axis(true), std::slice::from_ref(&x))?;
+        let hit = self.op(K::Equal, Attrs::new(), &[x, m])?;
+        // The index along `axis`, broadcast over the axes after it.
+        let mut shape = vec![n as usize];
+        shape.extend(std::iter::repeat_n(1, rank - axis - 1));
+        let iota = Val::konst(Tensor::from_i64(DType::I64, shape, (0..n).collect()));
+        let (miss, pick) = if last {
+            (-1, K::ReduceMax)
+        } else {
+            (n, K::ReduceMin)
+        };
+        let miss = Val::konst(scalar(DType::I64, miss as f64));
+        let idx = self.op(K::Where, Attrs::new(), &[hit, iota, miss])?;
+        self.op(pick, at_axis(keepdims), &[idx])
+    }
+
+    /// `CumSum(x, axis)` with `exclusive` and `reverse`; `axis` must be known at import time.
+    pub(super) fn lower_cumsum(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
+        let x = self.req(node, 0)?;
+        let Some(axis) = self.static_ints(node, 1, "axis")? else {
+            invalid!("input 1 (axis) is missing")
+        };
+        if axis.len() != 1 {
+            invalid!("axis must hold one value, it has {}", axis.len());
+        }
+        let dims = self.dims_of(&x)?;
+        let rank = dims.len();
+        if rank == 0 {
+            invalid!("expects a tensor of rank at least 1");
+        }
+        let axis = norm_axis(axis[0], rank)?;
+        let exclusive = a.int_or("exclusive", 0).inv()? != 0;
+        let reverse = a.int_or("reverse", 0).inv()? != 0;
+        let n = match dims[axis] {
+            Dim::Known(n) => n as i64,
+            Dim::Batch => unsupported!("{}", BATCH_NEEDED),
+        };
+        let mut y = x;
+        if exclusive && n > 0 {
+            y = self.shift_along(y, axis, rank, 1, reverse)?;
+        }
+        let mut k = 1;
+        while k < n {
+            let s = self.shift_along(y.clone(), axis, rank, k, reverse)?;
+            y = self.op(OpKind::Add, Attrs::new(), &[y, s])?;
+            k *= 2;
+        }
+        Ok(y)
+    }
+
+    /// Element i takes element i - k along `axis` (i + k when `reverse`), zero where there
+    /// is none.
+    fn shift_along(&mut self, v: Val, axis: usize, rank: usize, k: i64, reverse: bool) -> R<Val> {
+        let mut pads = vec![0i64; 2 * rank];
+        let (front, back) = if reverse { (-k, k) } else { (k, -k) };
+        pads[axis] = front;
+        pads[rank + axis] = back;
+        let attrs = PadAttrs {
+            pads,
+            mode: "constant".into(),
+            value: 0.0,
+        };
+        self.op(OpKind::Pad, attrs.to_attrs(), &[v])
+    }
+}
+
+impl Importer<'_> {
+    /// `GatherElements(data, indices)` along `axis`: a `gather` from the flattened data at
+    /// `indices · stride(axis) + Σ coordinate(k) · stride(k)` over the other axes (negative
+    /// indices wrap), so it stays linear in the indices and differentiable through `gather`.
+    pub(super) fn lower_gather_elements(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
+        use OpKind as K;
+        let (data, idx) = (self.req(node, 0)?, self.req(node, 1)?);
+        let (dd, it) = (self.dims_of(&data)?, self.ty(&idx)?);
+        let rank = dd.len();
+        if rank == 0 || it.rank() != rank {
+            invalid!(
+                "data and indices must have the same rank (at least 1), got {rank} and {}",
+                it.rank()
+            );
+        }
+        if it.dtype.is_float() {
+            invalid!("the indices must be integers, got {}", it.dtype);
+        }
+        let axis = norm_axis(a.int_or("axis", 0).inv()?, rank)?;
+        let (Some(dims), Some(idims)) = (
+            dd.iter().map(|d| d.known()).collect::<Option<Vec<u64>>>(),
+            it.static_shape(),
+        ) else {
+            unsupported!("{}", BATCH_NEEDED)
+        };
+        for k in 0..rank {
+            if k != axis && idims[k] > dims[k] {
+                invalid!(
+                    "indices dimension {k} ({}) exceeds the data's ({})",
+                    idims[k],
+                    dims[k]
+                );
+            }
+        }
+        let mut strides = vec![1i64; rank];
+        for k in (0..rank - 1).rev() {
+            strides[k] = strides[k + 1] * dims[k + 1] as i64;
+        }
+        let i64c = |v: i64| Val::konst(scalar(DType::I64, v as f64));
+        let cast = ppir::ops::attrs::CastAttrs { to: DType::I64 }.to_attrs();
+        let mut flat = self.op(K::Cast, cast, &[idx])?;
+        // Negative indices count from the end of the axis.
+        let n = dims[axis] as i64;
+        let neg = self.op(K::Less, Attrs::new(), &[flat.clone(), i64c(0)])?;
+        let wrapped = self.op(K::Add, Attrs::new(), &[flat.clone(), i64c(n)])?;
+        flat = self.op(K::Where, Attrs::new(), &[neg, wrapped, flat])?;
+        if strides[axis] != 1 {
+            flat = self.op(K::Mul, Attrs::new(), &[flat, i64c(strides[axis])])?;
+        }
+        for k in (0..rank).filter(|&k| k != axis && idims[k] > 1) {
+            let mut shape = vec![1usize; rank];
+            shape[k] = idims[k] as usize;
+            let coords = (0..idims[k] as i64).map(|c| c * strides[k]).collect();
+            let offsets = Val::konst(Tensor::from_i64(DType::I64, shape, coords));
+            flat = self.op(K::Add, Attrs::new(), &[flat, offsets])?;
+        }
+        let total = dims.iter().product::<u64>() as i64;
+        let shape = ppir::ops::attrs::ShapeAttrs { shape: vec![total] }.to_attrs();
+        let data = self.op(K::Reshape, shape, &[data])?;
+        let g = ppir::ops::attrs::GatherAttrs { axis: 0 }.to_attrs();
+        self.op(K::Gather, g, &[data, flat])
+    }
+}
