@@ -15,24 +15,12 @@ mod pipeline_common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipeline_common::{compile, npz_entries, npz_with_ints, ppcc, ppcc_within, write_npz_entries};
+use pipeline_common::{
+    compile, losses, npz_entries, npz_with_ints, ppcc, ppcc_within, write_npz_entries,
+};
 
 fn tmp(name: &str) -> PathBuf {
     pipeline_common::tmp("ppcc-run-test", name)
-}
-
-fn losses(stdout: &str) -> Vec<f64> {
-    stdout
-        .lines()
-        .map(|l| {
-            let parts: Vec<&str> = l.split(' ').collect();
-            assert!(
-                parts.len() == 4 && parts[0] == "step" && parts[2] == "loss",
-                "unexpected output line {l:?}"
-            );
-            parts[3].parse().unwrap()
-        })
-        .collect()
 }
 
 fn assert_same(what: &str, got: &[f64], want: &[f64]) {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use pipeline_common::{compile, ppcc, repo};
+use pipeline_common::{compile, losses, ppcc, repo};
 use ppcc_passes::autodiff::{build_gradient_function, AutodiffOptions, LossKind};
 use ppir::interp::{bind_args, run_function, InterpOptions, Precision};
 use ppir::{DType, Module, Tensor, TensorData};
@@ -129,20 +129,6 @@ fn gradients_match_finite_differences() {
             "grad.{p} is (nearly) zero: {analytic:?}"
         );
     }
-}
-
-fn losses(stdout: &str) -> Vec<f64> {
-    stdout
-        .lines()
-        .map(|l| {
-            let parts: Vec<&str> = l.split(' ').collect();
-            assert!(
-                parts.len() == 4 && parts[0] == "step" && parts[2] == "loss",
-                "unexpected output line {l:?}"
-            );
-            parts[3].parse().unwrap()
-        })
-        .collect()
 }
 
 #[test]

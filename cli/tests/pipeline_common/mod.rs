@@ -152,3 +152,18 @@ pub fn ppcc_within(args: &[&str], limit: Duration) -> Option<Out> {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The losses of `step <k> loss <value>` lines (what `ppcc run` and `ppcc train` print).
+pub fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .map(|l| {
+            let parts: Vec<&str> = l.split(' ').collect();
+            assert!(
+                parts.len() == 4 && parts[0] == "step" && parts[2] == "loss",
+                "unexpected output line {l:?}"
+            );
+            parts[3].parse().unwrap()
+        })
+        .collect()
+}
