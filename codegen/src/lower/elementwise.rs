@@ -728,6 +728,26 @@ pub fn emit_generic(
     )
 }
 
+/// `src` (of `shape`) converted elementwise from dtype `from` to `to` as the interpreter's
+/// `cast` converts (f64 → f16/bf16 rounds as [`F16Rounding`] says).
+pub fn convert(e: &mut Emitter, src: &str, shape: &[u64], from: DType, to: DType) -> String {
+    if from == to {
+        return src.to_string();
+    }
+    let expr = Expr::Op(Box::new(Node {
+        op: ElemOp::Cast,
+        dtype: to,
+        in_dtypes: vec![from],
+        args: vec![Expr::Arg(0)],
+    }));
+    let leaf = Leaf {
+        name: src.to_string(),
+        shape: shape.to_vec(),
+        dtype: from,
+    };
+    emit_generic(e, &[leaf], shape, to, &expr, false).remove(0)
+}
+
 /// Lower one elementwise op on its own.
 pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     lower_root(e, op, &|_| None)

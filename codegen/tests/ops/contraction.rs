@@ -184,9 +184,24 @@ fn matmul_f64_and_integers() {
 }
 
 #[test]
-fn matmul_refuses_half_precision() {
-    let err = refusal("matmul", "", &["4x8xf16", "8x2xf16"], 2, "f16");
-    assert!(err.contains("dtype f16"), "{err}");
+fn matmul_half_precision_rounds_as_the_interpreter() {
+    // Widened to f64, one product, each result rounded once: equal to the interpreter.
+    for t in ["f16", "bf16"] {
+        check_op("matmul", "", &[&format!("4x8x{t}"), &format!("8x2x{t}")], 2);
+        check_op(
+            "matmul",
+            "",
+            &[&format!("2x1x3x5x{t}"), &format!("4x5x6x{t}")],
+            4,
+        );
+        check_op("matmul", "", &[&format!("7x{t}"), &format!("3x7x2x{t}")], 2);
+        check_op(
+            "gemm",
+            "alpha = 0.5, beta = 2.0, trans_b = 1",
+            &[&format!("5x7x{t}"), &format!("3x7x{t}"), &format!("3x{t}")],
+            2,
+        );
+    }
 }
 
 // ---- gemm ----
