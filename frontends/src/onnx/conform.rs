@@ -767,11 +767,12 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
         let imported = match import_model(&model, &iopts) {
             Ok(m) => m,
             Err(first) => {
-                // Inputs that only feed shapes (an Expand target...) can be folded when their
-                // values are known, as they are here.
+                // Inputs that only feed shapes or parameters (an Expand target, a Range's
+                // bounds, a training Dropout's ratio...) can be folded when their values are
+                // known, as they are here: integer tensors and float scalars.
                 let ints: HashMap<String, Tensor> = inputs
                     .iter()
-                    .filter(|(_, t)| !t.dtype.is_float())
+                    .filter(|(_, t)| !t.dtype.is_float() || t.num_elements() == 1)
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
                 if ints.is_empty() || !first.is_unsupported() {
