@@ -755,6 +755,15 @@ pub fn convert(e: &mut Emitter, src: &str, shape: &[u64], from: DType, to: DType
     emit_generic(e, &[leaf], shape, to, &expr, false).remove(0)
 }
 
+/// Round the f64 body value `v` to float dtype `d` as the interpreter does (bf16 with
+/// integer ops, no `__truncdfbf2` call; see [`F16Rounding`] for f16).
+pub fn round_f64_in(b: &mut Body, v: &str, d: DType) -> String {
+    let mut g = Gen::new(std::mem::take(b), &[]);
+    let r = g.round_f64(v, d);
+    *b = g.b;
+    r
+}
+
 /// Lower one elementwise op on its own.
 pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     lower_root(e, op, &|_| None)
