@@ -22,9 +22,9 @@
 //!   interpreter's scatter: the input is spread with `stride - 1` zeros between elements
 //!   (a strided [`place`]) and correlated with the kernel read back to front.
 //!
-//! Float ops accept f32 and f64; f16/bf16 `matmul` and `gemm` widen their operands to f64,
-//! compute in f64 and round each result once, as the interpreter does; f16/bf16 and integer
-//! convolutions are refused.
+//! Float ops accept f32 and f64; f16/bf16 `matmul`, `gemm`, `conv` and `conv_transpose`
+//! widen their operands to f64, compute in f64 and round each result once, as the
+//! interpreter does; integer convolutions and f16/bf16 `conv_grad_weight` are refused.
 
 use std::fmt::Write as _;
 
@@ -47,12 +47,48 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let r = match op.kind {
         OpKind::MatMul => matmul(e, op)?,
         OpKind::Gemm => gemm(e, op)?,
-        OpKind::Conv => conv(e, op)?,
-        OpKind::ConvTranspose => conv_transpose(e, op)?,
+        OpKind::Conv => in_f64_if_half(e, op, conv)?,
+        OpKind::ConvTranspose => in_f64_if_half(e, op, conv_transpose)?,
         OpKind::ConvGradWeight => conv_grad_weight(e, op)?,
         _ => return Err(op.unsupported("")),
     };
     Ok(vec![r])
+}
+
+/// `lower(op)` for f32/f64; for an f16/bf16 op, the interpreter's way: the operands
+/// widened to f64 (exact), the op lowered in f64 and its result rounded once to the dtype.
+fn in_f64_if_half(
+    e: &mut Emitter,
+    op: &OpView,
+    lower: fn(&mut Emitter, &OpView) -> Result<String, LowerError>,
+) -> Result<String, LowerError> {
+    let d = op.out_dtypes.first().copied().unwrap_or(DType::F32);
+    if !matches!(d, DType::F16 | DType::BF16) || op.in_dtypes.iter().any(|&t| t != d) {
+        return lower(e, op);
+    }
+    let operands = op.op.operands();
+    let names: Vec<String> = operands.iter().map(|&v| e.name(v)).collect();
+    for ((&v, name), shape) in operands.iter().zip(&names).zip(&op.in_shapes) {
+        let wide = super::elementwise::convert(e, name, shape, d, DType::F64);
+        e.set_name(v, wide);
+    }
+    let wide = OpView {
+        f: op.f,
+        id: op.id,
+        op: op.op,
+        kind: op.kind,
+        in_shapes: op.in_shapes.clone(),
+        in_dtypes: vec![DType::F64; op.in_dtypes.len()],
+        out_shapes: op.out_shapes.clone(),
+        out_dtypes: vec![DType::F64; op.out_dtypes.len()],
+    };
+    let r = lower(e, &wide);
+    // Later users of the operands read them in their own dtype.
+    for (&v, name) in operands.iter().zip(names) {
+        e.set_name(v, name);
+    }
+    let shape = op.out_shapes.first().cloned().unwrap_or_default();
+    Ok(super::elementwise::convert(e, &r?, &shape, DType::F64, d))
 }
 
 // ---- shared helpers (also used by `pool`) ----

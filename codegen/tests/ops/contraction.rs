@@ -554,8 +554,29 @@ fn conv_3d_ungrouped_and_single_image() {
 }
 
 #[test]
-fn conv_refuses_half_precision() {
-    let err = refusal("conv", "", &["1x2x5x5xf16", "3x2x3x3xf16"], 4, "f16");
+fn conv_half_precision_rounds_as_the_interpreter() {
+    for t in ["f16", "bf16"] {
+        let x = format!("1x2x5x5x{t}");
+        check_op(
+            "conv",
+            "pads = [1, 1, 1, 1]",
+            &[&x, &format!("3x2x3x3x{t}"), &format!("3x{t}")],
+            4,
+        );
+        check_op(
+            "conv_transpose",
+            "strides = [2, 2]",
+            &[&x, &format!("2x3x3x3x{t}")],
+            4,
+        );
+    }
+    let err = refusal(
+        "conv_grad_weight",
+        "kernel_shape = [3, 3]",
+        &["1x2x5x5xf16", "1x3x3x3xf16"],
+        4,
+        "f16",
+    );
     assert!(err.contains("not lowered") && err.contains("f16"), "{err}");
 }
 
