@@ -576,3 +576,26 @@ fn selection_op_errors_name_the_node_and_what_is_needed() {
         "{s}"
     );
 }
+
+#[test]
+fn casts_to_types_without_a_dtype_name_the_type() {
+    for (to, name) in [
+        (17, "FLOAT8E4M3FN"),
+        (20, "FLOAT8E5M2FNUZ"),
+        (22, "INT4"),
+        (25, "UINT2"),
+        (23, "FLOAT4E2M1"),
+    ] {
+        let m = Model::new(25)
+            .input(f32_info("x", &[2]))
+            .node(node("Cast", &["x"], &["y"], vec![attr_int("to", to)]))
+            .output(out_info("y", data_type::FLOAT));
+        let e = err(&m);
+        assert!(e.is_unsupported(), "{e}");
+        let s = e.to_string();
+        assert!(
+            s.contains("(Cast, opset 25)") && s.contains(&format!("Cast to {name}")),
+            "{s}"
+        );
+    }
+}
