@@ -77,29 +77,28 @@ fn unsupported_opsets() {
 
 #[test]
 fn op_versions_after_opset_25_that_ppcc_does_not_follow_are_refused_by_name() {
-    // Mod (version 28 at opset 28) is refused by name, as an op ppcc does not map; once
+    // Unique (version 28 at opset 28) is refused by name, as an op ppcc does not map; once
     // it is mapped, its version 28 stays refused until its row says it is followed.
-    let mut n = node("Mod", &["a", "b"], &["y"], vec![]);
+    let mut n = node("Unique", &["a"], &["y"], vec![]);
     n.name = "mm".into();
     let m = Model::new(28)
         .input(f32_info("a", &[2, 3]))
-        .input(f32_info("b", &[2, 3]))
         .node(n)
         .output(out_info("y", data_type::FLOAT));
     let e = err(&m);
     assert!(e.is_unsupported());
-    assert_eq!(e.short(), r#"node "mm" (Mod, opset 28): unsupported op"#);
-    assert_eq!(refused_version("Mod", 28), Some(28));
+    assert_eq!(e.short(), r#"node "mm" (Unique, opset 28): unsupported op"#);
+    assert_eq!(refused_version("Unique", 28), Some(28));
     let e = OnnxError::UnsupportedOpVersion {
         node: "mm".into(),
-        op_type: "Mod".into(),
+        op_type: "Unique".into(),
         version: 28,
         opset: 28,
     };
     assert!(e.is_unsupported());
     assert_eq!(
         e.to_string(),
-        r#"node "mm" (Mod, opset 28): unsupported op version: Mod version 28 (opsets 28 and later) is not implemented"#
+        r#"node "mm" (Unique, opset 28): unsupported op version: Unique version 28 (opsets 28 and later) is not implemented"#
     );
     // Each refused row applies from its version on, followed rows never.
     for &(op, v, how) in VERSIONS_AFTER_25 {
@@ -514,6 +513,112 @@ fn einsum_errors_name_the_node_and_the_equation() {
                 && e.contains(&format!("equation {eq:?}"))
                 && e.contains(why),
             "{e}"
+        );
+    }
+}
+
+#[test]
+fn selection_op_errors_name_the_node_and_what_is_needed() {
+    // Scatter indices read at run time cannot be resolved into gathers.
+    let scatter = |op: &str, attrs, idx: Option<&Tensor>| {
+        let m = Model::new(18).input(f32_info("data", &[3, 3]));
+        let m = match idx {
+            Some(t) => m.init("idx", t),
+            None => m.input(value_info("idx", data_type::INT64, &[Ok(1), Ok(2)])),
+        };
+        m.input(f32_info("upd", &[1, 2]))
+            .node(node(op, &["data", "idx", "upd"], &["y"], attrs))
+            .output(out_info("y", data_type::FLOAT))
+    };
+    let e = err(&scatter("ScatterElements", vec![], None));
+    assert!(e.is_unsupported(), "{e}");
+    let s = e.to_string();
+    assert!(
+        s.contains("(ScatterElements, opset 18)")
+            && s.contains("indices (input 1) must be known at import time"),
+        "{s}"
+    );
+    let idx = Tensor::from_i64(DType::I64, vec![1, 2], vec![0, 5]);
+    let s = err(&scatter("ScatterElements", vec![], Some(&idx))).to_string();
+    assert!(
+        s.contains("(ScatterElements, opset 18)")
+            && s.contains("index 5 is out of range for a dimension of size 3"),
+        "{s}"
+    );
+    let s = err(&scatter(
+        "ScatterND",
+        vec![attr_str("reduction", "xor")],
+        Some(&idx),
+    ))
+    .to_string();
+    assert!(
+        s.contains("(ScatterND, opset 18)") && s.contains("reduction must be none, add"),
+        "{s}"
+    );
+
+    let one_hot = Model::new(11)
+        .input(value_info("i", data_type::INT64, &[Ok(3)]))
+        .input(value_info("depth", data_type::INT64, &[]))
+        .input(f32_info("values", &[2]))
+        .node(node("OneHot", &["i", "depth", "values"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let s = err(&one_hot).to_string();
+    assert!(
+        s.contains("(OneHot, opset 11)")
+            && s.contains("depth (input 1) must be known at import time"),
+        "{s}"
+    );
+
+    let s2d = |op: &str, attrs| {
+        Model::new(13)
+            .input(f32_info("x", &[1, 2, 3, 3]))
+            .node(node(op, &["x"], &["y"], attrs))
+            .output(out_info("y", data_type::FLOAT))
+    };
+    let s = err(&s2d("SpaceToDepth", vec![attr_int("blocksize", 2)])).to_string();
+    assert!(
+        s.contains("(SpaceToDepth, opset 13)")
+            && s.contains("height 3 and width 3 must be multiples of blocksize 2"),
+        "{s}"
+    );
+    let attrs = vec![attr_int("blocksize", 1), attr_str("mode", "RCD")];
+    let s = err(&s2d("DepthToSpace", attrs)).to_string();
+    assert!(
+        s.contains("(DepthToSpace, opset 13)") && s.contains(r#"not "RCD""#),
+        "{s}"
+    );
+
+    let m = Model::new(13)
+        .input(f32_info("a", &[2]))
+        .input(f32_info("b", &[2]))
+        .node(node("Mod", &["a", "b"], &["y"], vec![attr_int("fmod", 2)]))
+        .output(out_info("y", data_type::FLOAT));
+    let s = err(&m).to_string();
+    assert!(
+        s.contains("(Mod, opset 13)") && s.contains("`fmod` must be 0 or 1, not 2"),
+        "{s}"
+    );
+}
+
+#[test]
+fn casts_to_types_without_a_dtype_name_the_type() {
+    for (to, name) in [
+        (17, "FLOAT8E4M3FN"),
+        (20, "FLOAT8E5M2FNUZ"),
+        (22, "INT4"),
+        (25, "UINT2"),
+        (23, "FLOAT4E2M1"),
+    ] {
+        let m = Model::new(25)
+            .input(f32_info("x", &[2]))
+            .node(node("Cast", &["x"], &["y"], vec![attr_int("to", to)]))
+            .output(out_info("y", data_type::FLOAT));
+        let e = err(&m);
+        assert!(e.is_unsupported(), "{e}");
+        let s = e.to_string();
+        assert!(
+            s.contains("(Cast, opset 25)") && s.contains(&format!("Cast to {name}")),
+            "{s}"
         );
     }
 }

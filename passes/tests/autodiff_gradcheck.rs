@@ -213,6 +213,21 @@ fn binary_cases() -> Cases {
             ));
         }
     }
+    // Mod: floored and truncated remainders (kinks where a / b is an integer, which the
+    // seeds keep away from the finite-difference steps).
+    for (i, fmod) in [0, 1].into_iter().enumerate() {
+        for (si, &(sa, sb)) in shapes.iter().enumerate().skip(1) {
+            cases.push((
+                format!("mod fmod={fmod} {sa:?} {sb:?}"),
+                single(
+                    (80 + i * 5 + si) as u64,
+                    Mod,
+                    a().with("fmod", Attr::Int(fmod)),
+                    &[(sa, Uniform(-3.0, 3.0)), (sb, Away(0.5, 2.0))],
+                ),
+            ));
+        }
+    }
     // PRelu: a per-channel slope broadcast to x.
     cases.push((
         "prelu".into(),

@@ -22,8 +22,9 @@
 //!   interpreter's scatter: the input is spread with `stride - 1` zeros between elements
 //!   (a strided [`place`]) and correlated with the kernel read back to front.
 //!
-//! Float ops accept f32 and f64; f16/bf16 (the interpreter computes in f64 and rounds
-//! once) and integer convolutions are refused.
+//! Float ops accept f32 and f64; f16/bf16 `matmul`, `gemm`, `conv` and `conv_transpose`
+//! widen their operands to f64, compute in f64 and round each result once, as the
+//! interpreter does; integer convolutions and f16/bf16 `conv_grad_weight` are refused.
 
 use std::fmt::Write as _;
 
@@ -46,12 +47,48 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let r = match op.kind {
         OpKind::MatMul => matmul(e, op)?,
         OpKind::Gemm => gemm(e, op)?,
-        OpKind::Conv => conv(e, op)?,
-        OpKind::ConvTranspose => conv_transpose(e, op)?,
+        OpKind::Conv => in_f64_if_half(e, op, conv)?,
+        OpKind::ConvTranspose => in_f64_if_half(e, op, conv_transpose)?,
         OpKind::ConvGradWeight => conv_grad_weight(e, op)?,
         _ => return Err(op.unsupported("")),
     };
     Ok(vec![r])
+}
+
+/// `lower(op)` for f32/f64; for an f16/bf16 op, the interpreter's way: the operands
+/// widened to f64 (exact), the op lowered in f64 and its result rounded once to the dtype.
+fn in_f64_if_half(
+    e: &mut Emitter,
+    op: &OpView,
+    lower: fn(&mut Emitter, &OpView) -> Result<String, LowerError>,
+) -> Result<String, LowerError> {
+    let d = op.out_dtypes.first().copied().unwrap_or(DType::F32);
+    if !matches!(d, DType::F16 | DType::BF16) || op.in_dtypes.iter().any(|&t| t != d) {
+        return lower(e, op);
+    }
+    let operands = op.op.operands();
+    let names: Vec<String> = operands.iter().map(|&v| e.name(v)).collect();
+    for ((&v, name), shape) in operands.iter().zip(&names).zip(&op.in_shapes) {
+        let wide = super::elementwise::convert(e, name, shape, d, DType::F64);
+        e.set_name(v, wide);
+    }
+    let wide = OpView {
+        f: op.f,
+        id: op.id,
+        op: op.op,
+        kind: op.kind,
+        in_shapes: op.in_shapes.clone(),
+        in_dtypes: vec![DType::F64; op.in_dtypes.len()],
+        out_shapes: op.out_shapes.clone(),
+        out_dtypes: vec![DType::F64; op.out_dtypes.len()],
+    };
+    let r = lower(e, &wide);
+    // Later users of the operands read them in their own dtype.
+    for (&v, name) in operands.iter().zip(names) {
+        e.set_name(v, name);
+    }
+    let shape = op.out_shapes.first().cloned().unwrap_or_default();
+    Ok(super::elementwise::convert(e, &r?, &shape, DType::F64, d))
 }
 
 // ---- shared helpers (also used by `pool`) ----
@@ -919,7 +956,7 @@ fn matmul_impl(
     bias: Option<(&str, &[u64])>,
 ) -> Result<(String, bool), LowerError> {
     use DType::*;
-    let d = common_dtype(op, &[F32, F64, I64, I32, I8])?;
+    let d = common_dtype(op, &[F32, F64, F16, BF16, I64, I32, I8])?;
     let (sa, sb) = (&op.in_shapes[0], &op.in_shapes[1]);
     if sa.is_empty() || sb.is_empty() {
         return Err(op.invalid(format!(
@@ -961,6 +998,10 @@ fn matmul_impl(
     }
     check_result(op, &want)?;
 
+    if matches!(d, F16 | BF16) {
+        let r = half_matmul(e, op, (&ap, &bp), &batch, (m, k, n), d);
+        return Ok((e.reshape(&r, &full, &want, d), false));
+    }
     if d.is_float() {
         let (r, used) = float_matmul(e, op, (&ap, &bp), &batch, (m, k, n), d, bias);
         return Ok((e.reshape(&r, &full, &want, d), used));
@@ -1057,8 +1098,42 @@ fn float_matmul(
     (r, bias.is_some())
 }
 
+/// An f16/bf16 `matmul` as the interpreter computes it: the operands widened to f64
+/// (exact), one f64 product ([`emit_gemm_call`]) and each result rounded once to `d` as
+/// the interpreter's `cast` rounds. Returns the `[batch.., m, n]` result.
+fn half_matmul(
+    e: &mut Emitter,
+    op: &OpView,
+    (ap, bp): (&[u64], &[u64]),
+    batch: &[u64],
+    (m, k, n): (u64, u64, u64),
+    d: DType,
+) -> String {
+    let (sa, sb) = (&op.in_shapes[0], &op.in_shapes[1]);
+    let a = e.name(op.op.operands()[0]);
+    let b = e.name(op.op.operands()[1]);
+    let a = super::elementwise::convert(e, &a, sa, d, DType::F64);
+    let b = super::elementwise::convert(e, &b, sb, d, DType::F64);
+    let a = e.reshape(&a, sa, ap, DType::F64);
+    let b = e.reshape(&b, sb, bp, DType::F64);
+    let r = emit_gemm_call(
+        e,
+        Mat::new(&a, ap, false),
+        Mat::new(&b, bp, false),
+        batch,
+        (m, k, n),
+        1.0,
+        None,
+        DType::F64,
+        None,
+    );
+    let mut full = batch.to_vec();
+    full.extend([m, n]);
+    super::elementwise::convert(e, &r, &full, DType::F64, d)
+}
+
 fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
-    let d = common_dtype(op, &[DType::F32, DType::F64])?;
+    let d = common_dtype(op, &[DType::F32, DType::F64, DType::F16, DType::BF16])?;
     let (sa, sb) = (&op.in_shapes[0], &op.in_shapes[1]);
     if sa.len() != 2 || sb.len() != 2 {
         return Err(op.invalid(format!("operands must be 2-D, got {sa:?} and {sb:?}")));
@@ -1096,13 +1171,25 @@ fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
             )));
         }
     }
+    // f16/bf16 operands are widened to f64 (exact) and the result rounded once.
+    let cd = if matches!(d, DType::F16 | DType::BF16) {
+        DType::F64
+    } else {
+        d
+    };
     let a = e.name(op.op.operands()[0]);
+    let a = super::elementwise::convert(e, &a, sa, d, cd);
     let b = e.name(op.op.operands()[1]);
-    let c = c.map(|c| (e.name(c), op.in_shapes[2].clone()));
+    let b = super::elementwise::convert(e, &b, sb, d, cd);
+    let c = c.map(|c| {
+        let cs = op.in_shapes[2].clone();
+        let name = e.name(c);
+        (super::elementwise::convert(e, &name, &cs, d, cd), cs)
+    });
     // alpha · op(A) · op(B) + beta · C in one call: the transposes are flags, C is
     // broadcast into the result through its strides (the interpreter's order: the product
     // times alpha, plus beta · C).
-    Ok(emit_gemm_call(
+    let r = emit_gemm_call(
         e,
         Mat::new(&a, sa, trans_a),
         Mat::new(&b, sb, trans_b),
@@ -1110,9 +1197,10 @@ fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
         (m, k, n),
         alpha,
         c.as_ref().map(|(n, s)| (n.as_str(), s.as_slice(), beta)),
-        d,
+        cd,
         None,
-    ))
+    );
+    Ok(super::elementwise::convert(e, &r, &out, cd, d))
 }
 
 // ---- convolutions ----

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 
 use ppir::ops::attrs::{
     CastAttrs, ClipAttrs, DropoutAttrs, EluAttrs, GeluAttrs, HardSigmoidAttrs, LeakyReluAttrs,
-    SeluAttrs, ShrinkAttrs,
+    ModAttrs, SeluAttrs, ShrinkAttrs,
 };
 use ppir::ops::OpAttrs;
 use ppir::{Attrs, DType, OpId, OpKind, ValueId};
@@ -248,6 +248,10 @@ pub enum ElemOp {
         min: f64,
         max: f64,
     },
+    /// `mod`: truncated (`fmod`) or floored remainder.
+    Mod {
+        fmod: bool,
+    },
     /// Conversion from the operand's dtype to the node's.
     Cast,
     /// Training-mode dropout. `stream` is the i64 SSA name (function level) of the per-call
@@ -312,6 +316,9 @@ impl ElemOp {
                 let ClipAttrs { min, max } = of(attrs)?;
                 ElemOp::Clip { min, max }
             }
+            Mod => ElemOp::Mod {
+                fmod: of::<ModAttrs>(attrs)?.fmod,
+            },
             k => ElemOp::Plain(k),
         })
     }
@@ -415,7 +422,7 @@ fn check_types(kind: OpKind, ins: &[DType], out: DType) -> Result<(), ElemError>
             }
             want(a)
         }
-        Add | Sub | Mul | Div | Max | Min | PRelu => {
+        Add | Sub | Mul | Div | Max | Min | PRelu | Mod => {
             same()?;
             if !is_num(a) {
                 return Err(operands("numeric operands", &[a]));
@@ -726,6 +733,35 @@ pub fn emit_generic(
         &g.b,
         &yields,
     )
+}
+
+/// `src` (of `shape`) converted elementwise from dtype `from` to `to` as the interpreter's
+/// `cast` converts (f64 → f16/bf16 rounds as [`F16Rounding`] says).
+pub fn convert(e: &mut Emitter, src: &str, shape: &[u64], from: DType, to: DType) -> String {
+    if from == to {
+        return src.to_string();
+    }
+    let expr = Expr::Op(Box::new(Node {
+        op: ElemOp::Cast,
+        dtype: to,
+        in_dtypes: vec![from],
+        args: vec![Expr::Arg(0)],
+    }));
+    let leaf = Leaf {
+        name: src.to_string(),
+        shape: shape.to_vec(),
+        dtype: from,
+    };
+    emit_generic(e, &[leaf], shape, to, &expr, false).remove(0)
+}
+
+/// Round the f64 body value `v` to float dtype `d` as the interpreter does (bf16 with
+/// integer ops, no `__truncdfbf2` call; see [`F16Rounding`] for f16).
+pub fn round_f64_in(b: &mut Body, v: &str, d: DType) -> String {
+    let mut g = Gen::new(std::mem::take(b), &[]);
+    let r = g.round_f64(v, d);
+    *b = g.b;
+    r
 }
 
 /// Lower one elementwise op on its own.
@@ -1559,9 +1595,99 @@ impl<'a> Gen<'a> {
                 self.sel(&lt, &p, &r, t)
             }
             ElemOp::Clip { min, max } => self.clamp(a, *min, *max, c),
+            ElemOp::Mod { fmod } => {
+                let r = self.fmod(a, &x[1], c);
+                if *fmod {
+                    return r;
+                }
+                // Floored: a zero takes b's sign; a remainder of the other sign than b
+                // moves by b (numpy's `mod`).
+                let b = x[1].as_str();
+                let z = self.cst(c, 0.0);
+                let signed_zero = self.op(format!("math.copysign {z}, {b} : {t}"));
+                let is_zero = self.cmpf("oeq", &r, &z, t);
+                let r_neg = self.cmpf("olt", &r, &z, t);
+                let b_neg = self.cmpf("olt", b, &z, t);
+                let differ = self.op(format!("arith.xori {r_neg}, {b_neg} : i1"));
+                let moved = self.op(format!("arith.addf {r}, {b} : {t}"));
+                let r = self.sel(&differ, &moved, &r, t);
+                self.sel(&is_zero, &signed_zero, &r, t)
+            }
             // Cast and dropout are handled by `node`.
             ElemOp::Cast | ElemOp::Dropout { .. } => a.to_string(),
         }
+    }
+
+    /// C's `fmod(a, b)` in float type `c`, exactly, without `arith.remf` (the CUDA target
+    /// has no lowering for it): `t` doubles from `|b|` to the largest `|b|·2^k ≤ |a|`,
+    /// then halves back to `|b|`, taking `t` off the remainder `r` wherever `t ≤ r`; each
+    /// subtraction is exact (`t ≤ r < 2t`, Sterbenz). NaN for a NaN operand, an infinite
+    /// `a` or a zero `b`; `a` for an infinite `b`; the result has `a`'s sign.
+    fn fmod(&mut self, a: &str, b: &str, c: DType) -> String {
+        let t = elem_type(c);
+        let ax = self.op(format!("math.absf {a} : {t}"));
+        let ay = self.op(format!("math.absf {b} : {t}"));
+        let zero = self.cst(c, 0.0);
+        let one = self.cst(c, 1.0);
+        let half = self.cst(c, 0.5);
+        let inf = self.cst(c, f64::INFINITY);
+        let nan = self.cst(c, f64::NAN);
+        let unordered = self.cmpf("uno", a, b, t);
+        let x_inf = self.cmpf("oeq", &ax, &inf, t);
+        let y_zero = self.cmpf("oeq", &ay, &zero, t);
+        let y_inf = self.cmpf("oeq", &ay, &inf, t);
+        let bad = self.op(format!("arith.ori {unordered}, {x_inf} : i1"));
+        let bad = self.op(format!("arith.ori {bad}, {y_zero} : i1"));
+        let skip = self.op(format!("arith.ori {bad}, {y_inf} : i1"));
+        // The loops run on finite operands (0 mod 1 where the result is a special case).
+        let r0 = self.sel(&skip, &zero, &ax, t);
+        let y = self.sel(&skip, &one, &ay, t);
+        let b = &mut self.b;
+        let (top, tw, c1, tv, d1, d2) = (
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+        );
+        b.raw(format!("{top} = scf.while ({tw} = {y}) : ({t}) -> {t} {{"));
+        b.raw(format!("  {d1} = arith.addf {tw}, {tw} : {t}"));
+        b.raw(format!("  {c1} = arith.cmpf ole, {d1}, {r0} : {t}"));
+        b.raw(format!("  scf.condition({c1}) {tw} : {t}"));
+        b.raw("} do {");
+        b.raw(format!("^bb0({tv}: {t}):"));
+        b.raw(format!("  {d2} = arith.addf {tv}, {tv} : {t}"));
+        b.raw(format!("  scf.yield {d2} : {t}"));
+        b.raw("}");
+        let (res, rw, tw2, c2, rv, tv2, ge, sub, rn, th) = (
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+            b.fresh(),
+        );
+        b.raw(format!(
+            "{res}:2 = scf.while ({rw} = {r0}, {tw2} = {top}) : ({t}, {t}) -> ({t}, {t}) {{"
+        ));
+        b.raw(format!("  {c2} = arith.cmpf oge, {tw2}, {y} : {t}"));
+        b.raw(format!("  scf.condition({c2}) {rw}, {tw2} : {t}, {t}"));
+        b.raw("} do {");
+        b.raw(format!("^bb0({rv}: {t}, {tv2}: {t}):"));
+        b.raw(format!("  {ge} = arith.cmpf oge, {rv}, {tv2} : {t}"));
+        b.raw(format!("  {sub} = arith.subf {rv}, {tv2} : {t}"));
+        b.raw(format!("  {rn} = arith.select {ge}, {sub}, {rv} : {t}"));
+        b.raw(format!("  {th} = arith.mulf {tv2}, {half} : {t}"));
+        b.raw(format!("  scf.yield {rn}, {th} : {t}, {t}"));
+        b.raw("}");
+        let signed = self.op(format!("math.copysign {res}#0, {a} : {t}"));
+        let r = self.sel(&y_inf, a, &signed, t);
+        self.sel(&bad, &nan, &r, t)
     }
 
     /// `min(max(a, lo), hi)` as numpy's clip (NaN stays, `lo > hi` gives `hi`); bounds
@@ -1655,6 +1781,31 @@ impl<'a> Gen<'a> {
                 let ci = self.f64_to_i64_sat(&cl);
                 let ci = self.int_resize(&ci, DType::I64, d);
                 self.sel(&same, a, &ci, t)
+            }
+            ElemOp::Mod { fmod } => {
+                // Truncated remainder; b = 0 → 0 (as the interpreter), b = -1 → 0 (remsi
+                // would overflow on the minimum).
+                let q = x[1].as_str();
+                let z = self.ci(d, 0);
+                let one = self.ci(d, 1);
+                let m1 = self.ci(d, -1);
+                let q0 = self.op(format!("arith.cmpi eq, {q}, {z} : {t}"));
+                let qm1 = self.op(format!("arith.cmpi eq, {q}, {m1} : {t}"));
+                let bad = self.op(format!("arith.ori {q0}, {qm1} : i1"));
+                let safe = self.sel(&bad, &one, q, t);
+                let r = self.op(format!("arith.remsi {a}, {safe} : {t}"));
+                let r = self.sel(&bad, &z, &r, t);
+                if *fmod {
+                    return r;
+                }
+                // Floored: a non-zero remainder of the other sign than b moves by b.
+                let r_neg = self.op(format!("arith.cmpi slt, {r}, {z} : {t}"));
+                let q_neg = self.op(format!("arith.cmpi slt, {q}, {z} : {t}"));
+                let nz = self.op(format!("arith.cmpi ne, {r}, {z} : {t}"));
+                let differ = self.op(format!("arith.xori {r_neg}, {q_neg} : i1"));
+                let fix = self.op(format!("arith.andi {differ}, {nz} : i1"));
+                let moved = self.op(format!("arith.addi {r}, {q} : {t}"));
+                self.sel(&fix, &moved, &r, t)
             }
             _ => a.to_string(),
         }

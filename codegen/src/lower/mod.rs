@@ -272,6 +272,13 @@ impl Body {
         ))
     }
 
+    /// A fresh `%bN` name for a value that a [`Body::raw`] line defines (a region's
+    /// block argument, a multi-result op).
+    pub fn fresh(&mut self) -> String {
+        self.counter += 1;
+        format!("%b{}", self.counter)
+    }
+
     /// A line with no result.
     pub fn raw(&mut self, line: impl Into<String>) {
         self.lines.push(line.into());

@@ -966,6 +966,10 @@ fn is_label_column(b: &mut Body, l: &str) -> String {
 fn cross_entropy(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     let grad = op.kind == OpKind::SoftmaxCrossEntropyGrad;
     let (shape, d) = float_operand(op, 0, "logits")?;
+    if d == DType::BF16 {
+        // The scalar loss is rounded outside a body (`arith.truncf`, see `float_ok`).
+        return Err(op.unsupported(" (logits of dtype bf16)"));
+    }
     let Some((&classes, outer)) = shape.split_last() else {
         return Err(op.invalid("logits must have rank >= 1 (the last axis holds the classes)"));
     };

@@ -3,7 +3,7 @@
 //!
 //! Semantics follow `ppir::interp` exactly:
 //!
-//! * floats (f32, f64, f16; bf16 refused, see [`float_ok`]): `reduce_sum` / `reduce_mean` accumulate in f64 (in the input's element order)
+//! * floats (f32, f64, f16, bf16; see [`float_ok`]): `reduce_sum` / `reduce_mean` accumulate in f64 (in the input's element order)
 //!   and round once at the end, so an f32 result is the interpreter's bit for bit;
 //!   `reduce_max` / `reduce_min` propagate NaN (`arith.maximumf` / `arith.minimumf`) from
 //!   ∓inf; an empty reduction gives 0, NaN (mean), -inf (max), +inf (min).
@@ -39,13 +39,14 @@ pub fn reduce_axes(op: &OpView, axes: &[i64], rank: usize) -> Result<Vec<usize>,
 // ---- helpers shared with norm.rs ----
 
 /// What a refusal of a float dtype says.
-pub(super) const FLOATS: &str = "f32, f64 and f16 are lowered";
+pub(super) const FLOATS: &str = "f32, f64, f16 and bf16 are lowered";
 
 /// Float element types lowered by this family (computed in f64 inside the bodies). bf16
-/// is left out: rounding f64 to bf16 is a call to `__truncdfbf2`, which the libgcc a
-/// `module.so` resolves against may lack (f16's `__truncdfhf2` is in libgcc ≥ 12).
+/// results are rounded with integer ops ([`from_f64`]): `arith.truncf` to bf16 is a call
+/// to `__truncdfbf2`, which the libgcc a `module.so` resolves against may lack (f16's
+/// `__truncdfhf2` is in libgcc ≥ 12).
 pub(super) fn float_ok(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F64 | DType::F16)
+    matches!(d, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
 }
 
 /// The indexing-map results `d<i>` for the listed loop dimensions.
@@ -69,10 +70,10 @@ pub(super) fn to_f64(b: &mut Body, v: &str, d: DType) -> String {
 
 /// Round an f64 body value to the float dtype `d` (to nearest even, as the interpreter).
 pub(super) fn from_f64(b: &mut Body, v: &str, d: DType) -> String {
-    if d == DType::F64 {
-        v.to_string()
-    } else {
-        b.op(format!("arith.truncf {v} : f64 to {}", elem_type(d)))
+    match d {
+        DType::F64 => v.to_string(),
+        DType::BF16 => super::elementwise::round_f64_in(b, v, d),
+        _ => b.op(format!("arith.truncf {v} : f64 to {}", elem_type(d))),
     }
 }
 

@@ -184,9 +184,24 @@ fn matmul_f64_and_integers() {
 }
 
 #[test]
-fn matmul_refuses_half_precision() {
-    let err = refusal("matmul", "", &["4x8xf16", "8x2xf16"], 2, "f16");
-    assert!(err.contains("dtype f16"), "{err}");
+fn matmul_half_precision_rounds_as_the_interpreter() {
+    // Widened to f64, one product, each result rounded once: equal to the interpreter.
+    for t in ["f16", "bf16"] {
+        check_op("matmul", "", &[&format!("4x8x{t}"), &format!("8x2x{t}")], 2);
+        check_op(
+            "matmul",
+            "",
+            &[&format!("2x1x3x5x{t}"), &format!("4x5x6x{t}")],
+            4,
+        );
+        check_op("matmul", "", &[&format!("7x{t}"), &format!("3x7x2x{t}")], 2);
+        check_op(
+            "gemm",
+            "alpha = 0.5, beta = 2.0, trans_b = 1",
+            &[&format!("5x7x{t}"), &format!("3x7x{t}"), &format!("3x{t}")],
+            2,
+        );
+    }
 }
 
 // ---- gemm ----
@@ -539,8 +554,29 @@ fn conv_3d_ungrouped_and_single_image() {
 }
 
 #[test]
-fn conv_refuses_half_precision() {
-    let err = refusal("conv", "", &["1x2x5x5xf16", "3x2x3x3xf16"], 4, "f16");
+fn conv_half_precision_rounds_as_the_interpreter() {
+    for t in ["f16", "bf16"] {
+        let x = format!("1x2x5x5x{t}");
+        check_op(
+            "conv",
+            "pads = [1, 1, 1, 1]",
+            &[&x, &format!("3x2x3x3x{t}"), &format!("3x{t}")],
+            4,
+        );
+        check_op(
+            "conv_transpose",
+            "strides = [2, 2]",
+            &[&x, &format!("2x3x3x3x{t}")],
+            4,
+        );
+    }
+    let err = refusal(
+        "conv_grad_weight",
+        "kernel_shape = [3, 3]",
+        &["1x2x5x5xf16", "1x3x3x3xf16"],
+        4,
+        "f16",
+    );
     assert!(err.contains("not lowered") && err.contains("f16"), "{err}");
 }
 

@@ -387,6 +387,53 @@ fn int_binary() {
     }
 }
 
+/// `pp.mod` floored (`%y0`) and truncated (`%y1`) of `%a`, `%b` (types `aty`, `bty`).
+fn mod_module(aty: &str, bty: &str, rty: &str) -> String {
+    format!(
+        "module {{\n  func @f(%a: {aty}, %b: {bty}) -> ({rty}, {rty}) {{\n    %y0 = \"pp.mod\"(%a, %b) : ({aty}, {bty}) -> {rty}\n    %y1 = \"pp.mod\"(%a, %b) {{fmod = 1}} : ({aty}, {bty}) -> {rty}\n    return %y0, %y1 : {rty}, {rty}\n  }}\n}}\n"
+    )
+}
+
+#[test]
+fn mod_floored_and_truncated() {
+    for (d, name) in [
+        (DType::F32, "f32"),
+        (DType::F64, "f64"),
+        (DType::F16, "f16"),
+        (DType::BF16, "bf16"),
+    ] {
+        let src = mod_module(
+            &format!("tensor<2x1x9x{name}>"),
+            &format!("tensor<3x1x{name}>"),
+            &format!("tensor<2x3x9x{name}>"),
+        );
+        // NaN, ±inf and ±0 on both sides (zero divisors give NaN).
+        let a = floats_with_specials(d, &[2, 1, 9], 41, -7.0, 7.0);
+        let b = floats_with_specials(d, &[3, 1], 42, -3.0, 3.0);
+        check_src(&src, Some(vec![a, b]));
+    }
+    for (d, name, lo) in [
+        (DType::I64, "i64", i64::MIN),
+        (DType::I32, "i32", i32::MIN as i64),
+        (DType::I8, "i8", -128),
+    ] {
+        let ty = format!("tensor<3x8x{name}>");
+        let src = mod_module(&ty, &format!("tensor<8x{name}>"), &ty);
+        let mut a = ints(d, &[24], 43, -50, 50).as_i64().unwrap().to_vec();
+        a[0] = lo;
+        a[8] = lo;
+        // A zero divisor gives 0; -1 against the minimum does not trap.
+        let b = vec![-1, 0, 7, -3, 2, -9, 4, 5];
+        check_src(
+            &src,
+            Some(vec![
+                Tensor::from_i64(d, vec![3, 8], a),
+                Tensor::from_i64(d, vec![8], b),
+            ]),
+        );
+    }
+}
+
 #[test]
 fn int_pow() {
     for (d, name) in [(DType::I64, "i64"), (DType::I32, "i32"), (DType::I8, "i8")] {

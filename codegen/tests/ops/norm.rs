@@ -405,8 +405,24 @@ module {
 }
 
 #[test]
-fn bf16_is_refused() {
-    let m = parse(&softmaxes(&[2, 3], "bf16", "{}"));
+fn bf16_softmax_and_layer_norm() {
+    let x = uniform(DType::BF16, &[3, 9], 5, -5.0, 5.0);
+    check(&softmaxes(&[3, 9], "bf16", "{axis = 1}"), Some(vec![x]));
+    let x = uniform(DType::BF16, &[4, 9], 6, -5.0, 5.0);
+    check(&softmaxes(&[4, 9], "bf16", "{axis = 0}"), Some(vec![x]));
+    check(
+        r#"
+module {
+  func @f(%x: tensor<2x3x4xbf16>, %s: tensor<4xbf16>, %b: tensor<4xbf16>) -> (tensor<2x3x4xbf16>) {
+    %l = "pp.layer_norm"(%x, %s, %b) : (tensor<2x3x4xbf16>, tensor<4xbf16>, tensor<4xbf16>) -> tensor<2x3x4xbf16>
+    return %l : tensor<2x3x4xbf16>
+  }
+}
+"#,
+        None,
+    );
+    // The cross-entropy's scalar loss would be rounded by a libgcc call: refused.
+    let m = parse(&ce_src(&[2, 3, 7], "bf16", "i64", "{}"));
     let e = lower_function(&m.functions[0]).unwrap_err().to_string();
     assert!(e.contains("bf16"), "{e}");
 }

@@ -94,6 +94,16 @@ fn f16_reductions() {
 }
 
 #[test]
+fn bf16_reductions() {
+    // Rounded to bf16 with integer ops (no `__truncdfbf2` call), as the interpreter rounds.
+    let src = all_kinds("3x40", "bf16", "3", "{axes = [1], keepdims = 0}");
+    check(
+        &src,
+        Some(vec![uniform(DType::BF16, &[3, 40], 7, -30.0, 30.0)]),
+    );
+}
+
+#[test]
 fn long_sums_accumulate_like_the_interpreter() {
     // 2 x 65536 values around 1e4 with cancellation: an f32 accumulator would drift far
     // beyond the tolerance; the lowering accumulates in f64 as the interpreter does.

@@ -23,6 +23,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ppir::interp::{run_function, InterpOptions};
+use ppir::ops::attrs::DropoutAttrs;
+use ppir::ops::OpAttrs;
 use ppir::{ArgKind, DType, Function, Module, Tensor};
 use prost::Message;
 
@@ -767,11 +769,12 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
         let imported = match import_model(&model, &iopts) {
             Ok(m) => m,
             Err(first) => {
-                // Inputs that only feed shapes (an Expand target...) can be folded when their
-                // values are known, as they are here.
+                // Inputs that only feed shapes or parameters (an Expand target, a Range's
+                // bounds, a training Dropout's ratio...) can be folded when their values are
+                // known, as they are here: integer tensors and float scalars.
                 let ints: HashMap<String, Tensor> = inputs
                     .iter()
-                    .filter(|(_, t)| !t.dtype.is_float())
+                    .filter(|(_, t)| !t.dtype.is_float() || t.num_elements() == 1)
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
                 if ints.is_empty() || !first.is_unsupported() {
@@ -785,6 +788,19 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
             }
         };
         let f = &imported.module.functions[0];
+        // A dropout in training mode draws its mask from ppcc's own counter-based
+        // generator (keyed by step and micro-batch, so that pipeline stages and
+        // recomputation agree), which cannot reproduce the reference's numpy mask.
+        let training_dropout = f.ops().iter().any(|&o| {
+            let op = f.op(o);
+            op.kind == ppir::OpKind::Dropout
+                && DropoutAttrs::of(&op.attrs).is_ok_and(|a| a.training && a.ratio > 0.0)
+        });
+        if training_dropout {
+            return Outcome::Unsupported(
+                "training-mode Dropout: ppcc draws its own mask (keyed by step and micro-batch), not numpy's".into(),
+            );
+        }
         let mut args = Vec::with_capacity(f.args().len());
         let mut next_input = imported.inputs.iter();
         for &(v, kind) in f.args() {

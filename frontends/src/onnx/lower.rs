@@ -7,11 +7,12 @@
 use std::rc::Rc;
 
 mod attention;
+mod select;
 
 use ppir::ops::attrs::{
     AvgPoolAttrs, BatchNormAttrs, CastAttrs, ClipAttrs, ConcatAttrs, ConvAttrs, ConvTransposeAttrs,
     DropoutAttrs, EluAttrs, FlattenAttrs, GatherAttrs, GeluAttrs, GemmAttrs, HardSigmoidAttrs,
-    InstanceNormAttrs, LayerNormAttrs, LeakyReluAttrs, LrnAttrs, MaxPoolAttrs, PadAttrs,
+    InstanceNormAttrs, LayerNormAttrs, LeakyReluAttrs, LrnAttrs, MaxPoolAttrs, ModAttrs, PadAttrs,
     ReduceAttrs, SeluAttrs, ShapeAttrs, ShrinkAttrs, SliceAttrs, SoftmaxAttrs, SplitAttrs,
     SqueezeAttrs, TileAttrs, TransposeAttrs, UnsqueezeAttrs,
 };
@@ -57,12 +58,15 @@ pub const VERSIONS_AFTER_25: &[(&str, i64, NewVersion)] = &[
     ("Cast", 28, NewVersion::Followed),
     ("Celu", 28, NewVersion::Refused),
     ("Compress", 28, NewVersion::Refused),
-    ("DepthToSpace", 28, NewVersion::Refused),
+    // Adds types only.
+    ("DepthToSpace", 28, NewVersion::Followed),
     ("DequantizeLinear", 28, NewVersion::Refused),
     // Adds bfloat16 only.
     ("Einsum", 28, NewVersion::Followed),
-    ("Mod", 28, NewVersion::Refused),
-    ("OneHot", 28, NewVersion::Refused),
+    // Defines `fmod = 0` for floats too (floored, as numpy's `mod`), which `pp.mod` computes.
+    ("Mod", 28, NewVersion::Followed),
+    // Adds types only.
+    ("OneHot", 28, NewVersion::Followed),
     ("Optional", 28, NewVersion::Refused),
     ("OptionalGetElement", 28, NewVersion::Refused),
     ("OptionalHasElement", 28, NewVersion::Refused),
@@ -73,7 +77,8 @@ pub const VERSIONS_AFTER_25: &[(&str, i64, NewVersion)] = &[
     ("ReduceLogSum", 28, NewVersion::Followed),
     ("ReduceLogSumExp", 28, NewVersion::Followed),
     ("ReverseSequence", 28, NewVersion::Refused),
-    ("SpaceToDepth", 28, NewVersion::Refused),
+    // Adds `mode` (DCR or CRD), which its arm follows.
+    ("SpaceToDepth", 28, NewVersion::Followed),
     ("Unique", 28, NewVersion::Refused),
 ];
 
@@ -110,6 +115,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ConvTranspose",
     "Cos",
     "CumSum",
+    "DepthToSpace",
     "Div",
     "Dropout",
     "Einsum",
@@ -130,6 +136,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GreaterOrEqual",
     "HardSigmoid",
     "HardSwish",
+    "Hardmax",
     "Identity",
     "InstanceNormalization",
     "LRN",
@@ -145,10 +152,12 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Mean",
     "Min",
     "Mish",
+    "Mod",
     "Mul",
     "Neg",
     "NegativeLogLikelihoodLoss",
     "Not",
+    "OneHot",
     "Or",
     "PRelu",
     "Pad",
@@ -168,6 +177,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Relu",
     "Reshape",
     "RotaryEmbedding",
+    "Scatter",
+    "ScatterElements",
+    "ScatterND",
     "Selu",
     "SequenceAt",
     "SequenceConstruct",
@@ -186,6 +198,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "SoftmaxCrossEntropyLoss",
     "Softplus",
     "Softsign",
+    "SpaceToDepth",
     "Split",
     "SplitToSequence",
     "Sqrt",
@@ -194,6 +207,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Sum",
     "Tanh",
     "Tile",
+    "TopK",
     "Transpose",
     "Trilu",
     "Unsqueeze",
@@ -576,6 +590,22 @@ impl Importer<'_> {
             "RMSNormalization" => self.lower_rms_norm(node, &a)?,
             "RotaryEmbedding" => self.lower_rotary_embedding(node, &a)?,
             "Attention" => return self.lower_attention(node, &a),
+            "Hardmax" => self.lower_hardmax(node, &a)?,
+            "Mod" => {
+                let (x, y) = (self.req(node, 0)?, self.req(node, 1)?);
+                let fmod = match a.int_or("fmod", 0).inv()? {
+                    0 => false,
+                    1 => true,
+                    f => invalid!("attribute `fmod` must be 0 or 1, not {f}"),
+                };
+                self.op(K::Mod, ModAttrs { fmod }.to_attrs(), &[x, y])?
+            }
+            "OneHot" => self.lower_one_hot(node, &a)?,
+            "TopK" => return self.lower_top_k(node, &a),
+            "SpaceToDepth" => self.lower_space_depth(node, &a, true)?,
+            "DepthToSpace" => self.lower_space_depth(node, &a, false)?,
+            "ScatterElements" | "Scatter" => self.lower_scatter_elements(node, &a)?,
+            "ScatterND" => self.lower_scatter_nd(node, &a)?,
             "LRN" => {
                 let x = self.req(node, 0)?;
                 let Some(size) = a.int("size").inv()? else {
@@ -1018,16 +1048,27 @@ impl Importer<'_> {
 
     fn lower_dropout(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Vec<Val>> {
         let x = self.req(node, 0)?;
-        let (ratio, training) = if self.opset < 12 {
+        let (ratio, mut training) = if self.opset < 12 {
             (a.float_or("ratio", 0.5).inv()?, false)
         } else {
-            let ratio = self.static_scalar_f64(node, 1, "ratio")?.unwrap_or(0.5);
             let training = self
                 .static_scalar_f64(node, 2, "training_mode")?
                 .unwrap_or(0.0)
                 != 0.0;
+            // Outside training the ratio changes nothing: it may be computed at run time.
+            let ratio = match self.input(node, 1)? {
+                Some(r) if !training && self.static_tensor(&r)?.is_none() => 0.5,
+                _ => self.static_scalar_f64(node, 1, "ratio")?.unwrap_or(0.5),
+            };
+            if training && !(0.0..1.0).contains(&ratio) {
+                invalid!("ratio must be in [0, 1), got {ratio}");
+            }
             (ratio, training)
         };
+        if ratio == 0.0 {
+            // Nothing is dropped, in training or not: the identity with an all-true mask.
+            training = false;
+        }
         let mut dropout = DropoutAttrs {
             ratio,
             training,
@@ -1226,14 +1267,11 @@ impl Importer<'_> {
             }
             .to_attrs()
         } else {
-            if dilations.iter().any(|&d| d != 1) {
-                unsupported!("AveragePool with dilations {dilations:?}");
-            }
             AvgPoolAttrs {
                 kernel_shape: kernel,
                 strides: Some(strides),
                 pads: Some(pads),
-                dilations: None,
+                dilations: Some(dilations),
                 ceil_mode,
                 count_include_pad: a.int_or("count_include_pad", 0).inv()? != 0,
             }

@@ -269,6 +269,42 @@ pub(super) fn zip_broadcast<A: Copy, B: Copy, R>(
     Ok((shape, out))
 }
 
+/// `mod`: the remainder with the quotient truncated (`fmod`, the sign of `a`) or floored
+/// (the sign of `b`, numpy's `mod`: `fmod` plus `b` where the signs differ, a zero with
+/// `b`'s sign). Integers: 0 where `b` is 0 (as numpy), wrapping on overflow.
+pub(super) fn modulo(fmod: bool, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    same_dtype(a, b)?;
+    match (&a.data, &b.data) {
+        (TensorData::Float(x), TensorData::Float(y)) if a.dtype.is_float() => {
+            let (shape, out) = zip_broadcast(x, &a.shape, y, &b.shape, |p, q| {
+                let r = p % q;
+                if fmod {
+                    r
+                } else if r == 0.0 {
+                    0.0f64.copysign(q)
+                } else if (r < 0.0) != (q < 0.0) {
+                    r + q
+                } else {
+                    r
+                }
+            })?;
+            Ok(float_tensor(a.dtype, shape, out))
+        }
+        (TensorData::Int(x), TensorData::Int(y)) if a.dtype.is_int() => {
+            let (shape, out) = zip_broadcast(x, &a.shape, y, &b.shape, |p, q| {
+                let r = p.checked_rem(q).unwrap_or(0);
+                if !fmod && r != 0 && (r < 0) != (q < 0) {
+                    r.wrapping_add(q)
+                } else {
+                    r
+                }
+            })?;
+            Ok(int_tensor(a.dtype, shape, out))
+        }
+        _ => fail!("mod needs numeric operands, got {}", a.dtype),
+    }
+}
+
 /// Binary arithmetic: add sub mul div pow max min prelu.
 pub(super) fn binary(kind: OpKind, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     use OpKind::*;

@@ -369,6 +369,11 @@ fn compute(
         Add | Sub | Mul | Div | Pow | Max | Min | PRelu => {
             one(elementwise::binary(kind, inputs[0], inputs[1])?)
         }
+        Mod => one(elementwise::modulo(
+            ModAttrs::of(attrs)?.fmod,
+            inputs[0],
+            inputs[1],
+        )?),
         Equal | Less | Greater | LessEqual | GreaterEqual => {
             one(elementwise::compare(kind, inputs[0], inputs[1])?)
         }

@@ -568,6 +568,38 @@ fn pow_mixed_types() {
 }
 
 #[test]
+fn mod_floored_and_truncated() {
+    use crate::attr::Attr;
+    let floored = Attrs::new();
+    let trunc = Attrs::new().with("fmod", Attr::Int(1));
+    let a = f64t(&[5], &[5.5, -5.5, 5.5, -5.5, 0.0]);
+    let b = f64t(&[5], &[2.0, 2.0, -2.0, -2.0, -3.0]);
+    let y = eval1(OpKind::Mod, &floored, &[&a, &b], DType::F64, &[5]);
+    assert_close(&y, &[1.5, 0.5, -0.5, -1.5, 0.0], 0.0);
+    // A zero takes the divisor's sign.
+    assert!(y.to_f64_vec()[4].is_sign_negative());
+    assert_close(
+        &eval1(OpKind::Mod, &trunc, &[&a, &b], DType::F64, &[5]),
+        &[1.5, -1.5, 1.5, -1.5, 0.0],
+        0.0,
+    );
+    let inf = f64t(&[2], &[f64::INFINITY, f64::NEG_INFINITY]);
+    let x = f64t(&[2], &[3.0, 3.0]);
+    let y = eval1(OpKind::Mod, &floored, &[&x, &inf], DType::F64, &[2]);
+    assert_eq!(y.to_f64_vec(), vec![3.0, f64::NEG_INFINITY]);
+    let ia = i64t(&[5], &[7, -7, 7, -7, 4]);
+    let ib = i64t(&[5], &[3, 3, -3, -3, 0]);
+    assert_ints(
+        &eval1(OpKind::Mod, &floored, &[&ia, &ib], DType::I64, &[5]),
+        &[1, 2, -2, -1, 0],
+    );
+    assert_ints(
+        &eval1(OpKind::Mod, &trunc, &[&ia, &ib], DType::I64, &[5]),
+        &[1, -1, 1, -1, 0],
+    );
+}
+
+#[test]
 fn prelu_broadcasts_slope_per_channel() {
     let x = pattern(&[1, 3, 2, 2], 2);
     let slope = f64t(&[3, 1, 1], &[0.1, 0.2, 0.3]);

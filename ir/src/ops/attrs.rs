@@ -282,6 +282,9 @@ attr_sets! {
     CastAttrs { to: DType [required] }
     /// `dropout`: identity unless `training`.
     DropoutAttrs { ratio: Float [= 0.5], training: Bool [= false], seed: Int [= 0] }
+    /// `mod`: the remainder of `a / b` with the quotient floored (the divisor's sign, as
+    /// Python's `%`) or, with `fmod`, truncated (the dividend's sign, as C's `fmod`).
+    ModAttrs { fmod: Bool [= false] }
     /// `gemm`: `alpha · op(a) · op(b) + beta · c`.
     GemmAttrs {
         alpha: Float [= 1.0],

@@ -24,6 +24,7 @@
 //! | `cast` | x | `to` *required* (element type) |
 //! | `dropout` | x, [key `tensor<2xi64>` = (step, micro-batch)] | `ratio` = 0.5, `training` = 0, `seed` = 0; identity unless `training` = 1, then `x · mask / (1 - ratio)` with the mask of [`crate::interp::dropout_keep`] (training needs the key) |
 //! | binary, numpy broadcasting: `add sub mul div pow max min prelu` | a, b | — |
+//! | `mod` (numpy broadcasting) | a, b | `fmod` = 0: `a - floor(a / b) · b` (the sign of b; numpy's `mod`); 1: `a - trunc(a / b) · b` (the sign of a; C's `fmod`); integers: 0 where b = 0 |
 //! | comparisons → i1: `equal less greater less_equal greater_equal` | a, b | — |
 //! | logical on i1: `and or` | a, b | — |
 //! | `where` | cond (i1), x, y | — (three-way broadcasting) |
@@ -180,6 +181,7 @@ define_ops! {
     Max = "max", Binary, Exact(2), NoAttrs, Rule;
     Min = "min", Binary, Exact(2), NoAttrs, Rule;
     PRelu = "prelu", Binary, Exact(2), NoAttrs, Rule;
+    Mod = "mod", Binary, Exact(2), ModAttrs, Rule;
     Equal = "equal", Compare, Exact(2), NoAttrs, None;
     Less = "less", Compare, Exact(2), NoAttrs, None;
     Greater = "greater", Compare, Exact(2), NoAttrs, None;

@@ -106,8 +106,8 @@ fn infer_rule(
         | Sqrt | Abs | Neg | Sign | Reciprocal | Softplus | Softsign | Floor | Ceil | Sin | Cos
         | Not | Identity | Shrink | Clip | Cast => one(elementwise::unary(kind, attrs, &ops[0])?),
         Dropout => one(elementwise::dropout(&DropoutAttrs::of(attrs)?, ops)?),
-        Add | Sub | Mul | Div | Pow | Max | Min | PRelu | Equal | Less | Greater | LessEqual
-        | GreaterEqual | And | Or => one(elementwise::binary(kind, &ops[0], &ops[1])?),
+        Add | Sub | Mul | Div | Pow | Max | Min | PRelu | Mod | Equal | Less | Greater
+        | LessEqual | GreaterEqual | And | Or => one(elementwise::binary(kind, &ops[0], &ops[1])?),
         Where => one(elementwise::where_(&ops[0], &ops[1], &ops[2])?),
         MatMul => one(contraction::matmul(&ops[0], &ops[1])?),
         Gemm => one(contraction::gemm(&GemmAttrs::of(attrs)?, ops)?),

@@ -244,6 +244,21 @@ pub(super) fn vjp(
                 out[1] = Some(em.neg(g)?);
             }
         }
+        Mod => {
+            // y = a - n·b with n the (piecewise constant) integer quotient: dy/da = 1,
+            // dy/db = -n = -(a - y)/b.
+            let b = op.operands[1];
+            if wants[0] {
+                out[0] = Some(em.unbroadcast(dy, &ty(em, x))?);
+            }
+            if wants[1] {
+                let r = em.sub(x, y)?;
+                let n = em.div(r, b)?;
+                let g = em.mul(dy, n)?;
+                let g = em.unbroadcast(g, &ty(em, b))?;
+                out[1] = Some(em.neg(g)?);
+            }
+        }
         Pow => {
             let b = op.operands[1];
             if wants[0] {

@@ -225,6 +225,8 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         | And | Or | Where => per_y(1.0)?,
         Pow => per_y(T)?,
         PRelu => per_y(2.0)?,
+        // A remainder is a division, a truncation and a multiply-subtract; floored: + fix-up.
+        Mod => per_y(4.0)?,
         // contractions
         MatMul => {
             let a = shape(operand(xs, 0)?)?;

@@ -38,7 +38,7 @@ enum QkOutput {
 }
 
 /// A static dimension, or an error naming what needs it.
-fn known(d: Dim, what: &str) -> R<usize> {
+pub(super) fn known(d: Dim, what: &str) -> R<usize> {
     match d {
         Dim::Known(n) => usize::try_from(n)
             .map_err(|_| Fail::Invalid(format!("{what} {n} does not fit in memory"))),
@@ -47,7 +47,7 @@ fn known(d: Dim, what: &str) -> R<usize> {
 }
 
 /// A reshape target from dimensions: the symbolic batch size becomes -1.
-fn reshape_spec(dims: &[Dim]) -> R<Vec<i64>> {
+pub(super) fn reshape_spec(dims: &[Dim]) -> R<Vec<i64>> {
     let spec: Vec<i64> = dims
         .iter()
         .map(|d| d.known().map_or(-1, |n| n as i64))
@@ -80,24 +80,31 @@ impl Importer<'_> {
         Ok(())
     }
 
-    fn cast_to(&mut self, x: Val, to: DType) -> R<Val> {
+    pub(super) fn cast_to(&mut self, x: Val, to: DType) -> R<Val> {
         if self.ty(&x)?.dtype == to {
             return Ok(x);
         }
         self.op(OpKind::Cast, CastAttrs { to }.to_attrs(), &[x])
     }
 
-    fn reshape_to(&mut self, x: Val, dims: &[Dim]) -> R<Val> {
+    pub(super) fn reshape_to(&mut self, x: Val, dims: &[Dim]) -> R<Val> {
         let shape = reshape_spec(dims)?;
         self.op(OpKind::Reshape, ShapeAttrs { shape }.to_attrs(), &[x])
     }
 
-    fn binop(&mut self, kind: OpKind, x: Val, y: Val) -> R<Val> {
+    pub(super) fn binop(&mut self, kind: OpKind, x: Val, y: Val) -> R<Val> {
         self.op(kind, Attrs::new(), &[x, y])
     }
 
     /// `x[.., start:end:step]` along `axis`.
-    fn slice_axis(&mut self, x: Val, axis: i64, start: i64, end: i64, step: i64) -> R<Val> {
+    pub(super) fn slice_axis(
+        &mut self,
+        x: Val,
+        axis: i64,
+        start: i64,
+        end: i64,
+        step: i64,
+    ) -> R<Val> {
         let attrs = SliceAttrs {
             starts: vec![start],
             ends: vec![end],
