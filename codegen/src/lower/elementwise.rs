@@ -1182,6 +1182,25 @@ impl<'a> Gen<'a> {
     }
 
     /// `cond ? a : b` in type `t`.
+    /// A signed integer divisor `q` made safe for `arith.divsi`/`remsi`: 1 where it is 0
+    /// or -1 (division by zero, or overflow on the minimum), which the caller then fixes up.
+    fn divisor_guard(&mut self, q: &str, d: DType, t: &str) -> DivisorGuard {
+        let z = self.ci(d, 0);
+        let one = self.ci(d, 1);
+        let m1 = self.ci(d, -1);
+        let q0 = self.op(format!("arith.cmpi eq, {q}, {z} : {t}"));
+        let qm1 = self.op(format!("arith.cmpi eq, {q}, {m1} : {t}"));
+        let bad = self.op(format!("arith.ori {q0}, {qm1} : i1"));
+        let safe = self.sel(&bad, &one, q, t);
+        DivisorGuard {
+            z,
+            q0,
+            qm1,
+            bad,
+            safe,
+        }
+    }
+
     fn sel(&mut self, cond: &str, a: &str, b: &str, t: &str) -> String {
         self.op(format!("arith.select {cond}, {a}, {b} : {t}"))
     }
@@ -1744,13 +1763,9 @@ impl<'a> Gen<'a> {
                 Div => {
                     // Truncating; q = 0 → 0 (an interpreter error), q = -1 → wrapping -p.
                     let q = x[1].as_str();
-                    let z = self.ci(d, 0);
-                    let one = self.ci(d, 1);
-                    let m1 = self.ci(d, -1);
-                    let q0 = self.op(format!("arith.cmpi eq, {q}, {z} : {t}"));
-                    let qm1 = self.op(format!("arith.cmpi eq, {q}, {m1} : {t}"));
-                    let bad = self.op(format!("arith.ori {q0}, {qm1} : i1"));
-                    let safe = self.sel(&bad, &one, q, t);
+                    let DivisorGuard {
+                        z, q0, qm1, safe, ..
+                    } = self.divisor_guard(q, d, t);
                     let dv = self.op(format!("arith.divsi {a}, {safe} : {t}"));
                     let n = self.op(format!("arith.subi {z}, {a} : {t}"));
                     let r = self.sel(&qm1, &n, &dv, t);
@@ -1786,13 +1801,7 @@ impl<'a> Gen<'a> {
                 // Truncated remainder; b = 0 → 0 (as the interpreter), b = -1 → 0 (remsi
                 // would overflow on the minimum).
                 let q = x[1].as_str();
-                let z = self.ci(d, 0);
-                let one = self.ci(d, 1);
-                let m1 = self.ci(d, -1);
-                let q0 = self.op(format!("arith.cmpi eq, {q}, {z} : {t}"));
-                let qm1 = self.op(format!("arith.cmpi eq, {q}, {m1} : {t}"));
-                let bad = self.op(format!("arith.ori {q0}, {qm1} : i1"));
-                let safe = self.sel(&bad, &one, q, t);
+                let DivisorGuard { z, bad, safe, .. } = self.divisor_guard(q, d, t);
                 let r = self.op(format!("arith.remsi {a}, {safe} : {t}"));
                 let r = self.sel(&bad, &z, &r, t);
                 if *fmod {
@@ -1810,4 +1819,13 @@ impl<'a> Gen<'a> {
             _ => a.to_string(),
         }
     }
+}
+
+/// [`Gen::divisor_guard`]'s values: zero, `q == 0`, `q == -1`, either, and the divisor to use.
+struct DivisorGuard {
+    z: String,
+    q0: String,
+    qm1: String,
+    bad: String,
+    safe: String,
 }
