@@ -236,12 +236,18 @@ def build_gpt(a):
         x = tf.block(x, f"h.{i}")
 
     x = tf.layer_norm(x, "ln_f")
-    w_head = g.weight("lm_head.weight", (D, V))
+    if a.tie_embeddings:
+        # GPT-2's LM head reads the token embedding (as torch exports it: MatMul by the
+        # transposed table).
+        w_head = g.op("Transpose", [wte], "lm_head/Transpose", perm=[1, 0])
+    else:
+        w_head = g.weight("lm_head.weight", (D, V))
     g.nodes.append(helper.make_node("MatMul", [x, w_head], ["logits"], name="lm_head/MatMul"))
     g.add_output("logits", TensorProto.FLOAT, [BATCH_DIM, T, V])
 
     doc = (f"GPT-style decoder: {a.layers} blocks, d_model {D}, {H} heads, seq {T}, "
-           f"vocab {V}, MLP {a.ff_mult}x with {a.gelu} GELU, causal additive mask.")
+           f"vocab {V}, MLP {a.ff_mult}x with {a.gelu} GELU, causal additive mask"
+           f"{', LM head tied to the token embedding' if a.tie_embeddings else ''}.")
 
     def inputs(n, rng):
         return {"tokens": rng.integers(0, V, size=(n, T), dtype=np.int64)}
@@ -413,6 +419,8 @@ def main():
     gp.add_argument("--seq", type=int, default=128)
     gp.add_argument("--vocab", type=int, default=8192)
     gp.add_argument("--ff-mult", type=int, default=4, help="MLP width = ff-mult * d-model")
+    gp.add_argument("--tie-embeddings", action="store_true",
+                    help="the LM head reads the token embedding table (GPT-2's tied weights)")
     gp.add_argument("--gelu", choices=["tanh", "erf", "op"], default="tanh",
                     help="tanh/erf: GELU built from primitive ops (opset 17); op: the "
                          "Gelu op with approximate=tanh (the model is then opset 20)")

@@ -128,6 +128,22 @@ fn mpi_runs_equal_train() {
     );
 }
 
+/// A GPT whose LM head reads the token embedding, over 4 processes: the first and last
+/// stage each hold the weight and sum its gradient with `MPI_Iallreduce`.
+#[test]
+fn mpi_tied_embedding_equals_train() {
+    let models = tmp("tied-models");
+    let model = pipeline_common::tied_gpt(&models);
+    check_with(
+        &model,
+        &["--batch", "8", "--microbatches", "4"],
+        &["--split", "off"],
+        "4",
+        "1f1b",
+    );
+    let _ = std::fs::remove_dir_all(&models);
+}
+
 /// A plan whose LM head is split in two (the pieces and their weights on any device)
 /// trains like the unsplit model on one device.
 #[test]

@@ -1367,6 +1367,7 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
         program: d.program.is_some(),
         target: d.a.target.name().into(),
         channels: None,
+        collectives: vec![],
         training: None,
         splits: d.splits.to_vec(),
         recompute: Some(d.a.recompute.name().to_string()),
@@ -1390,6 +1391,17 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
             })
             .collect(),
     );
+    out.collectives = split
+        .collectives
+        .iter()
+        .map(|c| doc::Collective {
+            channel: c.channel,
+            param: c.param.clone(),
+            stages: c.stages.clone(),
+            replicas: c.replicas,
+            bytes: c.bytes,
+        })
+        .collect();
     let o = &training.optimizer;
     let info = &training.info;
     // The data the training program reads (per micro-batch types) and how synthetic

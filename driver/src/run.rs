@@ -719,6 +719,10 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
         recv_timeout,
         channel_values: plan.channel_values.clone(),
         fault,
+        collectives: plan.collectives.clone(),
+        replica: 0,
+        replicas: 1,
+        devices: plan.devices,
     };
     let mut driver = match a.transport {
         Transport::Local => Driver::Local(LocalNet::new(plan.devices)),

@@ -44,9 +44,12 @@ use petgraph::algo::kosaraju_scc;
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::Dfs;
 
-use ppir::ops::attrs::CommAttrs;
+use ppir::ops::attrs::{AllReduceAttrs, CommAttrs};
 use ppir::ops::OpAttrs;
-use ppir::{ArgKind, Attr, Function, Module, NewOp, OpId, OpKind, Phase, Use, ValueDef, ValueId};
+use ppir::{
+    ArgKind, Attr, Attrs, Function, Module, NewOp, OpId, OpKind, Phase, Tensor, TensorType, Use,
+    ValueDef, ValueId,
+};
 
 use crate::registry::PassOptions;
 use crate::{Pass, PassError};
@@ -68,6 +71,9 @@ pub struct SplitOptions {
     pub grad: String,
     /// The optimizer function (default `optim`; skipped when the module has none).
     pub optim: String,
+    /// The pipeline is replicated for data parallelism: every weight gradient is summed
+    /// over the replicas (an `all_reduce` with `replicas` before each update).
+    pub replicas: bool,
 }
 
 impl Default for SplitOptions {
@@ -75,8 +81,22 @@ impl Default for SplitOptions {
         SplitOptions {
             grad: "grad".into(),
             optim: "optim".into(),
+            replicas: false,
         }
     }
+}
+
+/// One `all_reduce` of a weight gradient: every stage in `stages` (and with `replicas`,
+/// that stage in every replica) runs it with `channel` in its `optim`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collective {
+    pub channel: i64,
+    /// The parameter whose gradient (`grad.<param>`) is summed.
+    pub param: String,
+    /// The stages that hold the parameter (more than one: a weight shared across stages).
+    pub stages: Vec<u32>,
+    pub replicas: bool,
+    pub bytes: u64,
 }
 
 /// One `send`/`recv` pair.
@@ -113,6 +133,8 @@ pub struct SplitInfo {
     pub channels: Vec<Channel>,
     /// Forward stage edges (producer, consumer), sorted.
     pub edges: Vec<(u32, u32)>,
+    /// The gradient all-reduces, by channel.
+    pub collectives: Vec<Collective>,
 }
 
 fn fail(message: impl Into<String>) -> PassError {
@@ -164,15 +186,8 @@ pub fn assign_stages(g: &Function) -> Result<(Vec<u32>, BTreeMap<String, u32>), 
                 }
             }
         }
-        if stages.len() > 1 {
-            let list: Vec<String> = stages.iter().map(|s| s.to_string()).collect();
-            return Err(fail(format!(
-                "{} %{} is read on stages {}; a parameter must live on one stage (tied weights across stages are not supported: put its users on one stage)",
-                kind.name(),
-                g.value(v).name,
-                list.join(" and ")
-            )));
-        }
+        // A weight read on several stages (tied) is owned by the first of them; the
+        // others hold copies (see `tied_params`).
         if let Some(&s) = stages.iter().next() {
             owner.insert(v, s);
         }
@@ -241,6 +256,104 @@ pub fn assign_stages(g: &Function) -> Result<(Vec<u32>, BTreeMap<String, u32>), 
 pub fn is_source_op(f: &Function, op: OpId) -> bool {
     let d = f.op(op);
     d.operands().is_empty() && d.results().len() == 1 && !d.kind.has_side_effect()
+}
+
+/// A param or state read on several stages: each of them holds a copy, computes its part
+/// of the gradient, and the parts are summed by an `all_reduce` before the update (which
+/// every holder then computes alike).
+#[derive(Clone, Debug)]
+struct Tied {
+    param: String,
+    /// The stages that read it, ascending.
+    stages: Vec<u32>,
+    /// `@grad`'s `grad.<param>` result, when the param is trained.
+    root: Option<ValueId>,
+    /// The gradient contributions the sum at `root` adds up, in order.
+    leaves: Vec<ValueId>,
+}
+
+/// The params and states of `g` read on more than one stage, with the sum tree of their
+/// gradient: `root` = `grad.<p>`, its internal nodes are `add`s of values of the root's
+/// type used only there (autodiff's sum of contributions), collected into `internal`.
+fn tied_params(
+    g: &Function,
+    stage_of: &[u32],
+    internal: &mut HashSet<OpId>,
+) -> Result<Vec<Tied>, PassError> {
+    let mut out = vec![];
+    for &(v, kind) in g.args() {
+        if kind == ArgKind::Input {
+            continue;
+        }
+        let stages: BTreeSet<u32> = g
+            .users(v)
+            .iter()
+            .filter_map(|u| match u {
+                Use::Operand(op, _) => Some(stage_of[op.index()]),
+                Use::Return(_) => None,
+            })
+            .collect();
+        if stages.len() < 2 {
+            continue;
+        }
+        let name = g.value(v).name.clone();
+        if kind == ArgKind::State {
+            let list: Vec<String> = stages.iter().map(|s| s.to_string()).collect();
+            return Err(fail(format!(
+                "state %{name} is read on stages {}: a state (running statistics) must live on one stage; pin cuts with --stage-layout so that its users share a stage",
+                list.join(" and ")
+            )));
+        }
+        let root = g
+            .results()
+            .iter()
+            .copied()
+            .find(|&r| g.value(r).name.strip_prefix("grad.") == Some(name.as_str()));
+        let mut leaves = vec![];
+        if let Some(root) = root {
+            let ty = g.ty(root).clone();
+            let mut stack = vec![root];
+            while let Some(x) = stack.pop() {
+                let expand = match g.value(x).def {
+                    ValueDef::Op(q, _)
+                        if g.op(q).kind == OpKind::Add
+                            && (x == root || g.users(x).len() == 1)
+                            && g.op(q).operands().iter().all(|&o| *g.ty(o) == ty) =>
+                    {
+                        Some(q)
+                    }
+                    _ => None,
+                };
+                match expand {
+                    Some(q) => {
+                        internal.insert(q);
+                        // Right operand pushed first: leaves come out left to right.
+                        stack.extend(g.op(q).operands().iter().rev().copied());
+                    }
+                    None => leaves.push(x),
+                }
+            }
+            for &l in &leaves {
+                let ValueDef::Op(q, _) = g.value(l).def else {
+                    continue;
+                };
+                let sq = stage_of[q.index()];
+                if !stages.contains(&sq) {
+                    return Err(fail(format!(
+                        "a gradient contribution to the shared weight %{name} (%{}) is computed on stage {sq}, which does not read it",
+                        g.value(l).name
+                    )));
+                }
+            }
+        }
+        out.push(Tied {
+            param: name,
+            stages: stages.into_iter().collect(),
+            root,
+            leaves,
+        });
+    }
+    Ok(out)
 }
 
 /// Builds the per-stage functions.
@@ -370,9 +483,17 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
         )));
     }
 
+    // Weights shared across stages: the `add`s summing their gradient are rebuilt per
+    // stage below.
+    let mut internal: HashSet<OpId> = HashSet::new();
+    let tied = tied_params(&g, &stage_of, &mut internal)?;
+
     // Stages other than the producer's that read each value.
     let mut consumers: HashMap<ValueId, BTreeSet<u32>> = HashMap::new();
     for &op in g.ops() {
+        if internal.contains(&op) {
+            continue;
+        }
         let s = stage_of[op.index()];
         for &v in g.op(op).operands() {
             if let ValueDef::Op(q, _) = g.value(v).def {
@@ -406,6 +527,9 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
     };
 
     for &op in g.ops() {
+        if internal.contains(&op) {
+            continue;
+        }
         let s = b.stage_of[op.index()];
         let ph = phase_index(&g, op)?;
         let data = g.op(op);
@@ -463,8 +587,86 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
         }
     }
 
+    // A shared weight's gradient: each holder sums its own contributions in `bwd_weight`
+    // (zeros when it has none) and returns the sum as `grad.<p>`.
+    let roots: HashSet<ValueId> = tied.iter().filter_map(|t| t.root).collect();
+    for t in &tied {
+        let Some(root) = t.root else { continue };
+        let ty = g.ty(root).clone();
+        let gname = format!("grad.{}", t.param);
+        for &s in &t.stages {
+            let si = s as usize;
+            let mine: Vec<ValueId> = t
+                .leaves
+                .iter()
+                .copied()
+                .filter(|&l| match g.value(l).def {
+                    ValueDef::Op(q, _) => b.stage_of[q.index()] == s,
+                    ValueDef::Arg(_) => false,
+                })
+                .collect();
+            let mut locals = vec![];
+            for &l in &mine {
+                locals.push(b.get(l, s, 2)?);
+            }
+            let f = &mut b.funcs[si][2];
+            let sum = match locals.as_slice() {
+                [] => {
+                    let zero = Tensor::scalar_f64(ty.dtype, 0.0);
+                    let c = f.push(
+                        NewOp::new(
+                            OpKind::Constant,
+                            vec![],
+                            vec![TensorType::of(ty.dtype, &[])],
+                        )
+                        .attrs(Attrs::new().with("value", Attr::Tensor(zero)))
+                        .names(vec![format!("{gname}.zero")])
+                        .phase(Phase::BwdWeight),
+                    );
+                    let dims = ty
+                        .static_shape()
+                        .ok_or_else(|| fail(format!("%{gname} has no static shape")))?;
+                    f.push(
+                        NewOp::new(OpKind::Expand, vec![c], vec![ty.clone()])
+                            .attrs(Attrs::new().with(
+                                "shape",
+                                Attr::Ints(dims.iter().map(|&d| d as i64).collect()),
+                            ))
+                            .names(vec![gname.clone()])
+                            .phase(Phase::BwdWeight),
+                    )
+                }
+                [one] => f.push(
+                    NewOp::new(OpKind::Identity, vec![*one], vec![ty.clone()])
+                        .names(vec![gname.clone()])
+                        .phase(Phase::BwdWeight),
+                ),
+                [first, rest @ ..] => {
+                    let mut acc = *first;
+                    for (i, &x) in rest.iter().enumerate() {
+                        let name = if i + 1 == rest.len() {
+                            gname.clone()
+                        } else {
+                            format!("{gname}.part{}", i + 1)
+                        };
+                        acc = f.push(
+                            NewOp::new(OpKind::Add, vec![acc, x], vec![ty.clone()])
+                                .names(vec![name])
+                                .phase(Phase::BwdWeight),
+                        );
+                    }
+                    acc
+                }
+            };
+            b.named[si][2].push(sum);
+        }
+    }
+
     // `@grad`'s results go to the function that computes them.
     for &r in g.results() {
+        if roots.contains(&r) {
+            continue;
+        }
         let ValueDef::Op(q, _) = g.value(r).def else {
             return Err(fail(format!(
                 "@{} returns its argument %{}; nothing computes it",
@@ -517,7 +719,9 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
             optim: None,
             params: owners
                 .iter()
-                .filter(|(_, &o)| o == s)
+                .filter(|(n, &o)| {
+                    o == s || tied.iter().any(|t| &t.param == *n && t.stages.contains(&s))
+                })
                 .map(|(n, _)| n.clone())
                 .collect(),
         })
@@ -533,9 +737,18 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
         st.params.sort_by_key(|p| order.get(p.as_str()).copied());
     }
 
+    // The stages holding each param: its owner, or every reader of a shared one.
+    let mut holders: BTreeMap<String, Vec<u32>> =
+        owners.iter().map(|(n, &o)| (n.clone(), vec![o])).collect();
+    for t in &tied {
+        holders.insert(t.param.clone(), t.stages.clone());
+    }
+    let mut collectives = vec![];
     let optim_funcs = match m.function(&opts.optim) {
         Some(o) => {
-            let fs = split_optimizer(o, &owners, num_stages)?;
+            let mut fs = split_optimizer(o, &holders, num_stages)?;
+            collectives =
+                insert_all_reduces(&mut fs, &holders, b.channels.len() as i64, opts.replicas)?;
             for (st, f) in stages.iter_mut().zip(&fs) {
                 st.optim = Some(f.name.clone());
             }
@@ -561,7 +774,73 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
         stages,
         channels,
         edges: edges.into_iter().collect(),
+        collectives,
     })
+}
+
+/// In each stage's optimizer function, sum `grad.<p>` over its holders (a shared weight)
+/// and, with `replicas`, over the data-parallel replicas: an `all_reduce` right after the
+/// argument, which every use then reads. Channels are numbered from `first_channel` in
+/// parameter order, the same on every holder.
+fn insert_all_reduces(
+    fs: &mut [Function],
+    holders: &BTreeMap<String, Vec<u32>>,
+    first_channel: i64,
+    replicas: bool,
+) -> Result<Vec<Collective>, PassError> {
+    let mut channel_of: BTreeMap<String, i64> = BTreeMap::new();
+    let mut collectives: Vec<Collective> = vec![];
+    // Parameters in a fixed order (the first function that takes each gradient).
+    for f in fs.iter() {
+        for &(v, _) in f.args() {
+            let Some(p) = f.value(v).name.strip_prefix("grad.") else {
+                continue;
+            };
+            let Some(stages) = holders.get(p) else {
+                continue;
+            };
+            if (stages.len() > 1 || replicas) && !channel_of.contains_key(p) {
+                let channel = first_channel + channel_of.len() as i64;
+                channel_of.insert(p.to_string(), channel);
+                collectives.push(Collective {
+                    channel,
+                    param: p.to_string(),
+                    stages: stages.clone(),
+                    replicas,
+                    bytes: f.ty(v).size_bytes().unwrap_or(0),
+                });
+            }
+        }
+    }
+    for f in fs.iter_mut() {
+        let args: Vec<ValueId> = f.args().iter().map(|&(v, _)| v).collect();
+        for v in args {
+            let name = f.value(v).name.clone();
+            let Some(p) = name.strip_prefix("grad.") else {
+                continue;
+            };
+            let (Some(&channel), Some(stages)) = (channel_of.get(p), holders.get(p)) else {
+                continue;
+            };
+            let attrs = AllReduceAttrs {
+                channel,
+                stages: stages.iter().map(|&s| s as i64).collect(),
+                replicas,
+            };
+            let new = NewOp::new(OpKind::AllReduce, vec![v], vec![f.ty(v).clone()])
+                .attrs(attrs.to_attrs())
+                .names(vec![format!("{name}.sum")])
+                .phase(Phase::Optim);
+            let op = match f.ops().first() {
+                Some(&first) => f.insert_op_before(first, new),
+                None => f.push_op(new),
+            };
+            let sum = f.op(op).results()[0];
+            f.replace_all_uses(v, sum);
+            f.set_operand(op, 0, v);
+        }
+    }
+    Ok(collectives)
 }
 
 /// `reach[a][b]`: a path of forward edges leads from stage a to stage b (a ≠ b); an error if
@@ -596,29 +875,28 @@ fn reachability(n: usize, edges: &BTreeSet<(u32, u32)>) -> Result<Vec<Vec<bool>>
 /// Split the optimizer function by param ownership.
 fn split_optimizer(
     o: &Function,
-    owners: &BTreeMap<String, u32>,
+    holders: &BTreeMap<String, Vec<u32>>,
     num_stages: u32,
 ) -> Result<Vec<Function>, PassError> {
-    // The stages an argument belongs to: a param/state of @grad, or `grad.<p>`.
-    let arg_owner = |name: &str| -> Option<u32> {
-        owners
+    // The stages holding an argument: a param/state of @grad, or `grad.<p>`.
+    let arg_holders = |name: &str| -> Option<&Vec<u32>> {
+        holders
             .get(name)
-            .or_else(|| name.strip_prefix("grad.").and_then(|p| owners.get(p)))
-            .copied()
+            .or_else(|| name.strip_prefix("grad.").and_then(|p| holders.get(p)))
     };
-    // Per value: the owners of the arguments it depends on.
-    let mut deps: HashMap<ValueId, BTreeSet<u32>> = HashMap::new();
+    // Per value: the holder sets of the arguments it depends on.
+    let mut deps: HashMap<ValueId, BTreeSet<Vec<u32>>> = HashMap::new();
     for &(v, _) in o.args() {
         let mut set = BTreeSet::new();
-        if let Some(s) = arg_owner(&o.value(v).name) {
-            set.insert(s);
+        if let Some(s) = arg_holders(&o.value(v).name) {
+            set.insert(s.clone());
         }
         deps.insert(v, set);
     }
     for &op in o.ops() {
         let mut set = BTreeSet::new();
         for v in o.op(op).operands() {
-            set.extend(deps[v].iter().copied());
+            set.extend(deps[v].iter().cloned());
         }
         for &r in o.op(op).results() {
             deps.insert(r, set.clone());
@@ -627,9 +905,17 @@ fn split_optimizer(
     // Each result: the stages that compute it (every stage if it depends on no param).
     let mut result_stages: Vec<BTreeSet<u32>> = vec![];
     for &r in o.results() {
-        let mut s = deps[&r].clone();
-        if s.len() > 1 {
-            let names: Vec<String> = s.iter().map(|x| x.to_string()).collect();
+        let groups = &deps[&r];
+        if groups.len() > 1 {
+            let names: Vec<String> = groups
+                .iter()
+                .map(|g| {
+                    g.iter()
+                        .map(|x| x.to_string())
+                        .collect::<Vec<_>>()
+                        .join("+")
+                })
+                .collect();
             return Err(fail(format!(
                 "@{}: result %{} depends on parameters of stages {}",
                 o.name,
@@ -637,9 +923,10 @@ fn split_optimizer(
                 names.join(" and ")
             )));
         }
-        if s.is_empty() {
-            s = (0..num_stages).collect();
-        }
+        let s: BTreeSet<u32> = match groups.iter().next() {
+            Some(g) => g.iter().copied().collect(),
+            None => (0..num_stages).collect(),
+        };
         result_stages.push(s);
     }
     let mut out = vec![];
@@ -715,8 +1002,19 @@ pub struct InsertSendRecv {
 
 impl InsertSendRecv {
     pub fn from_options(o: &PassOptions) -> Result<Self, PassError> {
-        o.expect_only(PASS, &["grad", "optim"])?;
+        o.expect_only(PASS, &["grad", "optim", "replicas"])?;
         let mut options = SplitOptions::default();
+        if let Some(r) = o.get("replicas") {
+            options.replicas = match r {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                other => {
+                    return Err(fail(format!(
+                        "option `replicas` is 0 or 1 (sum gradients over data-parallel replicas), got `{other}`"
+                    )))
+                }
+            };
+        }
         if let Some(g) = o.get("grad") {
             options.grad = g.to_string();
         }

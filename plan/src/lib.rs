@@ -83,6 +83,10 @@ pub struct Plan {
     /// Every send/recv pair (with a program).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channels: Option<Vec<Channel>>,
+    /// The weight-gradient all-reduces of the stages' `optim` functions (a weight shared
+    /// across stages, data-parallel replicas), by channel.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collectives: Vec<Collective>,
     /// The training program's data, loss and optimizer (with a program).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training: Option<Training>,
@@ -356,6 +360,18 @@ pub struct Channel {
 }
 
 /// `training`.
+/// One entry of `collectives`: stage `s` of `stages` sums `grad.<param>` with an
+/// `all_reduce` on `channel` (with `replicas`, in every data-parallel replica too).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Collective {
+    pub channel: i64,
+    pub param: String,
+    pub stages: Vec<u32>,
+    pub replicas: bool,
+    pub bytes: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Training {

@@ -96,6 +96,13 @@ pub(crate) fn sample() -> Plan {
             phase: "fwd".into(),
             bytes: 64,
         }]),
+        collectives: vec![Collective {
+            channel: 1,
+            param: "w".into(),
+            stages: vec![0, 1],
+            replicas: false,
+            bytes: 64,
+        }],
         training: Some(Training {
             loss: "mse".into(),
             train_mode: true,

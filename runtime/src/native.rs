@@ -97,6 +97,8 @@ pub enum CallbackError {
     DynamicRecv { peer: i64, channel: i64 },
     #[error("the function {}, but no transport was given", if *.sending { "sends" } else { "receives" })]
     NoTransport { sending: bool },
+    #[error("no all_reduce op on channel {channel}")]
+    NoAllReduce { channel: i64 },
     #[error("panic in a send/recv callback")]
     Panic,
 }
@@ -104,6 +106,7 @@ pub enum CallbackError {
 type Entry = unsafe extern "C" fn(*mut Ctx, *const *mut c_void);
 type SigFn = unsafe extern "C" fn() -> *const std::ffi::c_char;
 type Callback = extern "C" fn(*mut Ctx, i64, i64, *mut u8) -> i32;
+type ReduceCallback = extern "C" fn(*mut Ctx, i64, *mut u8, *mut u8) -> i32;
 
 /// The static type of one argument or result.
 #[derive(Clone, Debug, PartialEq)]
@@ -138,6 +141,8 @@ struct NativeFn {
     /// (peer, channel) of each send/recv op → the type moved.
     sends: HashMap<(i64, i64), Static>,
     recvs: HashMap<(i64, i64), TensorType>,
+    /// channel of each all_reduce op → its attributes and the type summed.
+    reductions: HashMap<i64, (ppir::ops::attrs::AllReduceAttrs, Static)>,
 }
 
 /// A loaded `module.so` and the functions of the IR module it was compiled from.
@@ -426,6 +431,7 @@ impl NativeModule {
         let mut ctx = Ctx {
             send: send_cb,
             recv: recv_cb,
+            all_reduce: all_reduce_cb,
             state: &mut state as *mut CallState as *mut c_void,
         };
         // SAFETY: the entry was compiled for exactly these descriptors (checked at load
@@ -623,6 +629,7 @@ fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, 
     }
     let mut sends = HashMap::new();
     let mut recvs = HashMap::new();
+    let mut reductions = HashMap::new();
     for &id in f.ops() {
         let op = f.op(id);
         let key = |op: &ppir::OpData| -> Option<(i64, i64)> {
@@ -640,6 +647,12 @@ fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, 
                     recvs.insert(k, f.ty(op.results()[0]).clone());
                 }
             }
+            OpKind::AllReduce => {
+                let a = ppir::ops::attrs::AllReduceAttrs::of(&op.attrs).ok();
+                if let (Some(a), Some(s)) = (a, Static::of(f.ty(op.operands()[0]))) {
+                    reductions.insert(a.channel, (a, s));
+                }
+            }
             _ => {}
         }
     }
@@ -649,6 +662,7 @@ fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, 
         outputs,
         sends,
         recvs,
+        reductions,
     })
 }
 
@@ -658,6 +672,7 @@ fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, 
 pub struct Ctx {
     send: Callback,
     recv: Callback,
+    all_reduce: ReduceCallback,
     state: *mut c_void,
 }
 
@@ -729,6 +744,35 @@ extern "C" fn recv_cb(ctx: *mut Ctx, peer: i64, channel: i64, data: *mut u8) -> 
         let b = Buffer::from_tensor(&t);
         // SAFETY: `data` is a fresh buffer of `want`'s size in bytes.
         unsafe { std::ptr::copy_nonoverlapping(b.bytes().as_ptr(), data, b.len_bytes()) };
+        Ok(())
+    })
+}
+
+extern "C" fn all_reduce_cb(ctx: *mut Ctx, channel: i64, data: *mut u8, out: *mut u8) -> i32 {
+    with_state(ctx, |s| {
+        let (a, ty) =
+            s.f.reductions
+                .get(&channel)
+                .ok_or(CallbackError::NoAllReduce { channel })?;
+        let comm = s
+            .comm
+            .as_deref_mut()
+            .ok_or(CallbackError::NoTransport { sending: true })?;
+        // SAFETY: `data` is the dense buffer of the op's operand, of type `ty`.
+        let t = unsafe { Buffer::read_raw(data, ty) };
+        let r = comm.all_reduce(a, t)?;
+        if r.dtype != ty.dtype || r.shape != ty.shape {
+            return Err(CommError::Mismatch {
+                peer: a.stages.first().map_or(0, |&s| s as u32),
+                channel,
+                got: format!("{}{:?}", r.dtype.name(), r.shape),
+                expected: ty.text(),
+            }
+            .into());
+        }
+        let b = Buffer::from_tensor(&r);
+        // SAFETY: `out` is a fresh buffer of `ty`'s size in bytes.
+        unsafe { std::ptr::copy_nonoverlapping(b.bytes().as_ptr(), out, b.len_bytes()) };
         Ok(())
     })
 }

@@ -167,3 +167,41 @@ pub fn losses(stdout: &str) -> Vec<f64> {
         })
         .collect()
 }
+
+/// The test venv's Python (`PPCC_PYTHON`, else `.venv/bin/python`).
+pub fn python() -> String {
+    std::env::var("PPCC_PYTHON")
+        .unwrap_or_else(|_| repo().join(".venv/bin/python").display().to_string())
+}
+
+/// A 2-layer GPT (d 32, vocabulary 64, 8 tokens) with its LM head tied to `wte.weight`,
+/// written by `bench/gen_models.py` into `dir`.
+pub fn tied_gpt(dir: &Path) -> String {
+    let mut c = Command::new(python());
+    c.args([
+        "bench/gen_models.py",
+        "--out",
+        dir.to_str().unwrap(),
+        "--only",
+        "gpt",
+        "--layers",
+        "2",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+        "--seq",
+        "8",
+        "--vocab",
+        "64",
+        "--tie-embeddings",
+        "--no-check",
+    ]);
+    let out = output(c);
+    assert!(
+        out.ok,
+        "gen_models.py failed:\n{}{}",
+        out.stdout, out.stderr
+    );
+    dir.join("gpt24.onnx").display().to_string()
+}

@@ -6,6 +6,10 @@
 //! - `recv`: a fresh `memref.alloc` is filled by `ctx->recv(ctx, peer, channel, data)` and
 //!   becomes a tensor with `bufferization.to_tensor ... restrict`.
 //!
+//! - `all_reduce x`: `ctx->all_reduce(ctx, channel, x_data, out_data)` fills a fresh buffer
+//!   with the sum over the op's participants (the runtime computes it; see
+//!   `ppcc_runtime::pipeline`).
+//!
 //! The callbacks return a status the generated code ignores: the runtime records the first
 //! failure in its context, turns later calls into no-ops, and reports the failure when the
 //! entry returns.
@@ -58,6 +62,30 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
             Ok(vec![t])
         }
     }
+}
+
+/// `all_reduce`: the operand's buffer and a fresh result buffer through callback 2.
+pub fn lower_all_reduce(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let a: ppir::ops::attrs::AllReduceAttrs = op.attrs()?;
+    let (shape, d) = (op.out_shapes[0].clone(), op.out_dtypes[0]);
+    let tty = tensor_type(&shape, d);
+    let mty = memref_type(&shape, d);
+    let c = e.op(format!("arith.constant {} : i64", a.channel));
+    let x = e.name(op.op.operands()[0]);
+    let xm = e.op(format!(
+        "bufferization.to_buffer {x} read_only : {tty} to {mty}"
+    ));
+    let xp = data_pointer_simple(e, &xm, &mty);
+    let m = e.op(format!("memref.alloc() {{alignment = 64 : i64}} : {mty}"));
+    let out = data_pointer_simple(e, &m, &mty);
+    let f = callback(e, 2);
+    e.op(format!(
+        "llvm.call {f}(%ctx, {c}, {xp}, {out}) : !llvm.ptr, (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> i32"
+    ));
+    let t = e.op(format!(
+        "bufferization.to_tensor {m} restrict writable : {mty} to {tty}"
+    ));
+    Ok(vec![t])
 }
 
 /// `!llvm.ptr` to the first element of an identity-layout memref (whose offset is 0 by

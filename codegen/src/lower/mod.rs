@@ -24,7 +24,7 @@
 //! is [`ppir::abi::mangle`]d: `stage0.fwd` → `stage0_2efwd`) taking one
 //! pointer per input then per output, each to a ranked memref descriptor
 //! `{T *allocated, T *aligned, i64 offset, i64 sizes[r], i64 strides[r]}` of a dense
-//! row-major buffer. `ctx` points at [`CTX_LAYOUT`]: the runtime's send and receive
+//! row-major buffer. `ctx` points at [`CTX_LAYOUT`]: the runtime's send, receive and all-reduce
 //! callbacks (see [`comm`]).
 
 use std::fmt::Write as _;
@@ -47,7 +47,7 @@ pub mod reduce;
 ///           int32_t (*recv)(void *ctx, int64_t peer, int64_t channel, void *data); }`
 /// followed by whatever the runtime keeps there. `data` is the first element of a dense
 /// row-major buffer of the op's type.
-pub const CTX_LAYOUT: &str = "!llvm.struct<(ptr, ptr)>";
+pub const CTX_LAYOUT: &str = "!llvm.struct<(ptr, ptr, ptr)>";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LowerError {
@@ -820,7 +820,7 @@ fn outline(kind: OpKind) -> bool {
     use OpKind::*;
     !matches!(
         kind,
-        Send | Recv | Constant | Reshape | Flatten | Squeeze | Unsqueeze | Identity
+        Send | Recv | AllReduce | Constant | Reshape | Flatten | Squeeze | Unsqueeze | Identity
     )
 }
 
@@ -949,6 +949,7 @@ fn lower_op(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     use OpKind::*;
     match op.kind {
         Send | Recv => comm::lower(e, op),
+        AllReduce => comm::lower_all_reduce(e, op),
         MatMul | Gemm | Conv | ConvTranspose | ConvGradWeight => contraction::lower(e, op),
         MaxPool | AvgPool | GlobalAvgPool | GlobalMaxPool | MaxPoolGrad | AvgPoolGrad => {
             pool::lower(e, op)

@@ -81,6 +81,20 @@ pub trait Comm {
     fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError>;
     /// Receive a tensor of type `ty` (its `?` dimensions are whatever the sender sent).
     fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, CommError>;
+    /// The sum of `t` over the participants of an `all_reduce` op (see
+    /// [`AllReduceAttrs`]). The default: a communicator without collectives.
+    fn all_reduce(&mut self, op: &AllReduceAttrs, t: Tensor) -> Result<Tensor, CommError> {
+        let _ = t;
+        Err(CommError::Transport {
+            peer: op
+                .stages
+                .first()
+                .and_then(|&s| u32::try_from(s).ok())
+                .unwrap_or(0),
+            channel: op.channel,
+            message: "this communicator runs no collectives (all_reduce)".into(),
+        })
+    }
 }
 
 /// Why a [`Comm`] could not send or receive. `peer` is the stage at the other end.
@@ -175,7 +189,7 @@ pub enum InterpError {
     #[error(
         "{}: {} stage {peer} on channel {channel} failed: {source}",
         describe_op(*kind, value.as_deref(), loc.as_deref()),
-        if *kind == OpKind::Send { "send to" } else { "recv from" }
+        match kind { OpKind::Send => "send to", OpKind::AllReduce => "all-reduce with", _ => "recv from" }
     )]
     Comm {
         kind: OpKind,
@@ -450,7 +464,9 @@ fn compute(
             one(grad::gather_grad(&a, inputs[0], inputs[1])?)
         }
         SliceGrad => one(grad::slice_grad(&SliceGradAttrs::of(attrs)?, inputs[0])?),
-        Send | Recv => fail!("needs a communicator: run it with run_function and a Comm"),
+        Send | Recv | AllReduce => {
+            fail!("needs a communicator: run it with run_function and a Comm")
+        }
     }
 }
 
@@ -570,6 +586,35 @@ pub fn run_function_stats(
                 }
             }
             match op.kind.class() {
+                OpClass::Comm if op.kind == OpKind::AllReduce => {
+                    let a = AllReduceAttrs::of(&op.attrs).map_err(|e| op_error(e.to_string()))?;
+                    let peer = a
+                        .stages
+                        .first()
+                        .and_then(|&s| u32::try_from(s).ok())
+                        .unwrap_or(0);
+                    let Some(comm) = comm.as_deref_mut() else {
+                        return Err(op_error(
+                            "needs a communicator, and run_function got none".into(),
+                        ));
+                    };
+                    if inputs.len() != 1 || result_types.len() != 1 {
+                        return Err(op_error(
+                            "all_reduce takes one operand and has one result".into(),
+                        ));
+                    }
+                    let t = comm
+                        .all_reduce(&a, inputs[0].clone())
+                        .map_err(|e| comm_error(peer, a.channel, e))?;
+                    if !fits(&t, &result_types[0]) {
+                        return Err(op_error(format!(
+                            "the all-reduce gave {}, but the op declares {}",
+                            misfit(&t),
+                            result_types[0]
+                        )));
+                    }
+                    vec![t]
+                }
                 OpClass::Comm => {
                     let (peer, channel) =
                         peer_channel(&op.attrs).map_err(|OpFail(m)| op_error(m))?;

@@ -407,6 +407,11 @@ attr_sets! {
     }
     /// `send` and `recv`: the peer stage and the channel that pairs them.
     CommAttrs { peer: Int [required], channel: Int [required] }
+    /// `all_reduce`: the sum of the operand over a group of participants, all of which
+    /// run an `all_reduce` with the same `channel`: the virtual stages `stages` of one
+    /// pipeline (a weight read on several stages), and with `replicas` those stages in
+    /// every data-parallel replica of the pipeline.
+    AllReduceAttrs { channel: Int [required], stages: Ints [required], replicas: Bool [= false] }
 }
 
 impl ConstantAttrs {

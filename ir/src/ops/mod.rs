@@ -241,6 +241,7 @@ define_ops! {
     // ---- communication between pipeline stages ----
     Send = "send", Comm, Exact(1), CommAttrs, None;
     Recv = "recv", Comm, Exact(0), CommAttrs, None;
+    AllReduce = "all_reduce", Comm, Exact(1), AllReduceAttrs, None;
 }
 
 /// How autodiff treats an op kind.

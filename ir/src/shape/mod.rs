@@ -170,6 +170,7 @@ fn infer_rule(
         GatherGrad => one(grad::gather_grad(&GatherGradAttrs::of(attrs)?, ops)?),
         SliceGrad => one(grad::slice_grad(&SliceGradAttrs::of(attrs)?, &ops[0])?),
         Send => Ok(vec![]),
+        AllReduce => one(ops[0].clone()),
         Recv => {
             bail!("the type of a recv is given by its result annotation; it cannot be inferred")
         }

@@ -16,6 +16,9 @@ struct Link {
 pub(super) fn pair(m: &Module, endpoints: &[Endpoint], sink: &mut Sink) {
     let mut links: BTreeMap<(i64, i64, i64), Link> = BTreeMap::new();
     for (i, e) in endpoints.iter().enumerate() {
+        if e.collective.is_some() {
+            continue;
+        }
         let link = links.entry((e.from, e.to, e.channel)).or_default();
         if e.is_send {
             link.sends.push(i);
@@ -30,6 +33,9 @@ pub(super) fn pair(m: &Module, endpoints: &[Endpoint], sink: &mut Sink) {
         format!("@{}: {}", f.name, describe_op(f, e.op))
     };
     for (i, e) in endpoints.iter().enumerate() {
+        if e.collective.is_some() {
+            continue;
+        }
         let f = &m.functions[e.fi];
         let link = &links[&(e.from, e.to, e.channel)];
         let (from, to, c) = (e.from, e.to, e.channel);
@@ -66,6 +72,79 @@ pub(super) fn pair(m: &Module, endpoints: &[Endpoint], sink: &mut Sink) {
                     "unmatched recv: no send from stage {from} to stage {to} on channel {c}"
                 );
                 report(VerifyErrorKind::UnmatchedRecv, msg);
+            }
+        }
+    }
+}
+
+/// `all_reduce` ops of one channel agree on their participants and type, and each stage of
+/// the module that they list runs exactly one of them (a module of one stage's functions
+/// names the others without holding them).
+pub(super) fn reductions(m: &Module, endpoints: &[Endpoint], sink: &mut Sink) {
+    let mut by_channel: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for (i, e) in endpoints.iter().enumerate() {
+        if e.collective.is_some() {
+            by_channel.entry(e.channel).or_default().push(i);
+        }
+    }
+    let module_stages: std::collections::BTreeSet<i64> = m
+        .functions
+        .iter()
+        .filter_map(|f| f.attrs.int("stage").ok().flatten())
+        .collect();
+    let name = |i: usize| {
+        let e = &endpoints[i];
+        let f = &m.functions[e.fi];
+        format!("@{}: {}", f.name, describe_op(f, e.op))
+    };
+    for (c, list) in by_channel {
+        let first = list[0];
+        let (stages, replicas) = endpoints[first].collective.clone().unwrap_or_default();
+        let mut seen: BTreeMap<i64, usize> = BTreeMap::new();
+        for &i in &list {
+            let e = &endpoints[i];
+            let f = &m.functions[e.fi];
+            let mut report =
+                |kind: VerifyErrorKind, msg: String| sink.op(e.fi, e.pos, f, e.op, kind, msg);
+            if i != first {
+                let (s, r) = e.collective.clone().unwrap_or_default();
+                if s != stages || r != replicas || e.ty != endpoints[first].ty {
+                    report(
+                        VerifyErrorKind::CollectiveMismatch,
+                        format!(
+                            "all_reduce on channel {c} differs from {} (stages, replicas or type)",
+                            name(first)
+                        ),
+                    );
+                }
+            }
+            if let Some(&other) = seen.get(&e.from) {
+                report(
+                    VerifyErrorKind::UnmatchedCollective,
+                    format!(
+                        "a second all_reduce on channel {c} on stage {}; the first is {}",
+                        e.from,
+                        name(other)
+                    ),
+                );
+            } else {
+                seen.insert(e.from, i);
+            }
+        }
+        for s in stages.iter().filter(|s| module_stages.contains(s)) {
+            if !seen.contains_key(s) {
+                let e = &endpoints[first];
+                let f = &m.functions[e.fi];
+                sink.op(
+                    e.fi,
+                    e.pos,
+                    f,
+                    e.op,
+                    VerifyErrorKind::UnmatchedCollective,
+                    format!(
+                        "all_reduce on channel {c} lists stage {s}, which runs no all_reduce on it"
+                    ),
+                );
             }
         }
     }

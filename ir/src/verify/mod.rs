@@ -82,6 +82,12 @@ pub enum VerifyErrorKind {
     DuplicateRecv,
     /// A recv's result type differs from its send's operand type.
     CommTypeMismatch,
+    /// An `all_reduce` whose stage is not among its `stages`, or that disagrees (stages,
+    /// replicas, type) with another `all_reduce` of its channel.
+    CollectiveMismatch,
+    /// A stage listed by an `all_reduce` (and present in the module) runs no `all_reduce`
+    /// on that channel, or runs two.
+    UnmatchedCollective,
 }
 
 /// One verifier finding.
@@ -150,6 +156,7 @@ pub fn verify_module(m: &Module) -> Result<(), Vec<VerifyError>> {
     }
     weight_agreement(m, &mut sink);
     comm::pair(m, &endpoints, &mut sink);
+    comm::reductions(m, &endpoints, &mut sink);
     sink.finish()
 }
 
@@ -243,6 +250,8 @@ struct Endpoint {
     channel: i64,
     /// The send's operand type or the recv's result type.
     ty: Option<crate::types::TensorType>,
+    /// An `all_reduce` (`from` = `to` = its stage): its `stages` and `replicas`.
+    collective: Option<(Vec<i64>, bool)>,
 }
 
 // ---- one function ----
@@ -498,10 +507,56 @@ impl<'a> FnCheck<'a> {
                 endpoints.push(e);
             }
         }
+        if data.kind == OpKind::AllReduce {
+            if let Some(e) = self.reduction(pos, op, fn_stage, &mut report) {
+                endpoints.push(e);
+            }
+        }
 
         for (kind, msg) in report {
             self.sink.op(fi, pos, f, op, kind, msg);
         }
+    }
+
+    /// Resolve an all_reduce's stage; report a stage that is not among its participants.
+    fn reduction(
+        &self,
+        pos: usize,
+        op: OpId,
+        fn_stage: Option<i64>,
+        report: &mut Vec<(VerifyErrorKind, String)>,
+    ) -> Option<Endpoint> {
+        let data = self.f.op(op);
+        let a = crate::ops::attrs::AllReduceAttrs::of(&data.attrs).ok()?;
+        let Some(stage) = data.stage.map(i64::from).or(fn_stage) else {
+            report.push((
+                VerifyErrorKind::MissingStage,
+                "all_reduce needs a stage: set the op's stage or the function attribute 'stage'"
+                    .into(),
+            ));
+            return None;
+        };
+        if !a.stages.contains(&stage) {
+            report.push((
+                VerifyErrorKind::CollectiveMismatch,
+                format!(
+                    "all_reduce on stage {stage} lists stages {:?}, which do not include its own",
+                    a.stages
+                ),
+            ));
+            return None;
+        }
+        Some(Endpoint {
+            fi: self.fi,
+            pos,
+            op,
+            is_send: false,
+            from: stage,
+            to: stage,
+            channel: a.channel,
+            ty: data.operands().first().map(|&v| self.f.ty(v).clone()),
+            collective: Some((a.stages, a.replicas)),
+        })
     }
 
     /// Resolve a send/recv's stages; report what prevents pairing it.
@@ -561,6 +616,7 @@ impl<'a> FnCheck<'a> {
             to,
             channel,
             ty: v.map(|&v| self.f.ty(v).clone()),
+            collective: None,
         })
     }
 

@@ -623,3 +623,49 @@ fn oversized_types() {
     let msg = verify_function(&Module::new(), &f).unwrap_err()[0].to_string();
     assert!(msg.contains("%r = \"pp.recv\": result 0 (%r): shape tensor<4611686018427387904x4xf32> of 4-byte elements is too large"), "{msg}");
 }
+
+/// Two stages' optimizer functions summing `grad.w` with one all_reduce each.
+fn reduce_text(a: &str, b: &str) -> String {
+    format!(
+        r#"module {{
+  func @o0(%g: tensor<4xf32>) -> (tensor<4xf32>) attributes {{stage = 0}} {{
+    %s = "pp.all_reduce"(%g) {{{a}}} : (tensor<4xf32>) -> tensor<4xf32>
+    return %s : tensor<4xf32>
+  }}
+  func @o1(%g: tensor<4xf32>) -> (tensor<4xf32>) attributes {{stage = 1}} {{
+    %s = "pp.all_reduce"(%g) {{{b}}} : (tensor<4xf32>) -> tensor<4xf32>
+    return %s : tensor<4xf32>
+  }}
+}}"#
+    )
+}
+
+#[test]
+fn all_reduce_participants_agree() {
+    let ok = "channel = 3, stages = [0, 1]";
+    let m = crate::text::parse_module(&reduce_text(ok, ok)).unwrap();
+    assert_eq!(errors(&m), vec![]);
+    // Stage 1 lists only stage 0, and so misses its own stage.
+    let m = crate::text::parse_module(&reduce_text(ok, "channel = 3, stages = [0]")).unwrap();
+    assert_eq!(
+        errors(&m),
+        vec![
+            (K::UnmatchedCollective, "@o0: %s = \"pp.all_reduce\": all_reduce on channel 3 lists stage 1, which runs no all_reduce on it".into()),
+            (K::CollectiveMismatch, "@o1: %s = \"pp.all_reduce\": all_reduce on stage 1 lists stages [0], which do not include its own".into()),
+        ]
+    );
+    // Same channel, different replicas flag.
+    let m = crate::text::parse_module(&reduce_text(
+        ok,
+        "channel = 3, stages = [0, 1], replicas = 1",
+    ))
+    .unwrap();
+    assert_eq!(
+        one(&m, K::CollectiveMismatch),
+        "@o1: %s = \"pp.all_reduce\": all_reduce on channel 3 differs from @o0: %s = \"pp.all_reduce\" (stages, replicas or type)"
+    );
+    // Different channels: each misses the other stage.
+    let m = crate::text::parse_module(&reduce_text(ok, "channel = 4, stages = [0, 1]")).unwrap();
+    let kinds: Vec<K> = errors(&m).into_iter().map(|e| e.0).collect();
+    assert_eq!(kinds, vec![K::UnmatchedCollective, K::UnmatchedCollective]);
+}

@@ -499,6 +499,7 @@ pub(super) fn vjp(
         | Constant
         | Send
         | Recv
+        | AllReduce
         | SoftmaxCrossEntropyGrad
         | LabelLogitGrad
         | LogSumExpGrad

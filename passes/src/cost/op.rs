@@ -333,6 +333,8 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         GatherGrad => x_numel(1)?,
         // communication: the link time is comm_time's
         Send | Recv => 0.0,
+        // the sum of the arriving parts
+        AllReduce => per_y(1.0)?,
     })
 }
 

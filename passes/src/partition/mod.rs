@@ -492,8 +492,11 @@ fn materialize(
     for (i, s) in stage_of_op.iter_mut().enumerate() {
         *s = number[group_of[g.node_of_op[i]]] as u32;
     }
-    // Params must live on one stage.
+    // A param read on several stages (a tied embedding and LM head) is held by each of
+    // them: the copies beyond the first reader's are charged below. States must live on
+    // one stage.
     let op_pos: HashMap<_, _> = f.ops().iter().enumerate().map(|(i, &op)| (op, i)).collect();
+    let mut shared: Vec<(u32, f64)> = vec![];
     for &(v, kind) in f.args() {
         if kind == ArgKind::Input {
             continue;
@@ -506,14 +509,28 @@ fn materialize(
                 Use::Return(_) => None,
             })
             .collect();
-        if stages.len() > 1 {
+        if stages.len() > 1 && kind == ArgKind::State {
             let list: Vec<String> = stages.iter().map(|s| s.to_string()).collect();
             return Err(fail(format!(
-                "{} %{} is read by ops on stages {}: tied weights across stages are not supported (pin cuts with --stage-layout so that its users share a stage)",
-                kind.name(),
+                "state %{} is read by ops on stages {}: a state must live on one stage (pin cuts with --stage-layout so that its users share a stage)",
                 f.value(v).name,
                 list.join(" and ")
             )));
+        }
+        let first_reader = f
+            .users(v)
+            .iter()
+            .filter_map(|u| match u {
+                Use::Operand(op, _) => op_pos.get(op).copied(),
+                Use::Return(_) => None,
+            })
+            .min()
+            .map(|i| stage_of_op[i]);
+        let bytes = f.ty(v).size_bytes().unwrap_or(0) as f64;
+        for s in stages {
+            if Some(s) != first_reader {
+                shared.push((s, bytes));
+            }
         }
     }
     let mut stages: Vec<StagePlan> = (0..k)
@@ -537,6 +554,9 @@ fn materialize(
                 .unwrap_or_else(|| d.kind.to_string())
         })
     };
+    for &(s, bytes) in &shared {
+        stages[s as usize].cost.param_bytes += bytes;
+    }
     for (s, grp) in groups.iter().enumerate() {
         let st = &mut stages[number[s]];
         for &n in grp {

@@ -32,8 +32,9 @@
 //! (`qk=2:h,av=2:h`: the pieces then flow through the mask and the softmax, and the heads
 //! meet after the merge back to the model width), but the q/k/v projections stay whole
 //! (their column pieces would need slices propagated backwards);
-//! an M cut's pieces all read the whole weight, which the partitioner then cannot place on
-//! different stages (tied weights across stages are not supported yet); functions with
+//! an M cut's pieces all read the whole weight (placed on different stages, each holds a
+//! copy, and the copies' gradients are summed like any weight shared across stages, see
+//! `split`); functions with
 //! `send`/`recv` are refused (the rewriter runs on the forward function, before the
 //! training program is built).
 

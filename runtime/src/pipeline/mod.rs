@@ -130,6 +130,13 @@ pub enum PipelineError {
         param: String,
         source: Box<InterpError>,
     },
+    /// Summing a weight gradient over its holders failed.
+    #[error("all-reduce of grad.{param} (channel {channel}): {message}")]
+    Collective {
+        channel: i64,
+        param: String,
+        message: String,
+    },
     #[error("device {rank} panicked: {message}")]
     Panicked { rank: usize, message: String },
     #[error("cannot start the thread of device {rank}: {message}")]
@@ -240,6 +247,14 @@ impl Value {
         match self {
             Value::Host(t) => tensor_bytes(t),
             Value::Device(d) => d.bytes(),
+        }
+    }
+
+    /// A host copy of the value.
+    pub fn to_tensor(&self) -> Tensor {
+        match self {
+            Value::Host(t) => t.clone(),
+            Value::Device(d) => d.to_tensor(),
         }
     }
 
@@ -394,6 +409,9 @@ pub struct StageWorker {
     pub weights: BTreeMap<String, Tensor>,
     stash: HashMap<u32, HashMap<String, Value>>,
     grads: BTreeMap<String, Value>,
+    /// This step's all-reduced gradients by channel, which the `all_reduce` ops of `optim`
+    /// read.
+    reduced: HashMap<i64, Tensor>,
 }
 
 impl StageWorker {
@@ -425,6 +443,7 @@ impl StageWorker {
             weights,
             stash: HashMap::new(),
             grads: BTreeMap::new(),
+            reduced: HashMap::new(),
         })
     }
 
@@ -455,6 +474,32 @@ pub struct RunConfig {
     pub channel_values: HashMap<i64, String>,
     /// Test hook: stage `.0` fails at step `.1` (before its first forward).
     pub fault: Option<Fault>,
+    /// The gradient all-reduces of the program (plan.json's `collectives`).
+    pub collectives: Vec<CollectiveSpec>,
+    /// This worker's data-parallel replica, of `replicas`; each replica's devices are
+    /// ranks `replica · devices ..` (`devices` = `rank_of`'s devices per pipeline).
+    pub replica: usize,
+    pub replicas: usize,
+    pub devices: usize,
+}
+
+impl RunConfig {
+    /// The rank that runs `stage` in `replica`.
+    pub fn rank(&self, replica: usize, stage: u32) -> Option<usize> {
+        self.rank_of
+            .get(stage as usize)
+            .map(|&r| replica * self.devices + r)
+    }
+}
+
+/// One `all_reduce` of a weight gradient (see `ppcc_passes::split`): stage `s` of `stages`
+/// runs it in its optimizer function with `channel`; with `replicas`, in every replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectiveSpec {
+    pub channel: i64,
+    pub param: String,
+    pub stages: Vec<u32>,
+    pub replicas: bool,
 }
 
 /// A failure injected for tests.
@@ -478,6 +523,8 @@ pub struct RankWorker {
 struct CallComm<'a> {
     transport: &'a mut dyn Transport,
     config: &'a RunConfig,
+    /// The stage's all-reduced gradients of this step.
+    reduced: &'a HashMap<i64, Tensor>,
     stage: u32,
     mb: u32,
     step: u64,
@@ -508,14 +555,13 @@ impl CallComm<'_> {
 
 impl Comm for CallComm<'_> {
     fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError> {
-        let to_rank = *self
-            .config
-            .rank_of
-            .get(peer as usize)
-            .ok_or(CommError::UnknownStage {
-                peer,
-                sending: true,
-            })?;
+        let to_rank =
+            self.config
+                .rank(self.config.replica, peer)
+                .ok_or(CommError::UnknownStage {
+                    peer,
+                    sending: true,
+                })?;
         let tag = Tag {
             from: self.stage,
             to: peer,
@@ -529,14 +575,13 @@ impl Comm for CallComm<'_> {
     }
 
     fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, CommError> {
-        let from_rank = *self
-            .config
-            .rank_of
-            .get(peer as usize)
-            .ok_or(CommError::UnknownStage {
-                peer,
-                sending: false,
-            })?;
+        let from_rank =
+            self.config
+                .rank(self.config.replica, peer)
+                .ok_or(CommError::UnknownStage {
+                    peer,
+                    sending: false,
+                })?;
         let tag = Tag {
             from: peer,
             to: self.stage,
@@ -551,9 +596,119 @@ impl Comm for CallComm<'_> {
         self.waiting += t0.elapsed();
         r.map_err(|e| self.comm_error(peer, channel, e))
     }
+
+    /// The sum the worker computed before the optimizer functions (see
+    /// [`RankWorker::reduce_gradients`]).
+    fn all_reduce(
+        &mut self,
+        op: &ppir::ops::attrs::AllReduceAttrs,
+        t: Tensor,
+    ) -> Result<Tensor, CommError> {
+        let peer = op.stages.first().map_or(self.stage, |&s| s as u32);
+        let r = self
+            .reduced
+            .get(&op.channel)
+            .ok_or_else(|| CommError::Transport {
+                peer,
+                channel: op.channel,
+                message: format!(
+                    "stage {} has no all-reduced value for channel {} (plan.json lists no such collective for it)",
+                    self.stage, op.channel
+                ),
+            })?;
+        if r.dtype != t.dtype || r.shape != t.shape {
+            return Err(CommError::Mismatch {
+                peer,
+                channel: op.channel,
+                got: format!("{}{:?}", r.dtype, r.shape),
+                expected: format!("{}{:?}", t.dtype, t.shape),
+            });
+        }
+        Ok(r.clone())
+    }
 }
 
 impl RankWorker {
+    /// Sum this step's weight gradients over their holders (plan.json's `collectives`, in
+    /// channel order, the same on every rank): first the stages of this device, then
+    /// across devices (and replicas) through the transport. Each stage keeps the sum for
+    /// its `optim`'s `all_reduce` op.
+    fn reduce_gradients(
+        &mut self,
+        step: u64,
+        transport: &mut dyn Transport,
+    ) -> Result<(), (u32, PipelineError)> {
+        let mut collectives = self.config.collectives.clone();
+        collectives.sort_by_key(|c| c.channel);
+        for c in &collectives {
+            let mut local: Vec<usize> = (0..self.stages.len())
+                .filter(|&i| c.stages.contains(&self.stages[i].spec.stage))
+                .collect();
+            if local.is_empty() {
+                continue;
+            }
+            local.sort_by_key(|&i| self.stages[i].spec.stage);
+            let first = self.stages[local[0]].spec.stage;
+            let fail = |e: String| {
+                (
+                    first,
+                    PipelineError::Collective {
+                        channel: c.channel,
+                        param: c.param.clone(),
+                        message: e,
+                    },
+                )
+            };
+            let mut parts = vec![];
+            for &i in &local {
+                let g = self.stages[i].grads.get(&c.param).ok_or_else(|| {
+                    fail(format!(
+                        "stage {} computed no gradient of `{}` this step",
+                        self.stages[i].spec.stage, c.param
+                    ))
+                })?;
+                parts.push(g.to_tensor());
+            }
+            let mine = if parts.len() == 1 {
+                parts.remove(0)
+            } else {
+                crate::transport::sum_parts(&parts).map_err(fail)?
+            };
+            let replicas: Vec<usize> = if c.replicas {
+                (0..self.config.replicas).collect()
+            } else {
+                vec![self.config.replica]
+            };
+            let mut ranks: Vec<usize> = replicas
+                .iter()
+                .flat_map(|&r| c.stages.iter().map(move |&s| (r, s)))
+                .filter_map(|(r, s)| self.config.rank(r, s))
+                .collect();
+            ranks.sort_unstable();
+            ranks.dedup();
+            let sum = if ranks.len() <= 1 {
+                mine
+            } else {
+                transport
+                    .all_reduce(&ranks, c.channel, step, mine, self.config.recv_timeout)
+                    .map_err(|e| match e {
+                        TransportError::Aborted(reason) => (
+                            first,
+                            PipelineError::Aborted {
+                                peer: first,
+                                reason,
+                            },
+                        ),
+                        e => fail(e.to_string()),
+                    })?
+            };
+            for &i in &local {
+                self.stages[i].reduced.insert(c.channel, sum.clone());
+            }
+        }
+        Ok(())
+    }
+
     /// Run this device's actions of step `step` on the global batch `batch`, then the
     /// optimizer step of each of its stages.
     pub fn step(
@@ -658,18 +813,24 @@ impl RankWorker {
                 waiting,
             });
         }
-        // Optimizer steps.
         for idx in 0..self.stages.len() {
-            let stage = self.stages[idx].spec.stage;
             let leftover = self.stages[idx].stash.len();
             if leftover > 0 {
                 return Err(err(
-                    Some(stage),
+                    Some(self.stages[idx].spec.stage),
                     None,
                     None,
                     PipelineError::Stashed { count: leftover },
                 ));
             }
+        }
+        if !self.config.collectives.is_empty() {
+            self.reduce_gradients(step, transport)
+                .map_err(|(stage, e)| err(Some(stage), None, None, e))?;
+        }
+        // Optimizer steps.
+        for idx in 0..self.stages.len() {
+            let stage = self.stages[idx].spec.stage;
             let Some(f) = self.stages[idx].spec.optim.clone() else {
                 continue;
             };
@@ -680,6 +841,7 @@ impl RankWorker {
                 report.peak_temporary_bytes = Some(report.peak_temporary_bytes.unwrap_or(0).max(t));
             }
             self.stages[idx].grads.clear();
+            self.stages[idx].reduced.clear();
             report.actions.push(Timed {
                 rank,
                 stage,
@@ -754,6 +916,7 @@ impl RankWorker {
         let mut comm = CallComm {
             transport,
             config: &self.config,
+            reduced: &st.reduced,
             stage: st.spec.stage,
             mb,
             step,

@@ -91,6 +91,8 @@ pub struct PlanSpec {
     pub weight_sources: BTreeMap<String, String>,
     /// Value name of each channel.
     pub channel_values: HashMap<i64, String>,
+    /// The gradient all-reduces (plan.json's `collectives`).
+    pub collectives: Vec<crate::pipeline::CollectiveSpec>,
     /// Where the stage functions run: `cpu` (each stage's `module.so`) or `interp`.
     pub target: String,
     /// Size and SHA-256 of every generated file the runtime loads, by path relative to
@@ -236,6 +238,22 @@ impl PlanSpec {
             .flatten()
             .map(|c| (c.id, c.value.clone()))
             .collect();
+        let mut collectives = vec![];
+        for c in &doc.collectives {
+            if let Some(&s) = c.stages.iter().find(|&&s| s as usize >= stages.len()) {
+                return invalid(format!(
+                    "`collectives`: channel {} names stage {s}, but the plan has {} stages",
+                    c.channel,
+                    stages.len()
+                ));
+            }
+            collectives.push(crate::pipeline::CollectiveSpec {
+                channel: c.channel,
+                param: c.param.clone(),
+                stages: c.stages.clone(),
+                replicas: c.replicas,
+            });
+        }
         if !PLAN_TARGETS.contains(&doc.target.as_str()) {
             return invalid(format!(
                 "`target` is {:?}; expected one of {}",
@@ -286,6 +304,7 @@ impl PlanSpec {
             predicted_peak_memory: doc.prediction.peak_memory_bytes.clone(),
             weight_sources: training.weight_sources.clone(),
             channel_values,
+            collectives,
             target: doc.target.clone(),
             files,
             doc,

@@ -47,6 +47,10 @@ fn config(fault: Option<Fault>) -> RunConfig {
         recv_timeout: Duration::from_secs(30),
         channel_values: HashMap::from([(0, "x".to_string())]),
         fault,
+        collectives: vec![],
+        replica: 0,
+        replicas: 1,
+        devices: 2,
     }
 }
 

@@ -82,6 +82,99 @@ pub trait Transport: Send {
     fn abort(&mut self, reason: &str);
     /// Wait until every rank has called `barrier` (used around checkpoints).
     fn barrier(&mut self) -> Result<(), TransportError>;
+    /// The elementwise sum of `t` over `ranks` (ascending, this rank among them), which all
+    /// call it with the same `channel` and `step`: summed in f64 in rank order and rounded
+    /// once to the dtype, so every rank gets the same bits. This default gathers the parts
+    /// on the first rank and sends the sum back over [`Transport::send`]/`recv` (tags with
+    /// micro-batch [`COLLECTIVE`] and ranks for stages); a transport with its own
+    /// collectives overrides it.
+    fn all_reduce(
+        &mut self,
+        ranks: &[usize],
+        channel: i64,
+        step: u64,
+        t: Tensor,
+        timeout: Duration,
+    ) -> Result<Tensor, TransportError> {
+        let me = self.rank();
+        let Some(&root) = ranks.first() else {
+            return Ok(t);
+        };
+        if !ranks.contains(&me) {
+            return Err(TransportError::Failed(format!(
+                "all-reduce on channel {channel}: rank {me} is not one of ranks {ranks:?}"
+            )));
+        }
+        let tag = |from: usize, to: usize| Tag {
+            from: from as u32,
+            to: to as u32,
+            channel,
+            micro_batch: COLLECTIVE,
+            step,
+        };
+        let ty = TensorType::of(
+            t.dtype,
+            &t.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+        );
+        if me != root {
+            self.send(root, tag(me, root), t)?;
+            return self.recv(root, tag(root, me), &ty, timeout);
+        }
+        let mut parts = vec![t];
+        for &r in &ranks[1..] {
+            parts.push(self.recv(r, tag(r, root), &ty, timeout)?);
+        }
+        let sum = sum_parts(&parts)
+            .map_err(|m| TransportError::Failed(format!("all-reduce on channel {channel}: {m}")))?;
+        for &r in &ranks[1..] {
+            self.send(r, tag(root, r), sum.clone())?;
+        }
+        Ok(sum)
+    }
+}
+
+/// The micro-batch of a collective's messages (no pipeline message has it).
+pub const COLLECTIVE: u32 = u32::MAX;
+
+/// The elementwise sum of same-typed tensors, in f64 in order, rounded once to the dtype.
+pub fn sum_parts(parts: &[Tensor]) -> Result<Tensor, String> {
+    use ppir::TensorData;
+    let Some(first) = parts.first() else {
+        return Err("nothing to sum".into());
+    };
+    let mut acc: Vec<f64> = first.to_f64_vec();
+    for p in &parts[1..] {
+        if p.dtype != first.dtype || p.shape != first.shape {
+            return Err(format!(
+                "parts of different types: {} {:?} and {} {:?}",
+                first.dtype, first.shape, p.dtype, p.shape
+            ));
+        }
+        for (a, b) in acc.iter_mut().zip(p.to_f64_vec()) {
+            *a += b;
+        }
+    }
+    let d = first.dtype;
+    let mut out = first.clone();
+    match &mut out.data {
+        TensorData::Float(v) => {
+            for (x, a) in v.iter_mut().zip(acc) {
+                *x = ppir::tensor::round_to(d, a);
+            }
+        }
+        TensorData::Int(v) => {
+            // Integers add exactly (wrapping as the dtype's arithmetic does in i64).
+            for p in &parts[1..] {
+                if let TensorData::Int(w) = &p.data {
+                    for (x, &y) in v.iter_mut().zip(w) {
+                        *x = x.wrapping_add(y);
+                    }
+                }
+            }
+            drop(acc);
+        }
+    }
+    Ok(out)
 }
 
 /// Check that a received tensor has the receiver's dtype, rank and every known dimension.

@@ -88,6 +88,13 @@ fn test_pending(state: &mut State) -> Result<(), TransportError> {
     err.map_or(Ok(()), Err)
 }
 
+/// A sub-communicator handle (an opaque pointer in Open MPI).
+struct GroupComm(ffi::MPI_Comm);
+
+// SAFETY: the handle is only used under the transport's lock (MPI_THREAD_SERIALIZED), by
+// whichever thread owns the endpoint.
+unsafe impl Send for GroupComm {}
+
 /// One rank's endpoint: this process, under `mpirun`.
 pub struct MpiTransport {
     rank: usize,
@@ -98,6 +105,8 @@ pub struct MpiTransport {
     progress: Option<JoinHandle<()>>,
     /// Messages received while looking for another tag (hash collisions), by source.
     early: HashMap<(usize, Tag), Tensor>,
+    /// A communicator per group of ranks that all-reduces together (made on first use).
+    groups: HashMap<Vec<usize>, GroupComm>,
     /// Set by [`MpiTransport::finish`].
     finished: bool,
     /// Dropped last: finalises MPI.
@@ -138,6 +147,7 @@ impl MpiTransport {
             shared,
             progress: Some(progress),
             early: HashMap::new(),
+            groups: HashMap::new(),
             finished: false,
             universe,
         })
@@ -195,6 +205,54 @@ impl MpiTransport {
     /// taken their messages).
     pub fn pending_sends(&self) -> usize {
         self.shared.lock().pending.len()
+    }
+
+    /// The communicator of `ranks` (ascending, this rank among them), made with
+    /// `MPI_Comm_create_group` the first time: collective over those ranks only, which
+    /// reach it in the same order (collectives run in channel order on every rank).
+    fn group(&mut self, ranks: &[usize]) -> Result<ffi::MPI_Comm, TransportError> {
+        if let Some(c) = self.groups.get(ranks) {
+            return Ok(c.0);
+        }
+        let ints: Vec<c_int> = ranks
+            .iter()
+            .map(|&r| c_int::try_from(r))
+            .collect::<Result<_, _>>()
+            .map_err(|_| TransportError::Failed("rank out of range".into()))?;
+        let n = c_int::try_from(ints.len())
+            .map_err(|_| TransportError::Failed("too many ranks in a group".into()))?;
+        let _state = self.shared.lock();
+        // SAFETY: MPI is initialised; calls are serialised by the lock; the out-pointers
+        // are valid locals. MPI_Comm_create_group is collective over `ranks`, which all
+        // call it for this group next (see above).
+        let comm = unsafe {
+            let mut world_group: ffi::MPI_Group = std::mem::zeroed();
+            let rc = ffi::MPI_Comm_group(ffi::RSMPI_COMM_WORLD, &mut world_group);
+            if rc != 0 {
+                return Err(TransportError::Failed(format!(
+                    "MPI_Comm_group failed (error {rc})"
+                )));
+            }
+            let mut group: ffi::MPI_Group = std::mem::zeroed();
+            let rc = ffi::MPI_Group_incl(world_group, n, ints.as_ptr(), &mut group);
+            if rc != 0 {
+                return Err(TransportError::Failed(format!(
+                    "MPI_Group_incl failed (error {rc})"
+                )));
+            }
+            let mut comm: ffi::MPI_Comm = ffi::RSMPI_COMM_NULL;
+            let rc = ffi::MPI_Comm_create_group(ffi::RSMPI_COMM_WORLD, group, 0, &mut comm);
+            ffi::MPI_Group_free(&mut group);
+            ffi::MPI_Group_free(&mut world_group);
+            if rc != 0 {
+                return Err(TransportError::Failed(format!(
+                    "MPI_Comm_create_group of ranks {ranks:?} failed (error {rc})"
+                )));
+            }
+            comm
+        };
+        self.groups.insert(ranks.to_vec(), GroupComm(comm));
+        Ok(comm)
     }
 
     /// One non-blocking look for `tag` from `from_rank`; messages of other tags that
@@ -382,6 +440,113 @@ impl Transport for MpiTransport {
         }
         // MPI_Abort does not return; if an implementation does, still stop this rank.
         std::process::exit(1);
+    }
+
+    /// `MPI_Iallreduce` (sum) over the group's communicator, polled like the barrier so
+    /// that a dead rank or the timeout ends the wait: floats in f64 (then rounded once to
+    /// the dtype), integers in i64.
+    fn all_reduce(
+        &mut self,
+        ranks: &[usize],
+        channel: i64,
+        step: u64,
+        t: Tensor,
+        timeout: Duration,
+    ) -> Result<Tensor, TransportError> {
+        if ranks.len() <= 1 {
+            return Ok(t);
+        }
+        if !ranks.contains(&self.rank) {
+            return Err(TransportError::Failed(format!(
+                "all-reduce on channel {channel}: rank {} is not one of ranks {ranks:?}",
+                self.rank
+            )));
+        }
+        let comm = self.group(ranks)?;
+        let what =
+            format!("the all-reduce on channel {channel} (step {step}) over ranks {ranks:?}");
+        let count = c_int::try_from(t.data.len()).map_err(|_| {
+            TransportError::Failed(format!("{what}: too many elements for one MPI call"))
+        })?;
+        let mut out = t.clone();
+        // SAFETY: a null request is a valid initial value; `MPI_Iallreduce` overwrites it.
+        let mut request: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        {
+            let _state = self.shared.lock();
+            // SAFETY: MPI is initialised; calls are serialised by the lock; the send and
+            // receive buffers (`t`, `out`, `count` elements of the datatype each) stay
+            // alive and unmoved until the request completes below.
+            let rc = unsafe {
+                match (&t.data, &mut out.data) {
+                    (TensorData::Float(a), TensorData::Float(b)) => ffi::MPI_Iallreduce(
+                        a.as_ptr() as *const c_void,
+                        b.as_mut_ptr() as *mut c_void,
+                        count,
+                        ffi::RSMPI_DOUBLE,
+                        ffi::RSMPI_SUM,
+                        comm,
+                        &mut request,
+                    ),
+                    (TensorData::Int(a), TensorData::Int(b)) => ffi::MPI_Iallreduce(
+                        a.as_ptr() as *const c_void,
+                        b.as_mut_ptr() as *mut c_void,
+                        count,
+                        ffi::RSMPI_INT64_T,
+                        ffi::RSMPI_SUM,
+                        comm,
+                        &mut request,
+                    ),
+                    _ => {
+                        return Err(TransportError::Failed(format!(
+                            "{what}: a malformed tensor"
+                        )))
+                    }
+                }
+            };
+            if rc != 0 {
+                return Err(TransportError::Failed(format!(
+                    "{what}: MPI_Iallreduce failed (error {rc})"
+                )));
+            }
+        }
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        loop {
+            {
+                let mut state = self.shared.lock();
+                test_pending(&mut state)?;
+                let mut flag: c_int = 0;
+                // SAFETY: `request` is the live Iallreduce request.
+                let rc =
+                    unsafe { ffi::MPI_Test(&mut request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+                if rc != 0 {
+                    return Err(TransportError::Failed(format!(
+                        "{what}: MPI_Test failed (error {rc})"
+                    )));
+                }
+                if flag != 0 {
+                    break;
+                }
+            }
+            if start.elapsed() >= timeout {
+                // The request still uses the buffers: keep them alive for the rest of
+                // the process (the run ends with this error).
+                std::mem::forget(t);
+                std::mem::forget(out);
+                return Err(TransportError::Failed(format!(
+                    "{what}: the other ranks did not join within {:.1} s",
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(500));
+        }
+        if let TensorData::Float(v) = &mut out.data {
+            for x in v.iter_mut() {
+                *x = ppir::tensor::round_to(t.dtype, *x);
+            }
+        }
+        Ok(out)
     }
 
     fn barrier(&mut self) -> Result<(), TransportError> {
