@@ -47,6 +47,12 @@ pub struct CompileArgs {
     /// Devices (pipeline ranks), P.
     #[arg(long, value_name = "P", default_value_t = 2)]
     pub stages: usize,
+    /// Data parallelism: D replicas of the P-stage pipeline (P·D workers: `ppcc run` runs
+    /// them as threads, or `mpirun -np P·D`). The global batch is split across the
+    /// replicas (each runs the schedule on its share) and every weight gradient is summed
+    /// over them (an explicit all_reduce in each stage's optimizer) before the update.
+    #[arg(long, value_name = "D", default_value_t = 1)]
+    pub data_parallel: usize,
     /// Micro-batches per step, M (must divide the global batch). Default: the largest
     /// divisor of the global batch up to 2·P. `auto`: plan every divisor of the global
     /// batch up to 8·P (under the memory limit, with recomputation as --recompute says)
@@ -164,6 +170,7 @@ impl CompileArgs {
             output,
             force: self.force,
             stages: self.stages,
+            data_parallel: self.data_parallel,
             microbatches: match self.microbatches {
                 Some(Microbatches::Count(m)) => Some(m),
                 _ => None,

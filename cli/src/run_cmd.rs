@@ -97,7 +97,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "TARGET")]
     pub target: Option<Target>,
     /// Test hook: make stage S panic at step K (`S:K`), or stall for T seconds
-    /// (`S:K:stall=T`).
+    /// (`S:K:stall=T`); in data-parallel replica R only (`:replica=R`, default 0).
     #[arg(long, value_name = "S:K", hide = true)]
     pub inject_fault: Option<String>,
 }

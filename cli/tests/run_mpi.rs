@@ -216,6 +216,95 @@ fn a_failing_rank_ends_the_job() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// 2 stages × 2 data-parallel replicas over 4 processes: the gradients are summed with
+/// `MPI_Iallreduce` on each stage's replica group, the losses gathered for replica 0; the
+/// curve is one device's on the same global batch; a failing replica ends the job.
+#[test]
+fn mpi_data_parallel_equals_train_and_a_failing_replica_ends_the_job() {
+    let want = ppcc(&[
+        "train",
+        "examples/gpt.onnx",
+        "--batch",
+        "16",
+        "--microbatches",
+        "4",
+        "--steps",
+        "5",
+        "--target",
+        "interp",
+    ]);
+    assert!(want.ok, "{}", want.stderr);
+    let dir = tmp("dp");
+    compile(
+        "examples/gpt.onnx",
+        &dir,
+        &[
+            "--stages",
+            "2",
+            "--data-parallel",
+            "2",
+            "--microbatches",
+            "2",
+            "--batch",
+            "16",
+        ],
+    );
+    for target in ["interp", "cpu"] {
+        let got = mpirun(
+            4,
+            &[
+                "run",
+                dir.to_str().unwrap(),
+                "--transport",
+                "mpi",
+                "--steps",
+                "5",
+                "--target",
+                target,
+            ],
+        );
+        assert!(got.ok, "{target}: {}", got.stderr);
+        let (g, w) = (steps(&got.stdout), steps(&want.stdout));
+        assert_eq!(g.len(), 5, "{}", got.stdout);
+        for (a, b) in g.iter().zip(&w) {
+            let (a, b) = (loss_of(a), loss_of(b));
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{target}: {g:?} vs {w:?}");
+        }
+    }
+    let wrong = mpirun(2, &["run", dir.to_str().unwrap(), "--transport", "mpi"]);
+    assert!(!wrong.ok);
+    assert!(
+        wrong
+            .stderr
+            .contains("(4 workers) but mpirun started 2 processes: run mpirun -np 4"),
+        "{}",
+        wrong.stderr
+    );
+    let out = mpirun(
+        4,
+        &[
+            "run",
+            dir.to_str().unwrap(),
+            "--transport",
+            "mpi",
+            "--steps",
+            "5",
+            "--inject-fault",
+            "0:2:replica=1",
+            "--recv-timeout",
+            "60",
+        ],
+    );
+    assert!(!out.ok);
+    assert!(out.took < Duration::from_secs(10), "took {:?}", out.took);
+    assert!(
+        out.stderr.contains("device 2 failed: stage 0, step 2"),
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn mpi_checkpoints_resume_the_curve() {
     let dir = tmp("ckpt-plan");

@@ -82,6 +82,8 @@ pub struct CompileOptions {
     pub force: bool,
     /// Devices (pipeline ranks), P.
     pub stages: usize,
+    /// Data-parallel replicas of the pipeline, D (P·D workers in all).
+    pub data_parallel: usize,
     /// Micro-batches per step, M. `None`: the largest divisor of the global batch up to 2·P.
     pub microbatches: Option<u64>,
     /// Choose M: plan every divisor of the global batch up to 8·P and keep the shortest
@@ -121,6 +123,7 @@ impl CompileOptions {
             output: output.into(),
             force: false,
             stages: 2,
+            data_parallel: 1,
             microbatches: None,
             microbatches_auto: false,
             schedule: "1f1b".into(),
@@ -508,10 +511,13 @@ fn choose_microbatches(c: &mut Compiler) -> Result<u64> {
     let cap = (8 * a.stages.max(1)) as u64;
     let scratch = std::env::temp_dir().join(format!("ppcc-microbatches-{}", std::process::id()));
     let mut tried: Vec<(u64, std::result::Result<f64, String>)> = vec![];
-    for m in (1..=global.min(cap)).filter(|m| global % m == 0) {
+    // Each replica's share of the global batch is what its micro-batches divide.
+    let replicas = a.data_parallel.max(1) as u64;
+    let share = global / replicas;
+    for m in (1..=share.min(cap)).filter(|m| share.is_multiple_of(*m)) {
         c.progress(format!(
             "--microbatches auto: planning {m} micro-batches of {} rows",
-            global / m
+            share / m
         ));
         let mut o = a.clone();
         o.microbatches = Some(m);
@@ -542,7 +548,7 @@ fn choose_microbatches(c: &mut Compiler) -> Result<u64> {
         lines.push(match r {
             Ok(t) => format!(
                 "  {m:>4} × {:>5} rows: predicted iteration {:.3} ms{}",
-                global / m,
+                share / m,
                 t * 1e3,
                 if best.map(|b| b.0) == Some(*m) {
                     "  <- chosen"
@@ -552,7 +558,7 @@ fn choose_microbatches(c: &mut Compiler) -> Result<u64> {
             ),
             Err(e) => format!(
                 "  {m:>4} × {:>5} rows: does not plan: {}",
-                global / m,
+                share / m,
                 e.lines().next().unwrap_or("")
             ),
         });
@@ -582,6 +588,10 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     let output = a.output.clone();
     if a.stages == 0 {
         bail!("--stages must be at least 1");
+    }
+    let replicas = a.data_parallel as u64;
+    if replicas == 0 {
+        bail!("--data-parallel must be at least 1");
     }
     // Refused before anything is read or written.
     let cuda = match a.target {
@@ -624,15 +634,21 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
             crate::program::model_batch(&imported.module)?
         }
     };
+    // With D replicas each runs M micro-batches of global / (M·D) rows.
+    if let Some(g) = model_global {
+        if !g.is_multiple_of(replicas) {
+            bail!("--data-parallel {replicas} must divide the global batch {g} (each replica trains on an equal share)");
+        }
+    }
     // The default number of micro-batches falls back to one when the model bakes its
     // batch size into a constant (each micro-batch then has the model's batch).
     let (microbatches, prepared) = match a.microbatches {
-        Some(m) => (m, prepare(&model, &a.program, m)?),
+        Some(m) => (m, prepare(&model, &a.program, m * replicas)?),
         None => {
-            let m = default_microbatches(model_global, a.stages);
-            match prepare(&model, &a.program, m) {
+            let m = default_microbatches(model_global.map(|g| g / replicas), a.stages);
+            match prepare(&model, &a.program, m * replicas) {
                 Ok(p) => (m, p),
-                Err(e) if m > 1 => match prepare(&model, &a.program, 1) {
+                Err(e) if m > 1 => match prepare(&model, &a.program, replicas) {
                     Ok(p) => {
                         (c.events)(Event::Note(format!(
                             "note: using 1 micro-batch per step: {m} micro-batches do not fit the model ({}); give --microbatches and --batch to choose",
@@ -839,7 +855,8 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         None
     } else {
         c.progress("building the training program");
-        let training = build_training(&mut module, &prog_opts, microbatches)?;
+        // The optimizer averages over every micro-batch of the step, in all replicas.
+        let training = build_training(&mut module, &prog_opts, microbatches * replicas)?;
         if !best.recompute.is_empty() {
             c.progress("recomputing activations");
             let chosen: Vec<(u32, Vec<String>)> = best
@@ -862,7 +879,13 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
             prepared.micro,
         )?;
         c.progress("inserting send/recv");
-        let split = split_stages(&mut module, &SplitOptions::default())?;
+        let split = split_stages(
+            &mut module,
+            &SplitOptions {
+                replicas: replicas > 1,
+                ..SplitOptions::default()
+            },
+        )?;
         check(&module, "the per-stage program")?;
         c.at_point(Point::Split, &mut module)?;
         if split.stages.len() != best.partition.stages.len() {
@@ -969,6 +992,36 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         best.lower_bound = microbatches as f64 * work / a.stages as f64;
         best.costs = costs;
     }
+    // Data parallelism: every device all-reduces its stages' weight gradients over the
+    // replicas before its optimizer step (a ring on the profile's links).
+    let mut allreduce_seconds = 0.0;
+    if replicas > 1 {
+        let n = replicas as f64;
+        let mut bytes = vec![0.0f64; a.stages];
+        for (s, st) in best.costs.stages.iter().enumerate() {
+            if let Some(b) = bytes.get_mut(best.schedule.layout.rank_of(s)) {
+                *b += st.weight_memory;
+            }
+        }
+        allreduce_seconds = bytes
+            .iter()
+            .map(|b| {
+                2.0 * (n - 1.0) / n * b / profile.link_bandwidth
+                    + 2.0 * (n - 1.0) * profile.link_latency
+            })
+            .fold(0.0, f64::max);
+        best.costs.optimizer_step += allreduce_seconds;
+        best.report = simulate(&best.schedule, &best.costs)
+            .context("simulating the schedule with the gradient all-reduce")?;
+        (c.events)(Event::Note(format!(
+            "data parallel: {replicas} replicas of the {}-device pipeline ({} workers), {} rows per replica per step; the gradient all-reduce adds {:.3} ms per step ({} profile links)",
+            a.stages,
+            a.stages * a.data_parallel,
+            prepared.global / replicas,
+            allreduce_seconds * 1e3,
+            profile.name
+        )));
+    }
     let write = |name: &str, text: String| -> Result<()> {
         let p = output.join(name);
         std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
@@ -1010,6 +1063,15 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         stage_temporaries: stage_temporaries.as_deref(),
         model_prediction: model_prediction.clone(),
     });
+    if replicas > 1 {
+        plan_doc.data_parallel = Some(doc::DataParallel {
+            replicas: a.data_parallel,
+            ranks: (0..a.data_parallel)
+                .map(|r| (0..a.stages).map(|d| r * a.stages + d).collect())
+                .collect(),
+            allreduce_seconds,
+        });
+    }
     if let Some((_, split, _)) = &program {
         plan_doc.files = Some(file_records(
             &output,
@@ -1368,6 +1430,7 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
         target: d.a.target.name().into(),
         channels: None,
         collectives: vec![],
+        data_parallel: None,
         training: None,
         splits: d.splits.to_vec(),
         recompute: Some(d.a.recompute.name().to_string()),

@@ -560,19 +560,24 @@ fn seconds(option: &str, v: f64) -> Result<Duration> {
 fn parse_fault(f: &str) -> Result<Fault> {
     let parts: Vec<&str> = f.split(':').collect();
     let (Some(s), Some(k)) = (parts.first(), parts.get(1)) else {
-        bail!("--inject-fault takes S:K or S:K:stall=T");
+        bail!("--inject-fault takes S:K, S:K:stall=T, S:K:replica=R or S:K:stall=T:replica=R");
     };
-    let stall = match parts.get(2) {
-        None => None,
-        Some(x) => {
-            let t: f64 = x
-                .strip_prefix("stall=")
-                .context("--inject-fault S:K:stall=T")?
+    let mut stall = None;
+    let mut replica = 0;
+    for x in &parts[2..] {
+        if let Some(t) = x.strip_prefix("stall=") {
+            let t: f64 = t
                 .parse()
                 .context("--inject-fault S:K:stall=T: T is a number of seconds")?;
-            Some(seconds("--inject-fault's stall", t)?)
+            stall = Some(seconds("--inject-fault's stall", t)?);
+        } else if let Some(r) = x.strip_prefix("replica=") {
+            replica = r
+                .parse()
+                .context("--inject-fault S:K:replica=R: R is a replica number")?;
+        } else {
+            bail!("--inject-fault: `{x}` is neither stall=T nor replica=R");
         }
-    };
+    }
     Ok(Fault {
         stage: s
             .parse()
@@ -581,6 +586,7 @@ fn parse_fault(f: &str) -> Result<Fault> {
             .parse()
             .context("--inject-fault S:K: K is a step number")?,
         stall,
+        replica,
     })
 }
 
@@ -592,46 +598,57 @@ fn build_workers(
     resume: Option<&Path>,
     target: Target,
 ) -> Result<Vec<RankWorker>> {
-    let mut workers: Vec<RankWorker> = ranks
-        .iter()
-        .map(|&rank| RankWorker {
+    // Worker `rank` runs device `rank % devices` of replica `rank / devices`.
+    let devices = plan.devices.max(1);
+    let mut workers: Vec<RankWorker> = vec![];
+    for &rank in ranks {
+        let actions = plan
+            .actions
+            .get(rank % devices)
+            .with_context(|| format!("the plan has no actions for device {}", rank % devices))?;
+        workers.push(RankWorker {
             rank,
             stages: vec![],
-            actions: plan.actions[rank].clone(),
-            config: config.clone(),
-        })
-        .collect();
-    for s in 0..plan.stages.len() {
-        let spec = plan.stages[s].clone();
-        let Some(wi) = ranks.iter().position(|&r| r == spec.device) else {
-            continue;
-        };
-        let (module, mut weights) = load_stage(plan, s)?;
-        if let Some(dir) = resume {
-            let p = dir.join(format!("stage{s}.npz"));
-            let saved: Weights = read_npz(&p)?.into_iter().collect();
-            check_checkpoint(&p, s, &weights, &saved)?;
-            weights = saved;
-        }
-        let exec: Box<dyn StageExecutable> = match target {
-            Target::Interp => Box::new(InterpretedStage::new(module, Default::default())),
-            Target::Cpu | Target::Cuda => {
-                let so = spec.dir.join("module.so");
-                if !so.exists() {
-                    bail!(
+            actions: actions.clone(),
+            config: RunConfig {
+                replica: rank / devices,
+                ..config.clone()
+            },
+        });
+    }
+    for (wi, &rank) in ranks.iter().enumerate() {
+        for s in 0..plan.stages.len() {
+            if plan.stages[s].device != rank % devices {
+                continue;
+            }
+            let spec = plan.stages[s].clone();
+            let (module, mut weights) = load_stage(plan, s)?;
+            if let Some(dir) = resume {
+                let p = dir.join(format!("stage{s}.npz"));
+                let saved: Weights = read_npz(&p)?.into_iter().collect();
+                check_checkpoint(&p, s, &weights, &saved)?;
+                weights = saved;
+            }
+            let exec: Box<dyn StageExecutable> = match target {
+                Target::Interp => Box::new(InterpretedStage::new(module, Default::default())),
+                Target::Cpu | Target::Cuda => {
+                    let so = spec.dir.join("module.so");
+                    if !so.exists() {
+                        bail!(
                         "{} does not exist: the plan was compiled with --target {} (compile again with --target cpu, or run with --target interp)",
                         so.display(),
                         plan.target
                     );
+                    }
+                    let bytes = plan.read_file(&so).with_context(|| format!("stage {s}"))?;
+                    let native = NativeModule::load_verified(&so, &bytes, &module, None)
+                        .with_context(|| format!("stage {s}"))?;
+                    Box::new(NativeStage::new(module, native))
                 }
-                let bytes = plan.read_file(&so).with_context(|| format!("stage {s}"))?;
-                let native = NativeModule::load_verified(&so, &bytes, &module, None)
-                    .with_context(|| format!("stage {s}"))?;
-                Box::new(NativeStage::new(module, native))
-            }
-        };
-        let worker = StageWorker::new(spec, exec, weights).map_err(|e| invalid!("{e}"))?;
-        workers[wi].stages.push(worker);
+            };
+            let worker = StageWorker::new(spec, exec, weights).map_err(|e| invalid!("{e}"))?;
+            workers[wi].stages.push(worker);
+        }
     }
     Ok(workers)
 }
@@ -679,10 +696,12 @@ fn check_checkpoint(path: &Path, stage: usize, plan: &Weights, saved: &Weights) 
     Ok(())
 }
 
-/// Stage weights of `workers` as (stage, weights).
+/// Stage weights of `workers` as (stage, weights), from replica 0 (the replicas hold the
+/// same weights).
 fn stage_weights(workers: &[RankWorker]) -> Vec<(u32, &Weights)> {
     workers
         .iter()
+        .filter(|w| w.config.replica == 0)
         .flat_map(|w| w.stages.iter().map(|s| (s.spec.stage, &s.weights)))
         .collect()
 }
@@ -721,20 +740,29 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
         fault,
         collectives: plan.collectives.clone(),
         replica: 0,
-        replicas: 1,
+        replicas: plan.replicas,
         devices: plan.devices,
     };
+    // Every device of every replica.
+    let workers_total = plan.devices * plan.replicas;
     let mut driver = match a.transport {
-        Transport::Local => Driver::Local(LocalNet::new(plan.devices)),
+        Transport::Local => Driver::Local(LocalNet::new(workers_total)),
         #[cfg(feature = "mpi")]
         Transport::Mpi => {
             let t = ppcc_runtime::transport::mpi::MpiTransport::init()?;
             let size = ppcc_runtime::transport::Transport::size(&t);
-            if size != plan.devices {
-                let msg = format!(
-                    "the plan has {} devices but mpirun started {size} processes: run mpirun -np {}",
-                    plan.devices, plan.devices
-                );
+            if size != workers_total {
+                let msg = if plan.replicas > 1 {
+                    format!(
+                        "the plan has {} replicas of {} devices ({workers_total} workers) but mpirun started {size} processes: run mpirun -np {workers_total}",
+                        plan.replicas, plan.devices
+                    )
+                } else {
+                    format!(
+                        "the plan has {} devices but mpirun started {size} processes: run mpirun -np {}",
+                        plan.devices, plan.devices
+                    )
+                };
                 let mut t = t;
                 ppcc_runtime::transport::Transport::abort(&mut t, &msg);
                 bail!("{msg}");
@@ -746,7 +774,7 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
             bail!("this ppcc was built without MPI (cargo feature `mpi`); use --transport local")
         }
     };
-    let ranks = driver.ranks(plan.devices);
+    let ranks = driver.ranks(workers_total);
     let target = match a.target {
         Some(t) => t,
         None if plan.target == "cpu" => Target::Cpu,
@@ -763,13 +791,19 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
             )));
         }
         events(RunEvent::Note(format!(
-            "running {}: {} stages on {} devices, schedule {}, {} micro-batches of {} rows, transport {}",
+            "running {}: {} stages on {} devices{}, schedule {}, {} micro-batches of {} rows{}, transport {}",
             a.dir.display(),
             plan.stages.len(),
             plan.devices,
+            if plan.replicas > 1 {
+                format!(" × {} data-parallel replicas", plan.replicas)
+            } else {
+                String::new()
+            },
             plan.schedule,
             plan.microbatches,
             plan.micro_batch,
+            if plan.replicas > 1 { " per replica" } else { "" },
             match a.transport {
                 Transport::Local => "local",
                 Transport::Mpi => "mpi",
@@ -891,20 +925,27 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
                 Some(t) => format!(
                     ", temporaries {}{}",
                     mib(t as f64),
-                    predicted_temporaries(&plan, r)
+                    predicted_temporaries(&plan, r % plan.devices.max(1))
                         .map_or(String::new(), |p| format!(" (predicted {})", mib(p)))
                 ),
                 None => String::new(),
             };
             events(RunEvent::Note(format!(
-                "device {r} (stage {}): busy {} per step, peak memory {} (weights and optimizer state {}, gradients {}, stash {}{temporaries}), predicted {}",
+                "device {r} ({}stage {}): busy {} per step, peak memory {} (weights and optimizer state {}, gradients {}, stash {}{temporaries}), predicted {}",
+                if plan.replicas > 1 {
+                    format!("replica {}, ", w.config.replica)
+                } else {
+                    String::new()
+                },
                 stages.join(","),
                 fmt_time(busy[i] / n),
                 mib(measured),
                 mib(weights as f64),
                 mib(grads as f64),
                 mib(peak_stash[i] as f64),
-                plan.predicted_peak_memory.get(r).map_or("?".into(), |p| mib(*p))
+                plan.predicted_peak_memory
+                    .get(r % plan.devices.max(1))
+                    .map_or("?".into(), |p| mib(*p))
             )));
         }
         // The whole process: every device's buffers (one device per process under MPI),
@@ -931,7 +972,7 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
                 .with_context(|| format!("cannot write {}", part.display()))?;
             driver.barrier()?;
             if leader {
-                merge_traces(path, plan.devices)?;
+                merge_traces(path, workers_total)?;
             }
         }
         if leader {

@@ -87,6 +87,10 @@ pub struct Plan {
     /// across stages, data-parallel replicas), by channel.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub collectives: Vec<Collective>,
+    /// Replicas of the pipeline for data parallelism (absent: one). `devices` and the
+    /// schedule are per replica; `global_batch` is split evenly across the replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel: Option<DataParallel>,
     /// The training program's data, loss and optimizer (with a program).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training: Option<Training>,
@@ -360,6 +364,17 @@ pub struct Channel {
 }
 
 /// `training`.
+/// `data_parallel`: `ranks[r][d]` is the worker (MPI rank) of device `d` in replica `r`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataParallel {
+    pub replicas: usize,
+    pub ranks: Vec<Vec<usize>>,
+    /// The predicted time of the gradient all-reduce per step (in `prediction`).
+    #[serde(deserialize_with = "finite_or_null::f64")]
+    pub allreduce_seconds: f64,
+}
+
 /// One entry of `collectives`: stage `s` of `stages` sums `grad.<param>` with an
 /// `all_reduce` on `channel` (with `replicas`, in every data-parallel replica too).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -103,6 +103,11 @@ pub(crate) fn sample() -> Plan {
             replicas: false,
             bytes: 64,
         }],
+        data_parallel: Some(DataParallel {
+            replicas: 2,
+            ranks: vec![vec![0, 1], vec![2, 3]],
+            allreduce_seconds: 1e-3,
+        }),
         training: Some(Training {
             loss: "mse".into(),
             train_mode: true,

@@ -492,6 +492,9 @@ impl RunConfig {
     }
 }
 
+/// The channel of the replicas' loss gather (no program channel is negative).
+pub const LOSS_CHANNEL: i64 = -1;
+
 /// One `all_reduce` of a weight gradient (see `ppcc_passes::split`): stage `s` of `stages`
 /// runs it in its optimizer function with `channel`; with `replicas`, in every replica.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -509,6 +512,8 @@ pub struct Fault {
     pub step: u64,
     /// Stall (sleep for this long, sending nothing) instead of panicking.
     pub stall: Option<Duration>,
+    /// The data-parallel replica whose stage fails (0 without replicas).
+    pub replica: usize,
 }
 
 /// One device: its stages and its actions.
@@ -629,6 +634,67 @@ impl Comm for CallComm<'_> {
 }
 
 impl RankWorker {
+    /// With replicas: the losses of every replica's micro-batches, in step order, for
+    /// replica 0 (which reports them; the others report none). The devices that compute
+    /// the loss sum vectors holding their own micro-batches' losses and zeros elsewhere.
+    fn gather_losses(
+        &mut self,
+        step: u64,
+        mine: &[f64],
+        transport: &mut dyn Transport,
+    ) -> Result<Vec<f64>, (u32, PipelineError)> {
+        let stage = self
+            .stages
+            .iter()
+            .find(|s| {
+                s.exec
+                    .signature(&s.spec.fwd)
+                    .is_some_and(|(_, results)| results.iter().any(|r| r == "loss"))
+            })
+            .map_or(0, |s| s.spec.stage);
+        let fail = |message: String| {
+            (
+                stage,
+                PipelineError::Collective {
+                    channel: LOSS_CHANNEL,
+                    param: "loss".into(),
+                    message,
+                },
+            )
+        };
+        let m = self.config.microbatches;
+        let n = m * self.config.replicas;
+        if mine.len() != m {
+            return Err(fail(format!(
+                "this device computed {} losses, expected one per micro-batch ({m})",
+                mine.len()
+            )));
+        }
+        let mut all = vec![0.0f64; n];
+        all[self.config.replica * m..(self.config.replica + 1) * m].copy_from_slice(mine);
+        let ranks: Vec<usize> = (0..self.config.replicas)
+            .filter_map(|r| self.config.rank(r, stage))
+            .collect();
+        let t = Tensor::from_f64(DType::F64, vec![n], all);
+        let sum = transport
+            .all_reduce(&ranks, LOSS_CHANNEL, step, t, self.config.recv_timeout)
+            .map_err(|e| match e {
+                TransportError::Aborted(reason) => (
+                    stage,
+                    PipelineError::Aborted {
+                        peer: stage,
+                        reason,
+                    },
+                ),
+                e => fail(e.to_string()),
+            })?;
+        Ok(if self.config.replica == 0 {
+            sum.to_f64_vec()
+        } else {
+            vec![]
+        })
+    }
+
     /// Sum this step's weight gradients over their holders (plan.json's `collectives`, in
     /// channel order, the same on every rank): first the stages of this device, then
     /// across devices (and replicas) through the transport. Each stage keeps the sum for
@@ -765,6 +831,7 @@ impl RankWorker {
             }
             if let Some(f) = self.config.fault {
                 if f.stage == a_stage
+                    && f.replica == self.config.replica
                     && f.step == step
                     && a.kind == ActionKind::Forward
                     && a_mb == 0
@@ -824,6 +891,11 @@ impl RankWorker {
                 ));
             }
         }
+        if self.config.replicas > 1 && !report.losses.is_empty() {
+            report.losses = self
+                .gather_losses(step, &report.losses, transport)
+                .map_err(|(stage, e)| err(Some(stage), None, None, e))?;
+        }
         if !self.config.collectives.is_empty() {
             self.reduce_gradients(step, transport)
                 .map_err(|(stage, e)| err(Some(stage), None, None, e))?;
@@ -868,6 +940,8 @@ impl RankWorker {
         losses: &mut Vec<f64>,
     ) -> Result<f64, PipelineError> {
         let micro_rows = self.config.micro_rows;
+        // This replica's micro-batches are rows replica·M .. (replica+1)·M of the step.
+        let global_mb = self.config.replica * self.config.microbatches + mb as usize;
         let st = &mut self.stages[idx];
         let (args_sig, results) =
             st.exec
@@ -885,23 +959,26 @@ impl RankWorker {
             } else if let Some(v) = st.stash.get(&mb).and_then(|m| m.get(name)) {
                 Some(v.as_arg())
             } else if name == "rng" {
+                // The micro-batch's index in the whole step (all replicas), so that a
+                // replicated pipeline draws what one device running every micro-batch does.
                 Some(ArgValue::Host(Cow::Owned(Tensor::from_i64(
                     DType::I64,
                     vec![2],
-                    vec![step as i64, mb as i64],
+                    vec![step as i64, global_mb as i64],
                 ))))
             } else if let Some(t) = batch.get(name) {
-                if t.shape.first().copied() != Some(micro_rows * self.config.microbatches) {
+                let all = self.config.microbatches * self.config.replicas.max(1);
+                if t.shape.first().copied() != Some(micro_rows * all) {
                     return Err(PipelineError::BatchRows {
                         name: name.clone(),
                         shape: t.shape.clone(),
-                        microbatches: self.config.microbatches,
+                        microbatches: all,
                         micro_rows,
                     });
                 }
                 Some(ArgValue::Host(Cow::Owned(slice_rows(
                     t,
-                    mb as usize * micro_rows,
+                    global_mb * micro_rows,
                     micro_rows,
                 ))))
             } else if is_optim {

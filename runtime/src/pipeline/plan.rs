@@ -93,6 +93,9 @@ pub struct PlanSpec {
     pub channel_values: HashMap<i64, String>,
     /// The gradient all-reduces (plan.json's `collectives`).
     pub collectives: Vec<crate::pipeline::CollectiveSpec>,
+    /// Data-parallel replicas of the pipeline (1: none); replica r's device d is worker
+    /// (rank) `r · devices + d`.
+    pub replicas: usize,
     /// Where the stage functions run: `cpu` (each stage's `module.so`) or `interp`.
     pub target: String,
     /// Size and SHA-256 of every generated file the runtime loads, by path relative to
@@ -254,6 +257,27 @@ impl PlanSpec {
                 replicas: c.replicas,
             });
         }
+        let replicas = match &doc.data_parallel {
+            None => 1,
+            Some(dp) => {
+                let expected: Vec<Vec<usize>> = (0..dp.replicas)
+                    .map(|r| (0..devices).map(|d| r * devices + d).collect())
+                    .collect();
+                if dp.replicas == 0 || dp.ranks != expected {
+                    return invalid(format!(
+                        "`data_parallel`: {} replicas with ranks {:?}; this ppcc places replica r's device d on rank r·{devices} + d",
+                        dp.replicas, dp.ranks
+                    ));
+                }
+                if doc.global_batch != doc.micro_batch * doc.microbatches * dp.replicas as u64 {
+                    return invalid(format!(
+                        "`global_batch` {} is not {} replicas × {} micro-batches × {} rows",
+                        doc.global_batch, dp.replicas, doc.microbatches, doc.micro_batch
+                    ));
+                }
+                dp.replicas
+            }
+        };
         if !PLAN_TARGETS.contains(&doc.target.as_str()) {
             return invalid(format!(
                 "`target` is {:?}; expected one of {}",
@@ -305,6 +329,7 @@ impl PlanSpec {
             weight_sources: training.weight_sources.clone(),
             channel_values,
             collectives,
+            replicas,
             target: doc.target.clone(),
             files,
             doc,

@@ -162,6 +162,7 @@ fn the_failing_device_is_reported_not_the_aborted_one() {
         stage: 0,
         step: 0,
         stall: None,
+        replica: 0,
     };
     let mut workers = vec![worker(0, None, Some(fault)), worker(1, None, Some(fault))];
     let e = run_local(&mut workers, &net, 0, Arc::new(batch())).unwrap_err();

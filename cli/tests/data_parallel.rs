@@ -1,0 +1,256 @@
+//! `--data-parallel D`: D replicas of a P-stage pipeline (P·D workers), each training on
+//! its share of the global batch, with every weight gradient summed over the replicas by
+//! the `all_reduce` ops of the stages' optimizer functions. 2 stages × 2 replicas train
+//! with the losses of one device on the same global batch (threads; interpreter and
+//! native code), checkpoints resume the curve, and a replica that fails stops the run.
+
+mod pipeline_common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pipeline_common::{compile, losses, ppcc, ppcc_within, tied_gpt};
+
+fn tmp(name: &str) -> PathBuf {
+    pipeline_common::tmp("ppcc-dp-test", name)
+}
+
+fn close(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1e-6),
+            "{what}: {got:?} vs {want:?}"
+        );
+    }
+}
+
+/// `ppcc train` on one device with `opts` for `steps` steps (the interpreter).
+fn reference(model: &str, opts: &[&str], steps: &str) -> Vec<f64> {
+    let mut args = vec!["train", model, "--steps", steps, "--target", "interp"];
+    args.extend_from_slice(opts);
+    let out = ppcc(&args);
+    assert!(out.ok, "{}", out.stderr);
+    losses(&out.stdout)
+}
+
+/// Compile `model` for P stages × D replicas with M micro-batches per replica (and the
+/// compiler-only options `compile_only`) and check that both targets train like one
+/// device running all M·D micro-batches.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    model: &str,
+    batch: &str,
+    p: &str,
+    d: usize,
+    m: usize,
+    extra: &[&str],
+    compile_only: &[&str],
+    name: &str,
+) {
+    let total = (m * d).to_string();
+    let mut ref_opts = vec!["--batch", batch, "--microbatches", &total];
+    ref_opts.extend_from_slice(extra);
+    let want = reference(model, &ref_opts, "5");
+    let dir = tmp(name);
+    let (d_s, m_s) = (d.to_string(), m.to_string());
+    let mut opts = vec![
+        "--stages",
+        p,
+        "--data-parallel",
+        &d_s,
+        "--microbatches",
+        &m_s,
+        "--batch",
+        batch,
+    ];
+    opts.extend_from_slice(extra);
+    opts.extend_from_slice(compile_only);
+    compile(model, &dir, &opts);
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["data_parallel"]["replicas"], d);
+    let pn: usize = p.parse().unwrap();
+    let ranks: Vec<Vec<usize>> = (0..d)
+        .map(|r| (0..pn).map(|x| r * pn + x).collect())
+        .collect();
+    assert_eq!(plan["data_parallel"]["ranks"], serde_json::json!(ranks));
+    assert!(plan["data_parallel"]["allreduce_seconds"].as_f64().unwrap() > 0.0);
+    // Every trained weight's gradient is summed over the replicas.
+    let collectives = plan["collectives"].as_array().unwrap();
+    let params = plan["training"]["params"].as_array().unwrap();
+    assert_eq!(collectives.len(), params.len());
+    assert!(collectives.iter().all(|c| c["replicas"] == true));
+    for target in ["interp", "cpu"] {
+        let got = ppcc(&[
+            "run",
+            dir.to_str().unwrap(),
+            "--steps",
+            "5",
+            "--target",
+            target,
+        ]);
+        assert!(got.ok, "{name} {target}: {}", got.stderr);
+        assert!(
+            got.stderr
+                .contains(&format!("× {d} data-parallel replicas")),
+            "{}",
+            got.stderr
+        );
+        close(&losses(&got.stdout), &want, &format!("{name} {target}"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_stages_two_replicas_equal_one_device() {
+    check("examples/gpt.onnx", "16", "2", 2, 2, &[], &[], "gpt");
+    check(
+        "examples/two_tower.onnx",
+        "16",
+        "3",
+        2,
+        2,
+        &["--loss", "mse", "--optimizer", "adamw"],
+        &[],
+        "two-tower",
+    );
+    check(
+        "examples/mlp.onnx",
+        "16",
+        "2",
+        4,
+        1,
+        &[],
+        &["--schedule", "gpipe"],
+        "mlp-4x",
+    );
+}
+
+#[test]
+fn tied_embedding_with_replicas_equals_one_device() {
+    let models = tmp("tied-models");
+    let model = tied_gpt(&models);
+    check(
+        &model,
+        "8",
+        "2",
+        2,
+        2,
+        &[],
+        &["--split", "off", "--schedule", "zb-v"],
+        "tied-zbv",
+    );
+    let _ = std::fs::remove_dir_all(&models);
+}
+
+#[test]
+fn replicated_checkpoints_resume_the_curve() {
+    let dir = tmp("ckpt");
+    let plan = dir.join("plan");
+    compile(
+        "examples/gpt.onnx",
+        &plan,
+        &[
+            "--stages",
+            "2",
+            "--data-parallel",
+            "2",
+            "--microbatches",
+            "1",
+            "--batch",
+            "8",
+        ],
+    );
+    let p = plan.to_str().unwrap();
+    let whole = ppcc(&["run", p, "--steps", "4", "--target", "interp"]);
+    assert!(whole.ok, "{}", whole.stderr);
+    let ck = dir.join("ck");
+    let first = ppcc(&[
+        "run",
+        p,
+        "--steps",
+        "2",
+        "--target",
+        "interp",
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+        "--checkpoint-every",
+        "2",
+    ]);
+    assert!(first.ok, "{}", first.stderr);
+    let rest = ppcc(&[
+        "run",
+        p,
+        "--steps",
+        "2",
+        "--target",
+        "interp",
+        "--resume",
+        ck.to_str().unwrap(),
+    ]);
+    assert!(rest.ok, "{}", rest.stderr);
+    let mut curve = losses(&first.stdout);
+    curve.extend(losses(&rest.stdout));
+    assert_eq!(curve, losses(&whole.stdout));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failing_replica_stops_every_worker() {
+    let dir = tmp("fault");
+    compile(
+        "examples/gpt.onnx",
+        &dir,
+        &[
+            "--stages",
+            "2",
+            "--data-parallel",
+            "2",
+            "--microbatches",
+            "2",
+            "--batch",
+            "16",
+        ],
+    );
+    let out = ppcc_within(
+        &[
+            "run",
+            dir.to_str().unwrap(),
+            "--steps",
+            "4",
+            "--target",
+            "interp",
+            "--inject-fault",
+            "1:1:replica=1",
+        ],
+        Duration::from_secs(10),
+    )
+    .expect("the run stops within 10 s");
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("device 3 failed") && out.stderr.contains("injected fault"),
+        "{}",
+        out.stderr
+    );
+    // A replica count that does not divide the batch is refused before anything is built.
+    let bad = ppcc(&[
+        "examples/gpt.onnx",
+        "-o",
+        tmp("bad").to_str().unwrap(),
+        "--stages",
+        "2",
+        "--data-parallel",
+        "3",
+        "--batch",
+        "16",
+    ]);
+    assert!(!bad.ok);
+    assert!(
+        bad.stderr
+            .contains("--data-parallel 3 must divide the global batch 16"),
+        "{}",
+        bad.stderr
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
