@@ -53,6 +53,11 @@ pub struct CompileArgs {
     /// over them (an explicit all_reduce in each stage's optimizer) before the update.
     #[arg(long, value_name = "D", default_value_t = 1)]
     pub data_parallel: usize,
+    /// A total device count N instead of --stages and --data-parallel: plan every P × D =
+    /// N (P stages, D replicas) and keep the shortest predicted step, printing the
+    /// alternatives compared.
+    #[arg(long, value_name = "N", conflicts_with = "data_parallel")]
+    pub devices: Option<usize>,
     /// Micro-batches per step, M (must divide the global batch). Default: the largest
     /// divisor of the global batch up to 2·P. `auto`: plan every divisor of the global
     /// batch up to 8·P (under the memory limit, with recomputation as --recompute says)
@@ -171,6 +176,7 @@ impl CompileArgs {
             force: self.force,
             stages: self.stages,
             data_parallel: self.data_parallel,
+            devices: self.devices,
             microbatches: match self.microbatches {
                 Some(Microbatches::Count(m)) => Some(m),
                 _ => None,

@@ -254,3 +254,52 @@ fn a_failing_replica_stops_every_worker() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn devices_chooses_stages_times_replicas() {
+    let dir = tmp("devices");
+    let out = ppcc(&[
+        "examples/two_tower.onnx",
+        "-o",
+        dir.to_str().unwrap(),
+        "--devices",
+        "4",
+        "--batch",
+        "16",
+        "--loss",
+        "mse",
+        "--plan-only",
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(text.contains("--devices 4: global batch 16"), "{text}");
+    // Every split of 4 devices was planned, and one chosen.
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("predicted step"))
+        .collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    for pd in ["4 × 1", "2 × 2", "1 × 4"] {
+        assert!(rows.iter().any(|r| r.contains(pd)), "{pd}: {text}");
+    }
+    let chosen: Vec<&&str> = rows.iter().filter(|r| r.contains("<- chosen")).collect();
+    assert_eq!(chosen.len(), 1, "{text}");
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    let p = plan["devices"].as_u64().unwrap();
+    let d = plan["data_parallel"]["replicas"].as_u64().unwrap_or(1);
+    assert_eq!(p * d, 4);
+    assert!(chosen[0].contains(&format!("{p} × {d}")), "{text}");
+    // --devices and --data-parallel exclude each other.
+    let both = ppcc(&[
+        "examples/gpt.onnx",
+        "-o",
+        dir.to_str().unwrap(),
+        "--devices",
+        "4",
+        "--data-parallel",
+        "2",
+    ]);
+    assert!(!both.ok);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -84,6 +84,8 @@ pub struct CompileOptions {
     pub stages: usize,
     /// Data-parallel replicas of the pipeline, D (P·D workers in all).
     pub data_parallel: usize,
+    /// Choose P × D for this many devices (`stages` and `data_parallel` are then chosen).
+    pub devices: Option<usize>,
     /// Micro-batches per step, M. `None`: the largest divisor of the global batch up to 2·P.
     pub microbatches: Option<u64>,
     /// Choose M: plan every divisor of the global batch up to 8·P and keep the shortest
@@ -124,6 +126,7 @@ impl CompileOptions {
             force: false,
             stages: 2,
             data_parallel: 1,
+            devices: None,
             microbatches: None,
             microbatches_auto: false,
             schedule: "1f1b".into(),
@@ -433,6 +436,11 @@ impl<'a> Compiler<'a> {
 
     /// Run the pipeline: write the build directory.
     pub fn run(mut self) -> Result<Compiled> {
+        if let Some(n) = self.options.devices.take() {
+            let (p, d) = choose_devices(&mut self, n)?;
+            self.options.stages = p;
+            self.options.data_parallel = d;
+        }
         if self.options.microbatches_auto {
             let m = choose_microbatches(&mut self)?;
             self.options.microbatches = Some(m);
@@ -489,6 +497,105 @@ fn load_profile(spec: &str) -> Result<DeviceProfile> {
 }
 
 /// The default number of micro-batches: the largest divisor of `global` up to `2·p`.
+/// `--devices N`: plan (`--plan-only`, in a scratch directory) every P stages × D
+/// replicas with P·D = N (D dividing the global batch) and return the (P, D) with the
+/// shortest predicted step; say what was compared. Every candidate trains on the same
+/// global batch, so the shortest step is the highest throughput.
+fn choose_devices(c: &mut Compiler, n: usize) -> Result<(usize, usize)> {
+    if n == 0 {
+        bail!("--devices must be at least 1");
+    }
+    let a = c.options.clone();
+    let global = match a.program.batch {
+        Some(b) => Some(b),
+        None => {
+            let imported = ppcc_frontends::onnx::import_onnx_file_full(
+                &a.model,
+                &ppcc_frontends::onnx::ImportOptions::default(),
+            )
+            .with_context(|| format!("importing {}", a.model.display()))?;
+            crate::program::model_batch(&imported.module)?
+        }
+    };
+    let Some(global) = global.filter(|&g| g > 0) else {
+        bail!("--devices needs the global batch: give --batch (the model's batch dimension is symbolic)");
+    };
+    let scratch = std::env::temp_dir().join(format!("ppcc-devices-{}", std::process::id()));
+    let mut tried: Vec<((usize, usize), std::result::Result<(f64, f64), String>)> = vec![];
+    for d in (1..=n).filter(|d| n.is_multiple_of(*d)) {
+        let p = n / d;
+        if !global.is_multiple_of(d as u64) {
+            tried.push((
+                (p, d),
+                Err(format!(
+                    "{d} replicas do not divide the global batch {global}"
+                )),
+            ));
+            continue;
+        }
+        c.progress(format!("--devices {n}: planning {p} stages × {d} replicas"));
+        let mut o = a.clone();
+        o.stages = p;
+        o.data_parallel = d;
+        o.devices = None;
+        o.plan_only = true;
+        o.force = true;
+        o.output = scratch.join(format!("p{p}d{d}"));
+        o.program.batch = Some(global);
+        let result = Compiler::new(o).run();
+        tried.push((
+            (p, d),
+            result
+                .map(|r| {
+                    let peak = r
+                        .plan
+                        .report
+                        .peak_memory
+                        .iter()
+                        .copied()
+                        .fold(0.0, f64::max);
+                    (r.plan.report.makespan, peak)
+                })
+                .map_err(|e| crate::error_chain(&e)),
+        ));
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    let best = tried
+        .iter()
+        .filter_map(|(pd, r)| r.as_ref().ok().map(|t| (*pd, t.0)))
+        .min_by(|x, y| x.1.total_cmp(&y.1));
+    let mut lines = vec![format!(
+        "--devices {n}: global batch {global}, stages × replicas compared"
+    )];
+    for ((p, d), r) in &tried {
+        lines.push(match r {
+            Ok((t, peak)) => format!(
+                "  {p:>3} × {d:<3} predicted step {:.3} ms, {:.0} rows/s, peak memory {:.1} MiB{}",
+                t * 1e3,
+                global as f64 / t,
+                peak / (1u64 << 20) as f64,
+                if best.map(|b| b.0) == Some((*p, *d)) {
+                    "  <- chosen"
+                } else {
+                    ""
+                }
+            ),
+            Err(e) => format!(
+                "  {p:>3} × {d:<3} does not plan: {}",
+                e.lines().next().unwrap_or("")
+            ),
+        });
+    }
+    (c.events)(Event::Note(lines.join("\n")));
+    match best {
+        Some((pd, _)) => Ok(pd),
+        None => bail!(
+            "--devices {n}: no split into stages × replicas plans:\n{}",
+            lines[1..].join("\n")
+        ),
+    }
+}
+
 /// `--microbatches auto`: plan (`--plan-only`, `--split off`, in a scratch directory) with
 /// every divisor M of the global batch up to 8·P and return the one with the shortest
 /// predicted iteration; say what was compared.
