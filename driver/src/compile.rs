@@ -521,7 +521,9 @@ fn choose_devices(c: &mut Compiler, n: usize) -> Result<(usize, usize)> {
         bail!("--devices needs the global batch: give --batch (the model's batch dimension is symbolic)");
     };
     let scratch = std::env::temp_dir().join(format!("ppcc-devices-{}", std::process::id()));
-    let mut tried: Vec<((usize, usize), std::result::Result<(f64, f64), String>)> = vec![];
+    // (P, D) → the predicted step and peak memory, or why it does not plan.
+    type Tried = ((usize, usize), std::result::Result<(f64, f64), String>);
+    let mut tried: Vec<Tried> = vec![];
     for d in (1..=n).filter(|d| n.is_multiple_of(*d)) {
         let p = n / d;
         if !global.is_multiple_of(d as u64) {
