@@ -188,6 +188,10 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     popts.pinned = o.pinned.clone();
     popts.autodiff = o.autodiff.clone();
     popts.candidates = 4;
+    popts.device_of_stage = fixed_layout
+        .as_ref()
+        .filter(|l| l.num_chunks() > 1)
+        .map(|l| (0..k).map(|s| l.rank_of(s)).collect());
     popts.op_timer = o.op_timer.clone();
     let explain = |e: PassError| -> PassError {
         if k == o.ranks {
