@@ -64,8 +64,8 @@ pub struct CompileArgs {
     /// and keep the one with the shortest predicted iteration.
     #[arg(long, value_name = "M|auto", value_parser = parse_microbatches)]
     pub microbatches: Option<Microbatches>,
-    /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v) or a torch
-    /// CSV file (one row per device, cells like 0F1, 1I0, 2W3, 1B2).
+    /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v)
+    /// or a torch CSV file (one row per device, cells like 0F1, 1I0, 2W3, 1B2).
     #[arg(long, value_name = "NAME|FILE.csv", default_value = "1f1b")]
     pub schedule: String,
     /// The partitioner.

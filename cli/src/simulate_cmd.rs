@@ -23,8 +23,9 @@ pub enum LayoutArg {
 
 #[derive(Args)]
 pub struct SimulateArgs {
-    /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v) or a
-    /// torch.distributed.pipelining CSV file (one row per rank, cells like 0F1, 1I0, 2W3, 1B2).
+    /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v)
+    /// or a torch.distributed.pipelining CSV file (one row per rank, cells like 0F1, 1I0,
+    /// 2W3, 1B2).
     #[arg(long)]
     schedule: String,
     /// Pipeline ranks (devices), P.
@@ -89,7 +90,7 @@ pub fn simulate_cmd(a: SimulateArgs) -> Result<ExitCode> {
             bail!("--chunks applies to interleaved-1f1b only");
         }
         let s = if a.schedule == "zb-v" {
-            // ZB-V orders its actions by running the ranks with the stage costs.
+            // ZB-V's weight gradients fill the time its order leaves idle at these costs.
             ppcc_passes::schedule::zb_v_for(
                 a.stages,
                 a.microbatches,

@@ -416,7 +416,7 @@ fn unknown_schedule_lists_the_builtins() {
     let err = compile_err("mlp.onnx", "schedule", &["--schedule", "foo"]);
     assert!(
         err.contains(
-            "unknown schedule `foo` (built-in: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v; or a .csv file)"
+            "unknown schedule `foo` (built-in: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v; or a .csv file)"
         ),
         "{err}"
     );

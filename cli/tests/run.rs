@@ -49,14 +49,16 @@ fn matches_train(model: &str, opts: &[&str]) {
             configs.push(vec!["--stages", stages, "--schedule", schedule]);
         }
     }
-    configs.push(vec![
-        "--stages",
-        "2",
-        "--schedule",
-        "zb-v",
-        "--partition",
-        "sequential",
-    ]);
+    for schedule in ["zb-v", "dualpipe-v"] {
+        configs.push(vec![
+            "--stages",
+            "2",
+            "--schedule",
+            schedule,
+            "--partition",
+            "sequential",
+        ]);
+    }
     let name = Path::new(model)
         .file_stem()
         .unwrap()

@@ -38,6 +38,30 @@ fn one_f_one_b_prints_makespan_bubble_and_peaks() {
     );
 }
 
+/// The V schedules at unit costs: `6m + p − 1`, with `2p` (ZB-V) and `2p + 1` (DualPipeV)
+/// chunk activations per rank.
+#[test]
+fn v_schedules_have_their_closed_form_makespans() {
+    for (name, peak) in [("zb-v", 8), ("dualpipe-v", 9)] {
+        let (ok, out, err) = simulate(&[
+            "--schedule",
+            name,
+            "--stages",
+            "4",
+            "--microbatches",
+            "8",
+            "--cost",
+            "F=1,B=1,W=1,comm=0",
+        ]);
+        assert!(ok, "{name}: {err}");
+        let mut want = format!("makespan 51 bubble {:.6}\n", 1.0 - 48.0 / 51.0);
+        for r in 0..4 {
+            want.push_str(&format!("rank {r} peak_activations {peak}\n"));
+        }
+        assert_eq!(out, want, "{name}");
+    }
+}
+
 #[test]
 fn costs_chunks_and_outputs() {
     let (ok, out, err) = simulate(&[
@@ -151,7 +175,9 @@ fn errors_exit_non_zero_with_a_message() {
         .map(|o| (o.status.success(), String::from_utf8(o.stdout).unwrap(), ()))
         .unwrap();
     assert!(
-        ok && out.contains("interleaved-1f1b") && out.contains("zb-v"),
+        ok && out.contains("interleaved-1f1b")
+            && out.contains("zb-v")
+            && out.contains("dualpipe-v"),
         "{out}"
     );
 }

@@ -814,7 +814,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
             BUILTIN_NAMES.join(", ")
         );
     };
-    let one_stage_per_device = matches!(&spec, ScheduleSpec::Builtin(n) if n != "zb-v" && !(n == "interleaved-1f1b" && chunks > 1));
+    let one_stage_per_device = matches!(&spec, ScheduleSpec::Builtin(n) if n != "zb-v" && n != "dualpipe-v" && !(n == "interleaved-1f1b" && chunks > 1));
     let kind = match a.partition {
         PartitionChoice::Auto if one_stage_per_device => PartitionKind::Graph,
         PartitionChoice::Auto => PartitionKind::Sequential,

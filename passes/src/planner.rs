@@ -32,7 +32,8 @@ use crate::partition::{
 use crate::recompute::{
     analyze, choose_all, choose_within, evaluate, Budget, RecomputeMode, StageChoice,
 };
-use crate::schedule::{builtin_on, insert_communication, validate, zb_v_for, Layout, Schedule};
+use crate::schedule::generators::better_with_filled_w;
+use crate::schedule::{builtin_on, insert_communication, validate, zb_v, Layout, Schedule};
 use crate::simulate::{simulate, CostTable, SimReport, StageCosts};
 use crate::PassError;
 
@@ -127,6 +128,8 @@ fn stash_estimate(schedule: &ScheduleSpec, ranks: usize, m: usize) -> f64 {
         ScheduleSpec::Builtin(name) => match name.as_str() {
             "gpipe" => m,
             "zb-h2" | "zb-v" | "interleaved-1f1b" => m.min(2 * ranks),
+            // 2p + 1 chunk activations, each about half a stage of the others.
+            "dualpipe-v" => m.min(2 * ranks + 1),
             _ => m.min(ranks),
         },
         ScheduleSpec::Custom(_) => m,
@@ -155,7 +158,7 @@ fn shape(o: &PlannerOptions) -> Result<(usize, Option<Layout>), PassError> {
                     chunks: o.chunks,
                 }),
             ),
-            "zb-v" => (2 * p, Some(Layout::VShape { ranks: p })),
+            "zb-v" | "dualpipe-v" => (2 * p, Some(Layout::VShape { ranks: p })),
             _ => (p, None),
         }),
     }
@@ -185,6 +188,10 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     popts.pinned = o.pinned.clone();
     popts.autodiff = o.autodiff.clone();
     popts.candidates = 4;
+    popts.device_of_stage = fixed_layout
+        .as_ref()
+        .filter(|l| l.num_chunks() > 1)
+        .map(|l| (0..k).map(|s| l.rank_of(s)).collect());
     popts.op_timer = o.op_timer.clone();
     let explain = |e: PassError| -> PassError {
         if k == o.ranks {
@@ -262,19 +269,11 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
         };
         let mut costs = cost_table(&part, &o.profile, o.optimizer_state);
         let schedule = match &o.schedule {
-            // ZB-V orders its actions by running the ranks with the stage costs.
+            // ZB-V's weight gradients fill the time its order leaves idle at these costs.
             ScheduleSpec::Builtin(name)
                 if name == "zb-v" && layout == (Layout::VShape { ranks: o.ranks }) =>
             {
-                let per_stage: Vec<[f64; 3]> = costs
-                    .stages
-                    .iter()
-                    .map(|c| [c.forward, c.backward_input, c.backward_weight])
-                    .collect();
-                let comm = (1..k)
-                    .map(|s| costs.comm_between(s - 1, s))
-                    .fold(0.0, f64::max);
-                zb_v_for(o.ranks, o.microbatches, &per_stage, comm)
+                better_with_filled_w(zb_v(o.ranks, o.microbatches), &costs, 2 * o.ranks)
             }
             ScheduleSpec::Builtin(name) => builtin_on(name, &layout, o.microbatches, o.chunks)
                 .map_err(|e| fail(e.to_string()))?,

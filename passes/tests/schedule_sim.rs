@@ -180,14 +180,28 @@ fn zb_v_is_valid_and_beats_1f1b() {
     }
 }
 
+/// Per rank and kind, the (stage, micro-batch) pairs of `s`, sorted (the actions a rank
+/// runs, whatever their order).
+fn action_sets(s: &Schedule) -> Vec<Vec<(ActionKind, usize, usize)>> {
+    s.per_rank
+        .iter()
+        .map(|l| {
+            let mut v: Vec<_> = l.iter().map(|a| (a.kind, a.stage, a.micro_batch)).collect();
+            v.sort_by_key(|&(k, st, mb)| (k.code(), st, mb));
+            v
+        })
+        .collect()
+}
+
 /// ZB-V's closed-form properties (Qi et al.): every dependency respected (the validator),
 /// at most 2p chunk activations per rank (1F1B's first rank keeps p stage activations,
-/// each two chunks), and with F = I = W and no link time a bubble that vanishes as M grows:
-/// only the V's fill and drain, about 2p units against 6M per rank, stay idle.
+/// each two chunks), and with F = I = W and no link time, for M ≥ 2p, a makespan of
+/// exactly 6M + p − 1: rank r idles r units before its first forward and p − 1 − r after
+/// its last input gradient, nothing in between.
 #[test]
 fn zb_v_closed_form_properties() {
     for p in 1..=8usize {
-        for m in [1, 2, p, 2 * p, 3 * p + 1, 8 * p] {
+        for m in [1, 2, p, 2 * p, 2 * p + 1, 3 * p + 1, 8 * p] {
             let s = zb_v(p, m);
             let r = run(&s, 1.0, 1.0, 1.0, 0.0);
             assert!(
@@ -195,16 +209,23 @@ fn zb_v_closed_form_properties() {
                 "p={p} m={m}: peak stash {:?} over 2p",
                 r.peak_stash
             );
-            // The chunk-0 forward reaches the bottom of the V and the chunk-1 forward comes
-            // back up (2p units) before rank 0's first I; the last W ends the step. The
-            // schedule may lose at most the V's depth on each side.
             let work = 6.0 * m as f64;
-            assert!(
-                r.makespan <= work + 4.0 * p as f64 + EPS,
-                "p={p} m={m}: makespan {} > 6m + 4p = {}",
-                r.makespan,
-                work + 4.0 * p as f64
-            );
+            if m >= 2 * p {
+                let want = work + p as f64 - 1.0;
+                assert!(
+                    (r.makespan - want).abs() < EPS,
+                    "p={p} m={m}: makespan {} != 6m + p - 1 = {want}",
+                    r.makespan
+                );
+                assert_eq!(r.peak_stash, vec![2 * p; p], "p={p} m={m}");
+                // Every rank is busy from its first forward to its last action but one
+                // stretch: rank r starts at r.
+                for (rank, events) in r.events.iter().enumerate() {
+                    assert!((events[0].start - rank as f64).abs() < EPS);
+                }
+            } else {
+                assert!(r.makespan <= work + 4.0 * p as f64 + 2.0 + EPS);
+            }
         }
         let m = 64 * p;
         let r = run(&zb_v(p, m), 1.0, 1.0, 1.0, 0.0);
@@ -213,6 +234,83 @@ fn zb_v_closed_form_properties() {
             "p={p} m={m}: bubble {}",
             r.bubble_fraction
         );
+    }
+}
+
+/// DualPipeV's closed-form properties: valid, the same actions as ZB-V (every rank runs F,
+/// I and W of both its chunks for every micro-batch), with F = I = W and no link time a
+/// makespan of exactly 6M + p − 1 for M ≥ 2p, and 2p + 1 chunk activations per rank — one
+/// more than ZB-V, the forward that overlaps a backward in the steady state.
+#[test]
+fn dualpipe_v_closed_form_properties() {
+    use ppcc_passes::schedule::dualpipe_v;
+    for p in 1..=8usize {
+        for m in [1, 2, p, 2 * p - 1, 2 * p, 2 * p + 3, 5 * p] {
+            let s = dualpipe_v(p, m);
+            assert_eq!(s.layout, Layout::VShape { ranks: p });
+            assert_eq!(action_sets(&s), action_sets(&zb_v(p, m)), "p={p} m={m}");
+            let r = run(&s, 1.0, 1.0, 1.0, 0.0);
+            if m >= 2 * p {
+                let want = 6.0 * m as f64 + p as f64 - 1.0;
+                assert!(
+                    (r.makespan - want).abs() < EPS,
+                    "p={p} m={m}: makespan {} != {want}",
+                    r.makespan
+                );
+                assert_eq!(r.peak_stash, vec![2 * p + 1; p], "p={p} m={m}");
+            } else {
+                assert!(r.peak_stash.iter().all(|&n| n <= 2 * p + 1));
+            }
+            // The steady state alternates overlapped pairs: a forward of one chunk right
+            // before a backward of the other chunk, of different micro-batches.
+            if m >= 2 * p + 3 {
+                let list = &s.per_rank[0];
+                let pairs = list
+                    .windows(2)
+                    .filter(|w| {
+                        w[0].kind == ActionKind::Forward
+                            && w[1].kind == ActionKind::BackwardInput
+                            && w[0].chunk != w[1].chunk
+                            && w[0].micro_batch != w[1].micro_batch
+                    })
+                    .count();
+                assert!(pairs >= 2 * (m - 2 * p + 1), "p={p} m={m}: {pairs} pairs");
+            }
+        }
+    }
+}
+
+/// With real costs ZB-V's weight gradients fill what the order leaves idle: never slower
+/// than the unit-cost order, never above 2p chunk activations.
+#[test]
+fn zb_v_for_fills_idle_time_with_weight_gradients() {
+    use ppcc_passes::schedule::{fill_weight_gradients, zb_v_for};
+    for &(p, m) in &[(2, 4), (4, 8), (4, 16), (8, 32)] {
+        for &(f, b, w, c) in &[
+            (1.0, 1.7, 0.7, 0.05),
+            (1.0, 2.0, 1.0, 0.0),
+            (2.0, 3.0, 0.5, 0.1),
+        ] {
+            let costs = CostTable::uniform(2 * p, f, b, w, c);
+            let base = simulate(&zb_v(p, m), &costs).unwrap();
+            let s = zb_v_for(p, m, &vec![[f, b, w]; 2 * p], c);
+            validate(&s).unwrap();
+            let r = simulate(&s, &costs).unwrap();
+            assert!(r.makespan <= base.makespan + EPS);
+            assert!(r.peak_stash.iter().all(|&n| n <= 2 * p));
+            assert_eq!(action_sets(&s), action_sets(&zb_v(p, m)));
+            // The filled order keeps every rank's forwards and input gradients in place.
+            let filled = fill_weight_gradients(&zb_v(p, m), &costs, 2 * p).unwrap();
+            for (a, b) in filled.per_rank.iter().zip(&zb_v(p, m).per_rank) {
+                let keep = |l: &Vec<Action>| -> Vec<Action> {
+                    l.iter()
+                        .filter(|x| x.kind != ActionKind::BackwardWeight)
+                        .copied()
+                        .collect()
+                };
+                assert_eq!(keep(a), keep(b));
+            }
+        }
     }
 }
 

@@ -100,6 +100,10 @@ pub struct PartitionOptions {
     /// Times the training step's ops on the code that will run them (a profile with
     /// `measure_ops` otherwise times them with the interpreter).
     pub op_timer: Option<OpTimer>,
+    /// The device of each stage when devices hold several stages (interleaved 1F1B, the V
+    /// schedules): the sequential partitioner then also offers its best plan rebalanced so
+    /// that the devices, not the stages, carry equal work ([`balance_devices`]).
+    pub device_of_stage: Option<Vec<usize>>,
 }
 
 /// Measures the ops of a function (a whole training step) as the target runs them:
@@ -137,6 +141,7 @@ impl PartitionOptions {
             autodiff: AutodiffOptions::default(),
             candidates: 1,
             op_timer: None,
+            device_of_stage: None,
         }
     }
 }
@@ -292,6 +297,16 @@ pub fn partition(m: &Module, opts: &PartitionOptions) -> Result<Vec<Partition>, 
                     )),
                 });
             }
+            let mut found = found;
+            if let (Some(dev), PartitionKind::Sequential, true) =
+                (&opts.device_of_stage, opts.kind, pinned_nodes.is_empty())
+            {
+                if let Some(balanced) = found.first().and_then(|s| balance_devices(&g, s, dev)) {
+                    if !found.contains(&balanced) {
+                        found.push(balanced);
+                    }
+                }
+            }
             found
         }
     };
@@ -430,6 +445,110 @@ fn uniform(g: &graph::NodeGraph, k: usize) -> Result<Vec<Vec<usize>>, PassError>
         out[s].push(i);
     }
     Ok(out)
+}
+
+/// A chain partition (stage `s` = a run of consecutive nodes, in order) whose stage
+/// boundaries are moved one node at a time while that lowers the busiest device's work
+/// (`device_of_stage[s]` holds stage `s`; ties: the sum of squared device loads), keeping
+/// every stage non-empty and every edge within a stage or to the next one (a chain).
+/// `None` when `stages` is not such a chain or no move helps. The planner simulates the
+/// result beside the partitioner's own plans and keeps whichever runs fastest.
+fn balance_devices(
+    g: &graph::NodeGraph,
+    stages: &[Vec<usize>],
+    device_of_stage: &[usize],
+) -> Option<Vec<Vec<usize>>> {
+    let k = stages.len();
+    let n = g.nodes.len();
+    if k < 2 || device_of_stage.len() != k {
+        return None;
+    }
+    // Bounds: stage s = bounds[s]..bounds[s + 1].
+    let mut bounds = vec![0usize; k + 1];
+    let mut sorted: Vec<Vec<usize>> = stages.to_vec();
+    sorted.iter_mut().for_each(|s| s.sort_unstable());
+    sorted.sort_by_key(|s| s.first().copied());
+    for (i, st) in sorted.iter().enumerate() {
+        let (first, last) = (*st.first()?, *st.last()?);
+        if first != bounds[i] || last + 1 - first != st.len() {
+            return None;
+        }
+        bounds[i + 1] = last + 1;
+    }
+    if bounds[k] != n {
+        return None;
+    }
+    let devices = device_of_stage.iter().copied().max()? + 1;
+    let time: Vec<f64> = g.nodes.iter().map(|x| x.cost.time()).collect();
+    let mut prefix = vec![0.0f64; n + 1];
+    for i in 0..n {
+        prefix[i + 1] = prefix[i] + time[i];
+    }
+    let score = |b: &[usize]| -> (f64, f64) {
+        let mut load = vec![0.0f64; devices];
+        for s in 0..k {
+            load[device_of_stage[s]] += prefix[b[s + 1]] - prefix[b[s]];
+        }
+        let max = load.iter().copied().fold(0.0, f64::max);
+        (max, load.iter().map(|x| x * x).sum())
+    };
+    let is_chain = |b: &[usize]| -> bool {
+        let mut stage_of = vec![0usize; n];
+        for s in 0..k {
+            stage_of[b[s]..b[s + 1]].iter_mut().for_each(|x| *x = s);
+        }
+        (0..n).all(|u| {
+            g.succs[u]
+                .iter()
+                .all(|&v| stage_of[v] == stage_of[u] || stage_of[v] == stage_of[u] + 1)
+        })
+    };
+    if !is_chain(&bounds) {
+        return None;
+    }
+    let start = score(&bounds);
+    let mut best = start;
+    // Each accepted move lowers (max, sum of squares); bounded all the same.
+    for _ in 0..4 * n {
+        let mut improved = None;
+        for i in 1..k {
+            for step in [-1isize, 1] {
+                let Some(nb) = bounds[i].checked_add_signed(step) else {
+                    continue;
+                };
+                if nb <= bounds[i - 1] || nb >= bounds[i + 1] {
+                    continue;
+                }
+                let mut b = bounds.clone();
+                b[i] = nb;
+                let sc = score(&b);
+                let better = sc.0 < best.0 * (1.0 - 1e-12)
+                    || (sc.0 <= best.0 && sc.1 < best.1 * (1.0 - 1e-12));
+                if better
+                    && improved
+                        .as_ref()
+                        .is_none_or(|(_, s): &(Vec<usize>, (f64, f64))| sc < *s)
+                {
+                    improved = Some((b, sc));
+                }
+            }
+        }
+        match improved {
+            Some((b, sc)) if is_chain(&b) => {
+                bounds = b;
+                best = sc;
+            }
+            _ => break,
+        }
+    }
+    if best >= start {
+        return None;
+    }
+    Some(
+        (0..k)
+            .map(|s| (bounds[s]..bounds[s + 1]).collect())
+            .collect(),
+    )
 }
 
 /// Turn node groups into a [`Partition`]: number stages topologically, cost them, find the
@@ -786,4 +905,74 @@ impl Pass for PartitionPass {
 /// hand-partitioned module); `None` if some op has no stage.
 pub fn stages_of(f: &Function) -> Option<Vec<u32>> {
     f.ops().iter().map(|&op| f.op(op).stage).collect()
+}
+
+#[cfg(test)]
+mod balance_tests {
+    use super::balance_devices;
+    use super::graph::{Cost, Node, NodeGraph};
+
+    /// A chain of nodes with the given times (F only).
+    fn chain(times: &[f64]) -> NodeGraph {
+        let n = times.len();
+        NodeGraph {
+            nodes: times
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| Node {
+                    ops: vec![i],
+                    cost: Cost {
+                        f: t,
+                        ..Cost::default()
+                    },
+                    name: format!("n{i}"),
+                })
+                .collect(),
+            edges: vec![],
+            preds: (0..n)
+                .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
+                .collect(),
+            succs: (0..n)
+                .map(|i| if i + 1 < n { vec![i + 1] } else { vec![] })
+                .collect(),
+            node_of_op: (0..n).collect(),
+            is_source: (0..n).map(|i| i == 0).collect(),
+            is_sink: (0..n).map(|i| i + 1 == n).collect(),
+        }
+    }
+
+    fn loads(stages: &[Vec<usize>], times: &[f64], dev: &[usize]) -> Vec<f64> {
+        let mut load = vec![0.0; dev.iter().max().unwrap() + 1];
+        for (s, nodes) in stages.iter().enumerate() {
+            load[dev[s]] += nodes.iter().map(|&i| times[i]).sum::<f64>();
+        }
+        load
+    }
+
+    /// The V pairs stage r with stage 2p−1−r: equal stages can still leave devices unequal
+    /// when the chain's nodes differ; moving boundaries evens the devices out.
+    #[test]
+    fn devices_of_a_v_get_equal_work() {
+        // 4 stages on 2 devices as a V: device 0 holds stages 0 and 3, device 1 stages 1, 2.
+        let times = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.0];
+        let dev = [0, 1, 1, 0];
+        let g = chain(&times);
+        // Device 0 runs 1 + 3 = 4, device 1 runs 3 + 5 = 8; 6 and 6 is possible.
+        let start = vec![vec![0], vec![1, 2, 3], vec![4, 5, 6], vec![7]];
+        let before = loads(&start, &times, &dev);
+        let out = balance_devices(&g, &start, &dev).expect("a better balance exists");
+        let after = loads(&out, &times, &dev);
+        let max = |l: &[f64]| l.iter().copied().fold(0.0, f64::max);
+        assert!(max(&after) < max(&before), "{before:?} -> {after:?}");
+        assert_eq!(max(&after), 6.0, "{out:?}");
+        // Still a chain of consecutive, non-empty runs covering every node once.
+        let flat: Vec<usize> = out.iter().flatten().copied().collect();
+        assert_eq!(flat, (0..8).collect::<Vec<_>>());
+        assert!(out.iter().all(|s| !s.is_empty()));
+        // Already balanced: nothing to offer.
+        assert_eq!(balance_devices(&g, &out, &dev), None);
+        // Not a run of consecutive nodes: not a chain partition this can move.
+        let scattered = vec![vec![0, 2], vec![1, 3], vec![4, 5, 6], vec![7]];
+        assert_eq!(balance_devices(&g, &scattered, &dev), None);
+    }
 }

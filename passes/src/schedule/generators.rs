@@ -12,6 +12,7 @@ use petgraph::algo::toposort;
 use petgraph::graph::DiGraph;
 
 use super::{Action, ActionKind, Layout, Schedule, ScheduleError};
+use crate::simulate::{simulate, CostTable};
 
 use ActionKind::{BackwardInput as Bi, BackwardWeight as Bw, Forward as Fw, FullBackward as Bf};
 
@@ -23,9 +24,11 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "zb-h1",
     "zb-h2",
     "zb-v",
+    "dualpipe-v",
 ];
 
-/// A built-in schedule by name (`chunks` is used by `interleaved-1f1b` only).
+/// A built-in schedule by name (`chunks` is used by `interleaved-1f1b` only; `zb-v` and
+/// `dualpipe-v` use two chunks per rank, the V layout).
 pub fn builtin(
     name: &str,
     ranks: usize,
@@ -45,6 +48,7 @@ pub fn builtin(
         "zb-h1" => zb_h1(ranks, microbatches),
         "zb-h2" => zb_h2(ranks, microbatches),
         "zb-v" => zb_v(ranks, microbatches),
+        "dualpipe-v" => dualpipe_v(ranks, microbatches),
         _ => return Err(unknown(name)),
     })
 }
@@ -109,7 +113,7 @@ pub fn builtin_on(
         ))
     };
     match (name, layout) {
-        ("interleaved-1f1b" | "zb-v", Layout::Dag { .. }) => Err(ScheduleError::Invalid(format!(
+        ("interleaved-1f1b" | "zb-v" | "dualpipe-v", Layout::Dag { .. }) => Err(ScheduleError::Invalid(format!(
             "schedule `{name}` needs a chain of stages, the layout is {} (use a sequential partition)",
             describe_layout(layout)
         ))),
@@ -124,8 +128,10 @@ pub fn builtin_on(
         ("interleaved-1f1b", _) => Err(mismatch(&format!(
             "an interleaved chain of {chunks} chunk(s) per rank"
         ))),
-        ("zb-v", Layout::VShape { ranks }) => builtin(name, *ranks, microbatches, chunks),
-        ("zb-v", _) => Err(mismatch("a V-shaped layout (two chunks per rank)")),
+        ("zb-v" | "dualpipe-v", Layout::VShape { ranks }) => {
+            builtin(name, *ranks, microbatches, chunks)
+        }
+        ("zb-v" | "dualpipe-v", _) => Err(mismatch("a V-shaped layout (two chunks per rank)")),
         (_, Layout::Interleaved { ranks, chunks: 1 }) => {
             builtin(name, *ranks, microbatches, chunks)
         }
@@ -378,197 +384,359 @@ fn zb_h2_on(layout: Layout, microbatches: usize, h: &[usize]) -> Schedule {
     )
 }
 
-/// ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §6, and "Pipeline
-/// Parallelism with Controllable Memory", 2024) at unit costs (`F = I = W`, no link time);
-/// see [`zb_v_for`].
+/// One rank's program on the V layout (chunk 0 = stage `r`, chunk 1 = stage `2p−1−r`):
+/// it hands out each (kind, chunk)'s micro-batches in order and drops those `≥ m`.
+///
+/// The V schedules below are written for as many micro-batches as their steady state
+/// needs and then cut to `m`: every kept action's inputs are kept actions that came
+/// earlier in the uncut schedule's timing, so the cut schedule is as deadlock-free as the
+/// uncut one and holds no more activations.
+struct VRank {
+    p: usize,
+    m: usize,
+    r: usize,
+    /// Next micro-batch of (F, I, W) × chunk.
+    next: [[usize; 2]; 3],
+    out: Vec<Action>,
+}
+
+impl VRank {
+    fn new(p: usize, m: usize, r: usize) -> Self {
+        VRank {
+            p,
+            m,
+            r,
+            next: [[0; 2]; 3],
+            out: vec![],
+        }
+    }
+
+    fn stage(&self, chunk: usize) -> usize {
+        if chunk == 0 {
+            self.r
+        } else {
+            2 * self.p - 1 - self.r
+        }
+    }
+
+    /// The next `kind` of `chunk`, `None` once its micro-batches are used up.
+    fn take(&mut self, kind: ActionKind, chunk: usize) -> Option<Action> {
+        let k = match kind {
+            Fw => 0,
+            Bi => 1,
+            _ => 2,
+        };
+        let mb = self.next[k][chunk];
+        self.next[k][chunk] += 1;
+        (mb < self.m).then(|| Action::new(kind, self.stage(chunk), mb, chunk))
+    }
+
+    fn emit(&mut self, kind: ActionKind, chunk: usize) {
+        if let Some(a) = self.take(kind, chunk) {
+            self.out.push(a);
+        }
+    }
+
+    fn inputs_done(&self) -> bool {
+        self.next[1][0] >= self.m && self.next[1][1] >= self.m
+    }
+}
+
+/// ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §6; the V-ZB of
+/// "Pipeline Parallelism with Controllable Memory", NeurIPS 2024), built from its
+/// construction at `F = I = W` (one unit per chunk). Rank `r` runs:
+/// 1. `2(p−r)−1` chunk-0 forwards — the time until the first chunk-1 forward comes back
+///    up the V to it;
+/// 2. `r` pairs (chunk-1 F, chunk-0 F) — until the first input gradient reaches it;
+/// 3. `p−r` triples (chunk-1 F, I, W) — the gradient travels on down the V;
+/// 4. the steady state: (F, I, W) of chunk 0, then of chunk 1, each rank `2` units behind
+///    the one below it;
+/// 5. after its last forward, its remaining input gradients first and then its weight
+///    gradients (the `W`s fill the drain of the V).
+///
+/// Closed-form properties (tested): at most `2p` chunk activations per rank (`p` stages:
+/// 1F1B's first rank), and with unit costs and no link time, for `m ≥ 2p`, makespan
+/// `6m + p − 1` — only rank `r`'s `r` units before its first forward and `p−1−r` at the
+/// end are idle.
 pub fn zb_v(ranks: usize, microbatches: usize) -> Schedule {
-    let unit = [1.0, 1.0, 1.0];
-    zb_v_for(ranks, microbatches, &vec![unit; 2 * ranks], 0.0)
+    let (p, m) = (ranks, microbatches);
+    let mut s = Schedule::empty(Layout::VShape { ranks }, m);
+    for r in 0..p {
+        let mut v = VRank::new(p, m, r);
+        for _ in 0..2 * (p - r) - 1 {
+            v.emit(Fw, 0);
+        }
+        for _ in 0..r {
+            v.emit(Fw, 1);
+            v.emit(Fw, 0);
+        }
+        for _ in 0..p - r {
+            v.emit(Fw, 1);
+            v.emit(Bi, 1);
+            v.emit(Bw, 1);
+        }
+        while !v.inputs_done() {
+            for c in [0, 1] {
+                v.emit(Fw, c);
+                v.emit(Bi, c);
+                v.emit(Bw, c);
+            }
+        }
+        let mut list = v.out;
+        if let Some(last_f) = list.iter().rposition(|a| a.kind == Fw) {
+            // Stable: input gradients keep their order, weight gradients theirs.
+            let tail = list.split_off(last_f + 1);
+            let (ws, others): (Vec<Action>, Vec<Action>) =
+                tail.into_iter().partition(|a| a.kind == Bw);
+            list.extend(others);
+            list.extend(ws);
+        }
+        s.per_rank[r] = list;
+    }
+    s
 }
 
 /// ZB-V for given costs: `costs[s]` = (F, I, W) of virtual stage `s`, `comm` the link time.
 ///
-/// The V layout puts chunk 0 (stages `0..p`) down the ranks and chunk 1 (stages `p..2p`)
-/// back up, so rank `r` holds stages `r` and `2p−1−r` and the last stage's loss is on rank
-/// 0. Like the zero-bubble authors' V scheduler, the order is built by running the ranks
-/// in time with these costs (the order then has no bubble the costs would open):
-/// - warm-up: forwards of chunk 0, then of chunk 1 as they come back up; rank `r` runs at
-///   most `2(p−r)−1` chunk-0 forwards ahead of its chunk-1 forwards (its share of the V
-///   before the first chunk-1 forward reaches it at unit costs), so chunk 0 never takes
-///   the room chunk 1 needs;
-/// - steady state: a ready `I` first (chunk 1 first: it unblocks the longer path), else a
-///   ready `F` (chunk 1 first) while the rank stashes fewer than `2p` chunk activations,
-///   else a `W` when one waits and either memory blocks the forward or the `W` ends before
-///   the next `I`/`F` can start — `W`s fill what would be bubbles;
-/// - cool-down: the remaining `W`s.
-///
-/// Memory: at most `2p` chunk activations per rank (a chunk is half a 1F1B stage), so the
-/// same activation memory as 1F1B's first rank (`p` stage activations).
+/// [`zb_v`]'s order of forwards and input gradients, with its weight gradients moved into
+/// the time the costs leave idle ([`fill_weight_gradients`], at most `2p` chunk
+/// activations per rank) when that simulates faster than [`zb_v`] itself.
 pub fn zb_v_for(ranks: usize, microbatches: usize, costs: &[[f64; 3]], comm: f64) -> Schedule {
-    let layout = Layout::VShape { ranks };
-    let (p, m) = (ranks, microbatches);
-    let mut s = Schedule::empty(layout.clone(), m);
-    if p == 0 || m == 0 || costs.len() != 2 * p {
-        return s;
+    let base = zb_v(ranks, microbatches);
+    if costs.len() != 2 * ranks {
+        return base;
     }
-    let cap = 2 * p;
-    // End times of F and I per (stage, micro-batch); NaN until scheduled.
-    let mut f_end = vec![f64::NAN; 2 * p * m];
-    let mut b_end = vec![f64::NAN; 2 * p * m];
+    let mut table = CostTable::uniform(2 * ranks, 1.0, 1.0, 1.0, comm);
+    for (c, &[f, i, w]) in table.stages.iter_mut().zip(costs) {
+        c.forward = f;
+        c.backward_input = i;
+        c.backward_weight = w;
+    }
+    better_with_filled_w(base, &table, 2 * ranks)
+}
+
+/// `s` or, when it simulates faster under `costs`, `s` with its weight gradients moved
+/// into idle time ([`fill_weight_gradients`] with at most `cap` stashed micro-batches per
+/// rank).
+pub(crate) fn better_with_filled_w(s: Schedule, costs: &CostTable, cap: usize) -> Schedule {
+    let Some(filled) = fill_weight_gradients(&s, costs, cap) else {
+        return s;
+    };
+    match (simulate(&s, costs), simulate(&filled, costs)) {
+        (Ok(a), Ok(b)) if b.makespan < a.makespan * (1.0 - 1e-12) => filled,
+        _ => s,
+    }
+}
+
+/// Keep every rank's order of `F`, `I` and `B` and place its `W`s (in their order) by
+/// running the ranks in time with `costs`: whichever of a rank's next `F`/`I`/`B` and
+/// next `W` can start first runs (the `F`/`I`/`B` on a tie), and a forward that would
+/// stash more than `cap` micro-batches (or `cap` if the schedule already needs more)
+/// waits for a `W`. The ranks' forward and input-gradient orders are the schedule's, so
+/// it stays deadlock-free; `None` if it cannot be completed all the same (an input that
+/// never comes).
+pub fn fill_weight_gradients(s: &Schedule, costs: &CostTable, cap: usize) -> Option<Schedule> {
+    let layout = &s.layout;
+    let (nv, m) = (layout.num_virtual_stages(), s.num_microbatches);
+    if costs.stages.len() != nv {
+        return None;
+    }
+    let p = s.per_rank.len();
+    let compute: Vec<Vec<Action>> = s
+        .per_rank
+        .iter()
+        .map(|l| l.iter().filter(|a| a.kind.is_compute()).copied().collect())
+        .collect();
+    let main: Vec<Vec<Action>> = compute
+        .iter()
+        .map(|l| l.iter().filter(|a| a.kind != Bw).copied().collect())
+        .collect();
+    let ws: Vec<Vec<Action>> = compute
+        .iter()
+        .map(|l| l.iter().filter(|a| a.kind == Bw).copied().collect())
+        .collect();
+    // The schedule's own peak stash per rank, so a schedule above `cap` is never refused.
+    let cap: Vec<usize> = compute
+        .iter()
+        .map(|l| {
+            let (mut n, mut peak) = (0usize, 0usize);
+            for a in l {
+                match a.kind {
+                    Fw => n += 1,
+                    Bw | Bf => n = n.saturating_sub(1),
+                    _ => {}
+                }
+                peak = peak.max(n);
+            }
+            peak.max(cap)
+        })
+        .collect();
     let at = |x: usize, k: usize| x * m + k;
-    let mut next_f = vec![0usize; 2 * p];
-    let mut next_b = vec![0usize; 2 * p];
-    let mut pending_w: Vec<VecDeque<usize>> = vec![VecDeque::new(); 2 * p];
-    let mut stash = vec![0usize; p];
-    let mut free = vec![0.0f64; p];
-    let mut left = vec![6 * m; p];
-    // Ranks waiting for an input no other rank has scheduled yet (cleared on progress).
-    let mut waiting = vec![false; p];
-    // Rank r's stages: chunk 1 first (the preferred one).
-    let stages = |r: usize| [2 * p - 1 - r, r];
-    let lead = |r: usize| 2 * (p - r) - 1;
-    // When an input from stage `q` (`NaN` end: not yet scheduled) reaches stage `x`.
-    let arrival = |end: f64, q: usize, x: usize| {
-        end + if layout.rank_of(q) != layout.rank_of(x) {
-            comm
+    let mut f_end = vec![f64::NAN; nv * m];
+    let mut b_end = vec![f64::NAN; nv * m];
+    let preds: Vec<Vec<usize>> = (0..nv).map(|x| layout.preds(x)).collect();
+    let succs: Vec<Vec<usize>> = (0..nv).map(|x| layout.succs(x)).collect();
+    let link = |from: usize, to: usize| {
+        if layout.rank_of(from) != layout.rank_of(to) {
+            costs.comm_between(from, to)
         } else {
             0.0
         }
     };
-    loop {
-        // The rank that is free first and has work left (ties: the lower rank); when every
-        // such rank waits for the others, the first one with a `W` runs it.
-        let open = (0..p)
-            .filter(|&r| left[r] > 0 && !waiting[r])
-            .min_by(|&a, &b| free[a].total_cmp(&free[b]));
-        let (r, stuck) = match open {
-            Some(r) => (r, false),
-            None => match (0..p).find(|&r| left[r] > 0) {
-                Some(r) => (r, true),
-                None => break,
-            },
-        };
-        let now = free[r];
-        let tol = 1e-9 * now.abs().max(1.0);
-        // Ready time of the next I and F of each stage (NaN: its input is not scheduled).
-        let ready_b = |x: usize| -> Option<f64> {
-            let k = next_b[x];
-            if k >= m || k >= next_f[x] {
-                return None;
+    // When `a` could start on an idle rank (`None`: an input is not scheduled yet).
+    let ready = |a: &Action, f_end: &[f64], b_end: &[f64]| -> Option<f64> {
+        if a.micro_batch >= m || a.stage >= nv {
+            return None;
+        }
+        let mut t = 0.0f64;
+        let mut need = |end: f64, from: usize| {
+            if end.is_nan() {
+                return false;
             }
-            let own = f_end[at(x, k)];
-            if x + 1 == 2 * p {
-                return Some(own);
+            t = t.max(end + link(from, a.stage));
+            true
+        };
+        let ok = match a.kind {
+            Fw => preds[a.stage]
+                .iter()
+                .all(|&q| need(f_end[at(q, a.micro_batch)], q)),
+            Bi | Bf => {
+                need(f_end[at(a.stage, a.micro_batch)], a.stage)
+                    && succs[a.stage]
+                        .iter()
+                        .all(|&q| need(b_end[at(q, a.micro_batch)], q))
             }
-            // `f64::max` would drop a NaN (an input not scheduled yet).
-            let input = arrival(b_end[at(x + 1, k)], x + 1, x);
-            Some(if input.is_nan() {
-                input
-            } else {
-                own.max(input)
-            })
+            Bw => need(b_end[at(a.stage, a.micro_batch)], a.stage),
+            _ => true,
         };
-        let ready_f = |x: usize| -> Option<f64> {
-            let k = next_f[x];
-            if k >= m {
-                return None;
-            }
-            if x < p && next_f[x] >= next_f[2 * p - 1 - x] + lead(r) {
-                return None;
-            }
-            Some(if x > 0 {
-                arrival(f_end[at(x - 1, k)], x - 1, x)
-            } else {
-                0.0
-            })
-        };
-        let pick = |ready: &dyn Fn(usize) -> Option<f64>| {
-            stages(r)
-                .into_iter()
-                .find(|&x| ready(x).is_some_and(|t| t <= now + tol))
-        };
-        let earliest = |ready: &dyn Fn(usize) -> Option<f64>| {
-            stages(r)
-                .into_iter()
-                .filter_map(ready)
-                .filter(|t| !t.is_nan())
-                .fold(f64::INFINITY, f64::min)
-        };
-        let memory_full = stash[r] >= cap;
-        let b_pick = pick(&ready_b);
-        let f_pick = if memory_full { None } else { pick(&ready_f) };
-        let w_next = stages(r)
-            .into_iter()
-            .filter_map(|x| pending_w[x].front().map(|&k| (x, k)))
-            .min_by_key(|&(x, k)| (k, std::cmp::Reverse(x)));
-        let next_ready = earliest(&ready_b).min(if memory_full {
-            f64::INFINITY
-        } else {
-            earliest(&ready_f)
-        });
-        let (kind, x, k, dur) = if let Some(x) = b_pick {
-            (Bi, x, next_b[x], costs[x][1])
-        } else if let Some(x) = f_pick {
-            (Fw, x, next_f[x], costs[x][0])
-        } else if let Some((x, k)) = w_next.filter(|&(x, _)| {
-            memory_full || next_ready.is_infinite() || now + costs[x][2] <= next_ready + tol
-        }) {
-            (Bw, x, k, costs[x][2])
-        } else if next_ready.is_finite() && !stuck {
-            free[r] = next_ready;
-            continue;
-        } else if !stuck {
-            // Its inputs are not scheduled yet: let the other ranks run first.
-            waiting[r] = true;
-            continue;
-        } else {
-            // No rank can start an `F` or `I`: run a pending `W` if any rank has one.
-            match (0..p).find_map(|q| {
-                let w = stages(q)
-                    .into_iter()
-                    .find_map(|x| pending_w[x].front().map(|&k| (x, k)));
-                w.map(|w| (q, w))
-            }) {
-                Some((q, (x, k))) => {
-                    let end = free[q] + costs[x][2];
-                    pending_w[x].pop_front();
-                    stash[q] -= 1;
-                    s.push(Bw, x, k);
-                    free[q] = end;
-                    left[q] -= 1;
-                    waiting.iter_mut().for_each(|w| *w = false);
-                    continue;
+        ok.then_some(t)
+    };
+    let (mut pos, mut wpos) = (vec![0usize; p], vec![0usize; p]);
+    let mut free = vec![0.0f64; p];
+    let mut stash = vec![0usize; p];
+    let mut out = s.clone();
+    out.per_rank = vec![vec![]; p];
+    let total: usize = compute.iter().map(Vec::len).sum();
+    for _ in 0..total {
+        // (start, is a W, rank) of the earliest action any rank can start.
+        let mut best: Option<(f64, bool, usize)> = None;
+        for r in 0..p {
+            let mut consider = |start: f64, is_w: bool| {
+                let start = start.max(free[r]);
+                let earlier = best.is_none_or(|(t, w, _)| start < t || (start == t && !is_w && w));
+                if earlier {
+                    best = Some((start, is_w, r));
                 }
-                // A deadlock: the validator reports the schedule as incomplete.
-                None => break,
+            };
+            if let Some(a) = main[r].get(pos[r]) {
+                let blocked = a.kind == Fw && stash[r] >= cap[r];
+                if !blocked {
+                    if let Some(t) = ready(a, &f_end, &b_end) {
+                        consider(t, false);
+                    }
+                }
             }
-        };
-        let start = match kind {
-            Fw => ready_f(x).unwrap_or(now).max(now),
-            Bi => ready_b(x).unwrap_or(now).max(now),
-            _ => now,
-        };
-        let end = start + dur;
-        match kind {
-            Fw => {
-                f_end[at(x, k)] = end;
-                next_f[x] += 1;
-                stash[r] += 1;
-            }
-            Bi => {
-                b_end[at(x, k)] = end;
-                next_b[x] += 1;
-                pending_w[x].push_back(k);
-            }
-            _ => {
-                pending_w[x].pop_front();
-                stash[r] -= 1;
+            if let Some(a) = ws[r].get(wpos[r]) {
+                if let Some(t) = ready(a, &f_end, &b_end) {
+                    consider(t, true);
+                }
             }
         }
-        s.push(kind, x, k);
+        let (start, is_w, r) = best?;
+        let a = if is_w {
+            wpos[r] += 1;
+            ws[r][wpos[r] - 1]
+        } else {
+            pos[r] += 1;
+            main[r][pos[r] - 1]
+        };
+        let end = start + costs.duration(&a);
+        match a.kind {
+            Fw => {
+                f_end[at(a.stage, a.micro_batch)] = end;
+                stash[r] += 1;
+            }
+            Bi => b_end[at(a.stage, a.micro_batch)] = end,
+            Bf => {
+                b_end[at(a.stage, a.micro_batch)] = end;
+                stash[r] = stash[r].saturating_sub(1);
+            }
+            _ => stash[r] = stash[r].saturating_sub(1),
+        }
         free[r] = end;
-        left[r] -= 1;
-        waiting.iter_mut().for_each(|w| *w = false);
+        out.per_rank[r].push(a);
+    }
+    Some(out)
+}
+
+/// DualPipeV (DeepSeek-AI, "DualPipe", 2025: the V-shaped, one-copy-of-the-weights form of
+/// DualPipe): the V layout of [`zb_v`] whose steady state runs overlapped pairs — the
+/// forward of one micro-batch beside the backward of another, on the two chunks of a rank
+/// — so one pair's communication can hide behind the other's compute. Rank `r`:
+/// 1. `2(p−r−1)` chunk-0 forwards;
+/// 2. `r+1` pairs (chunk-0 F, chunk-1 F);
+/// 3. `p−r−1` times: chunk-1 backward (I, W), chunk-1 F;
+/// 4. the steady state, `m−2p+r+1` times: overlapped (chunk-0 F, chunk-1 B), overlapped
+///    (chunk-1 F, chunk-0 B);
+/// 5. `p−r−1` times: chunk-1 B, overlapped (chunk-1 F, chunk-0 B);
+/// 6. `r+1` times: chunk-1 I, chunk-0 I — their `W`s deferred;
+/// 7. `p−r−1` times: a deferred `W`, chunk-0 I (its `W` deferred);
+/// 8. the deferred `W`s.
+///
+/// An overlapped pair is its forward followed by its backward (`I` then `W`) in the list:
+/// ppcc's runtime runs a rank's actions one after another, and so does the simulator.
+/// Closed-form properties (tested): with unit costs and no link time, for `m ≥ 2p`,
+/// makespan `6m + p − 1` and `2p + 1` chunk activations per rank at most. Fewer than `2p`
+/// micro-batches: the schedule for `2p`, cut to `m`.
+pub fn dualpipe_v(ranks: usize, microbatches: usize) -> Schedule {
+    let (p, m) = (ranks, microbatches);
+    let mut s = Schedule::empty(Layout::VShape { ranks }, m);
+    let full = m.max(2 * p);
+    for r in 0..p {
+        let mut v = VRank::new(p, m, r);
+        let mut deferred = VecDeque::new();
+        let backward = |v: &mut VRank, c: usize, deferred: Option<&mut VecDeque<Action>>| {
+            v.emit(Bi, c);
+            match (v.take(Bw, c), deferred) {
+                (Some(w), Some(d)) => d.push_back(w),
+                (Some(w), None) => v.out.push(w),
+                (None, _) => {}
+            }
+        };
+        for _ in 0..2 * (p - r - 1) {
+            v.emit(Fw, 0);
+        }
+        for _ in 0..r + 1 {
+            v.emit(Fw, 0);
+            v.emit(Fw, 1);
+        }
+        for _ in 0..p - r - 1 {
+            backward(&mut v, 1, None);
+            v.emit(Fw, 1);
+        }
+        for _ in 0..full + r + 1 - 2 * p {
+            v.emit(Fw, 0);
+            backward(&mut v, 1, None);
+            v.emit(Fw, 1);
+            backward(&mut v, 0, None);
+        }
+        for _ in 0..p - r - 1 {
+            backward(&mut v, 1, None);
+            v.emit(Fw, 1);
+            backward(&mut v, 0, None);
+        }
+        for _ in 0..r + 1 {
+            backward(&mut v, 1, Some(&mut deferred));
+            backward(&mut v, 0, Some(&mut deferred));
+        }
+        for _ in 0..p - r - 1 {
+            if let Some(w) = deferred.pop_front() {
+                v.out.push(w);
+            }
+            backward(&mut v, 0, Some(&mut deferred));
+        }
+        v.out.extend(deferred);
+        s.per_rank[r] = v.out;
     }
     s
 }

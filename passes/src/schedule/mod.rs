@@ -16,8 +16,8 @@ pub mod generators;
 pub(crate) mod validate;
 
 pub use generators::{
-    builtin, builtin_on, dag_1f1b, gpipe, insert_communication, interleaved_1f1b, one_f_one_b,
-    zb_h1, zb_h2, zb_v, zb_v_for, BUILTIN_NAMES,
+    builtin, builtin_on, dag_1f1b, dualpipe_v, fill_weight_gradients, gpipe, insert_communication,
+    interleaved_1f1b, one_f_one_b, zb_h1, zb_h2, zb_v, zb_v_for, BUILTIN_NAMES,
 };
 pub use ppir::schedule::{parse_action, Action, ActionKind};
 pub use validate::{validate, ScheduleError};
