@@ -1,6 +1,6 @@
 //! Gradients through the ONNX ops the importer decomposes (Einsum, CumSum, LayerNormalization
 //! with its Mean and InvStdDev results, SoftmaxCrossEntropyLoss with class weights and
-//! `ignore_index`, GatherElements; ArgMax beside them, not differentiated): a small ONNX
+//! `ignore_index`, GatherElements, GatherND with `batch_dims`; ArgMax beside them, not differentiated): a small ONNX
 //! model whose own SoftmaxCrossEntropyLoss output is the loss (`--loss output`) is imported,
 //! differentiated by autodiff and checked against central finite differences of its loss,
 //! all in f64 on the reference interpreter. The model is written by the onnx Python package
@@ -31,6 +31,7 @@ params = [
     nh.from_array((1 + 0.1 * rng.normal(size=(4,))).astype(np.float32), "g"),
     nh.from_array(np.array(1, np.int64), "axis"),
     nh.from_array(np.array([[[0, 2, 1, -1]], [[1, 0, 2, 1]]], np.int64), "pick"),
+    nh.from_array(np.array([[[2], [0], [2]], [[-2], [1], [0]]], np.int64), "rows"),
 ]
 wts = nh.from_array(np.array([1.0, 2.0, 0.5], np.float32))
 nodes = [
@@ -41,7 +42,9 @@ nodes = [
     h.make_node("Add", ["n", "mean"], ["t"]),
     h.make_node("Mul", ["t", "inv"], ["s"]),
     h.make_node("GatherElements", ["s", "pick"], ["p"], axis=1),
-    h.make_node("Add", ["s", "p"], ["scores"]),
+    h.make_node("GatherND", ["s", "rows"], ["q"], batch_dims=1),
+    h.make_node("Add", ["s", "p"], ["sp"]),
+    h.make_node("Add", ["sp", "q"], ["scores"]),
     h.make_node("SoftmaxCrossEntropyLoss", ["scores", "y", "wts"], ["loss"],
                 ignore_index=1, reduction="mean"),
     h.make_node("ArgMax", ["scores"], ["am"], axis=1, keepdims=0),

@@ -622,3 +622,42 @@ fn casts_to_types_without_a_dtype_name_the_type() {
         );
     }
 }
+
+/// GatherND's shape rules: errors name the node and the rule broken.
+#[test]
+fn gather_nd_errors_name_the_node_and_rule() {
+    let model = |idims: &[i64], batch_dims: i64| {
+        let mut n = node(
+            "GatherND",
+            &["x", "i"],
+            &["y"],
+            vec![attr_int("batch_dims", batch_dims)],
+        );
+        n.name = "pick".into();
+        let ok: Vec<Result<i64, &str>> = idims.iter().map(|&d| Ok(d)).collect();
+        Model::new(13)
+            .input(f32_info("x", &[2, 3]))
+            .input(value_info("i", data_type::INT64, &ok))
+            .node(n)
+            .output(out_info("y", data_type::FLOAT))
+    };
+    for (idims, batch_dims, want, unsupported) in [
+        (&[2, 1][..], 2, "batch_dims 2 must be in [0, 2)", false),
+        (&[2, 3][..], 0, "index tuples of length 3", false),
+        (
+            &[3, 1][..],
+            1,
+            "the batch axes of data [2] and indices [3] differ",
+            false,
+        ),
+        (&[2, 0][..], 0, "GatherND with empty index tuples", true),
+    ] {
+        let e = err(&model(idims, batch_dims));
+        let s = e.to_string();
+        assert!(
+            s.starts_with(r#"node "pick" (GatherND, opset 13)"#) && s.contains(want),
+            "{s}"
+        );
+        assert_eq!(e.is_unsupported(), unsupported, "{s}");
+    }
+}

@@ -1277,3 +1277,47 @@ fn layer_norm_mean_and_inv_std_dev_are_in_the_stash_type() {
         &[-1.5 / s, -1.0 / s, 0.5 / s, 1.5 / s, -1.0, -2.0, 1.0, 1.0],
     );
 }
+
+/// GatherND (the dynamo exporter's advanced indexing): constant index tuples become one
+/// `gather` of rows with constant row numbers; run-time tuples (with `batch_dims`) get
+/// their row numbers computed, negative indices counting from the end.
+#[test]
+fn gather_nd_constant_and_runtime_indices() {
+    let x = iota(&[2, 3, 2]);
+    let m = Model::new(18)
+        .input(f32_info("x", &[2, 3, 2]))
+        .init(
+            "i",
+            &Tensor::from_i64(DType::I64, vec![2, 2], vec![1, -1, 0, 0]),
+        )
+        .node(node("GatherND", &["x", "i"], &["y"], vec![]))
+        .output(out_info("y", data_type::FLOAT));
+    let module = import(&m);
+    let gather = only_op(&module, OpKind::Gather);
+    let f = &module.functions[0];
+    let index = f.producer(gather.operands()[1]);
+    assert!(
+        index.is_some_and(|o| f.op(o).kind == OpKind::Constant),
+        "the row numbers are folded: {:?}",
+        ops(&module)
+    );
+    let y = &run(&module, vec![x.clone()])[0];
+    assert_eq!(y.shape, vec![2, 2]);
+    assert_close(&f32s(y), &[1.5, 1.75, -1.0, -0.75]);
+
+    let m = Model::new(18)
+        .input(f32_info("x", &[2, 3, 2]))
+        .input(value_info("i", data_type::INT64, &[Ok(2), Ok(1)]))
+        .node(node(
+            "GatherND",
+            &["x", "i"],
+            &["y"],
+            vec![attr_int("batch_dims", 1)],
+        ))
+        .output(out_info("y", data_type::FLOAT));
+    let module = import(&m);
+    let i = Tensor::from_i64(DType::I64, vec![2, 1], vec![2, -3]);
+    let y = &run(&module, vec![x, i])[0];
+    assert_eq!(y.shape, vec![2, 2]);
+    assert_close(&f32s(y), &[0.0, 0.25, 0.5, 0.75]);
+}

@@ -1,4 +1,4 @@
-//! ONNX `ArgMax`/`ArgMin`, `CumSum` and `GatherElements`, decomposed into ppir ops (linear
+//! ONNX `ArgMax`/`ArgMin`, `CumSum`, `GatherElements` and `GatherND`, decomposed into ppir ops (linear
 //! or `n log n` work, so no new IR op is needed):
 //!
 //! - `ArgMax` (`ArgMin`): `reduce_min(where(x == reduce_max(x), iota, n))` along the axis,
@@ -8,13 +8,17 @@
 //!   a `pad` with zeros in front and the same count cut off the end; `exclusive` shifts by
 //!   one first, `reverse` shifts the other way. Differentiable through `pad` and `add`.
 //! - `GatherElements`: a `gather` from the flattened data at computed flat indices.
+//! - `GatherND`: a `gather` of rows of the data reshaped to [rows, slice] at computed row
+//!   numbers (folded to constants when the indices are, as exporters' indexing emits them).
 
 use ppir::ops::attrs::{PadAttrs, ReduceAttrs};
 use ppir::ops::OpAttrs;
 use ppir::{Attrs, DType, Dim, OpKind, Tensor};
 
 use super::super::attrs::NodeAttrs;
-use super::super::import::{invalid, scalar, unsupported, Importer, Val, BATCH_NEEDED, R};
+use super::super::import::{
+    invalid, scalar, unsupported, Fail, Importer, Val, BATCH_NEEDED, MATERIALIZE_MAX_ELEMENTS, R,
+};
 use super::super::proto::NodeProto;
 use super::{norm_axis, OrInvalid};
 
@@ -176,5 +180,102 @@ impl Importer<'_> {
         let data = self.op(K::Reshape, shape, &[data])?;
         let g = ppir::ops::attrs::GatherAttrs { axis: 0 }.to_attrs();
         self.op(K::Gather, g, &[data, flat])
+    }
+
+    /// `GatherND` as a `gather` of rows: the data reshaped to [rows, slice] (rows over the
+    /// batch axes and the `k` indexed axes), each index tuple turned into its row number.
+    pub(super) fn lower_gather_nd(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
+        use OpKind as K;
+        let (data, idx) = (self.req(node, 0)?, self.req(node, 1)?);
+        let (dd, it) = (self.dims_of(&data)?, self.ty(&idx)?);
+        if it.dtype.is_float() {
+            invalid!("the indices must be integers, got {}", it.dtype);
+        }
+        let (Some(dims), Some(idims)) = (
+            dd.iter().map(|d| d.known()).collect::<Option<Vec<u64>>>(),
+            it.static_shape(),
+        ) else {
+            unsupported!("{}", BATCH_NEEDED)
+        };
+        let (r, q) = (dims.len(), idims.len());
+        if r == 0 || q == 0 {
+            invalid!("data and indices must have rank >= 1, got {r} and {q}");
+        }
+        let b = a.int_or("batch_dims", 0).inv()?;
+        if b < 0 || b as usize >= r.min(q) {
+            invalid!("batch_dims {b} must be in [0, {})", r.min(q));
+        }
+        let b = b as usize;
+        let k = idims[q - 1] as usize;
+        if b + k > r {
+            invalid!("index tuples of length {k} after {b} batch axes exceed the data's rank {r}");
+        }
+        if idims[..b] != dims[..b] {
+            invalid!(
+                "the batch axes of data {:?} and indices {:?} differ",
+                &dims[..b],
+                &idims[..b]
+            );
+        }
+        if k == 0 {
+            unsupported!("GatherND with empty index tuples (indices of shape {idims:?})");
+        }
+        // Sizes as i64 with overflow checks: shapes come from the file.
+        let product = |ds: &[u64]| -> R<i64> {
+            ds.iter()
+                .try_fold(1i64, |n, &d| {
+                    i64::try_from(d).ok().and_then(|d| n.checked_mul(d))
+                })
+                .ok_or_else(|| Fail::Invalid(format!("the shape {ds:?} has too many elements")))
+        };
+        let tuples: Vec<usize> = idims[..q - 1].iter().map(|&d| d as usize).collect();
+        let indexed: Vec<i64> = dims[b..b + k].iter().map(|&d| d as i64).collect();
+        let per_batch = product(&dims[b..b + k])?;
+        let rows = product(&dims[..b + k])?;
+        let slice: Vec<i64> = dims[b + k..].iter().map(|&d| d as i64).collect();
+        let width = product(&dims[b + k..])?;
+        let n_batch = product(&dims[..b])?;
+        if n_batch as u64 > MATERIALIZE_MAX_ELEMENTS as u64 {
+            unsupported!("GatherND over {n_batch} batch positions");
+        }
+        let cast = ppir::ops::attrs::CastAttrs { to: DType::I64 }.to_attrs();
+        let flat = self.op(K::Cast, cast, &[idx])?;
+        // Negative indices count from the end of their axis.
+        let sizes = Val::konst(Tensor::from_i64(DType::I64, vec![k], indexed.clone()));
+        let zero = Val::konst(scalar(DType::I64, 0.0));
+        let neg = self.op(K::Less, Attrs::new(), &[flat.clone(), zero])?;
+        let wrapped = self.op(K::Add, Attrs::new(), &[flat.clone(), sizes])?;
+        let flat = self.op(K::Where, Attrs::new(), &[neg, wrapped, flat])?;
+        let mut strides = vec![1i64; k];
+        for j in (0..k - 1).rev() {
+            strides[j] = strides[j + 1] * indexed[j + 1];
+        }
+        let strides = Val::konst(Tensor::from_i64(DType::I64, vec![k], strides));
+        let scaled = self.op(K::Mul, Attrs::new(), &[flat, strides])?;
+        let sum = ReduceAttrs {
+            axes: vec![q as i64 - 1],
+            keepdims: false,
+        }
+        .to_attrs();
+        let mut row = self.op(K::ReduceSum, sum, &[scaled])?;
+        if b > 0 {
+            // Each batch position starts its own block of `per_batch` rows.
+            let mut shape = tuples[..b].to_vec();
+            shape.resize(q - 1, 1);
+            let offsets = (0..n_batch).map(|n| n * per_batch).collect();
+            let offsets = Val::konst(Tensor::from_i64(DType::I64, shape, offsets));
+            row = self.op(K::Add, Attrs::new(), &[row, offsets])?;
+        }
+        let table = ppir::ops::attrs::ShapeAttrs {
+            shape: vec![rows, width],
+        }
+        .to_attrs();
+        let data = self.op(K::Reshape, table, &[data])?;
+        let g = ppir::ops::attrs::GatherAttrs { axis: 0 }.to_attrs();
+        let picked = self.op(K::Gather, g, &[data, row])?;
+        let mut out: Vec<i64> = tuples.iter().map(|&d| d as i64).collect();
+        out.extend_from_slice(&slice);
+        let shape = ppir::ops::attrs::ShapeAttrs { shape: out }.to_attrs();
+        self.op(K::Reshape, shape, &[picked])
     }
 }
