@@ -9,8 +9,8 @@
 //!   relative). GPT-2 is exported with untied LM-head weights.
 //! - GPT-2 with its LM head tied to the token embedding (`gpt2_tied`, one initializer read
 //!   by the first and the last layer) evaluates like onnxruntime and trains on one device,
-//!   with the same losses from both export paths; pipelines of it wait for weights shared
-//!   across stages.
+//!   with the same losses from both export paths, and in a 2-stage pipeline (the weight
+//!   held by both stages, its gradient parts summed by an all_reduce).
 
 mod pipeline_common;
 
@@ -207,6 +207,34 @@ fn gpt2_tied_ts_evaluates_like_onnxruntime() {
 #[test]
 fn gpt2_tied_dynamo_evaluates_like_onnxruntime() {
     eval_like_onnxruntime("gpt2_tied", "dynamo");
+}
+
+/// GPT-2 with its tied LM head over 2 stages: the embedding lives on both (its gradient
+/// parts summed by an all_reduce, as plan.json's `collectives` says), and the pipeline trains
+/// like one device.
+fn tied_two_stages(path: &str) {
+    two_stages_train_like_one_device("gpt2_tied", path);
+    let onnx = file(&format!("gpt2_tied_{path}.onnx"));
+    let dir = pipeline_common::tmp("ppcc-exporters", &format!("gpt2_tied-{path}-plan"));
+    let mut cargs = vec!["--stages", "2", "--schedule", "1f1b", "--target", "interp"];
+    cargs.extend_from_slice(&TRAIN);
+    compile(&onnx, &dir, &cargs);
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    let c = plan["collectives"].as_array().cloned().unwrap_or_default();
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0]["stages"], serde_json::json!([0, 1]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn gpt2_tied_ts_trains_in_two_stages() {
+    tied_two_stages("ts");
+}
+
+#[test]
+fn gpt2_tied_dynamo_trains_in_two_stages() {
+    tied_two_stages("dynamo");
 }
 
 /// Both exports of the tied model hold one embedding weight, and train alike on one device.
