@@ -492,6 +492,50 @@ impl RunConfig {
     }
 }
 
+/// A collective this device started: its local stages (by index) and the transport's
+/// pending operation (`Err`: nothing to exchange, the local sum is the result).
+struct Started {
+    spec: CollectiveSpec,
+    local: Vec<usize>,
+    first: u32,
+    pending: Result<crate::transport::PendingReduce, Tensor>,
+}
+
+/// The error of collective `c` (reported on stage `stage`) with a message.
+fn collective_error(
+    c: &CollectiveSpec,
+    stage: u32,
+) -> impl Fn(String) -> (u32, PipelineError) + '_ {
+    move |message| {
+        (
+            stage,
+            PipelineError::Collective {
+                channel: c.channel,
+                param: c.param.clone(),
+                message,
+            },
+        )
+    }
+}
+
+/// A transport error of a collective: an abort stays recognisable as one.
+fn transport_failure(
+    e: TransportError,
+    stage: u32,
+    fail: &impl Fn(String) -> (u32, PipelineError),
+) -> (u32, PipelineError) {
+    match e {
+        TransportError::Aborted(reason) => (
+            stage,
+            PipelineError::Aborted {
+                peer: stage,
+                reason,
+            },
+        ),
+        e => fail(e.to_string()),
+    }
+}
+
 /// The channel of the replicas' loss gather (no program channel is negative).
 pub const LOSS_CHANNEL: i64 = -1;
 
@@ -695,82 +739,110 @@ impl RankWorker {
         })
     }
 
-    /// Sum this step's weight gradients over their holders (plan.json's `collectives`, in
-    /// channel order, the same on every rank): first the stages of this device, then
-    /// across devices (and replicas) through the transport. Each stage keeps the sum for
-    /// its `optim`'s `all_reduce` op.
-    fn reduce_gradients(
+    /// This device's collectives (plan.json's `collectives` that name one of its stages),
+    /// in channel order, each with the index of the action after which its gradients are
+    /// complete: the last weight-gradient action (`W` or `B`) of its stages here, or
+    /// `usize::MAX` (at the end) when they have none.
+    fn collective_plan(&self) -> Vec<(CollectiveSpec, usize)> {
+        let mut collectives: Vec<CollectiveSpec> = self
+            .config
+            .collectives
+            .iter()
+            .filter(|c| self.stages.iter().any(|s| c.stages.contains(&s.spec.stage)))
+            .cloned()
+            .collect();
+        collectives.sort_by_key(|c| c.channel);
+        collectives
+            .into_iter()
+            .map(|c| {
+                let ready = self
+                    .actions
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| {
+                        matches!(
+                            a.kind,
+                            ActionKind::BackwardWeight | ActionKind::FullBackward
+                        ) && c.stages.contains(&(a.stage as u32))
+                    })
+                    .map(|(i, _)| i)
+                    .max()
+                    .unwrap_or(usize::MAX);
+                (c, ready)
+            })
+            .collect()
+    }
+
+    /// Start the all-reduce of collective `c`: the gradient sums of this device's stages
+    /// in it, added here, then summed across devices (and replicas) by the transport.
+    fn start_collective(
         &mut self,
+        c: &CollectiveSpec,
         step: u64,
         transport: &mut dyn Transport,
+    ) -> Result<Started, (u32, PipelineError)> {
+        let mut local: Vec<usize> = (0..self.stages.len())
+            .filter(|&i| c.stages.contains(&self.stages[i].spec.stage))
+            .collect();
+        local.sort_by_key(|&i| self.stages[i].spec.stage);
+        let first = local.first().map_or(0, |&i| self.stages[i].spec.stage);
+        let fail = collective_error(c, first);
+        let mut parts = vec![];
+        for &i in &local {
+            let g = self.stages[i].grads.get(&c.param).ok_or_else(|| {
+                fail(format!(
+                    "stage {} computed no gradient of `{}` this step",
+                    self.stages[i].spec.stage, c.param
+                ))
+            })?;
+            parts.push(g.to_tensor());
+        }
+        let mine = match parts.len() {
+            1 => parts.remove(0),
+            _ => crate::transport::sum_parts(&parts).map_err(&fail)?,
+        };
+        let replicas: Vec<usize> = if c.replicas {
+            (0..self.config.replicas).collect()
+        } else {
+            vec![self.config.replica]
+        };
+        let mut ranks: Vec<usize> = replicas
+            .iter()
+            .flat_map(|&r| c.stages.iter().map(move |&s| (r, s)))
+            .filter_map(|(r, s)| self.config.rank(r, s))
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        let pending = if ranks.len() <= 1 {
+            Err(mine)
+        } else {
+            Ok(transport
+                .all_reduce_start(&ranks, c.channel, step, mine)
+                .map_err(|e| transport_failure(e, first, &fail))?)
+        };
+        Ok(Started {
+            spec: c.clone(),
+            local,
+            first,
+            pending,
+        })
+    }
+
+    /// Wait for a started collective and give each local stage its sum.
+    fn finish_collective(
+        &mut self,
+        s: Started,
+        transport: &mut dyn Transport,
     ) -> Result<(), (u32, PipelineError)> {
-        let mut collectives = self.config.collectives.clone();
-        collectives.sort_by_key(|c| c.channel);
-        for c in &collectives {
-            let mut local: Vec<usize> = (0..self.stages.len())
-                .filter(|&i| c.stages.contains(&self.stages[i].spec.stage))
-                .collect();
-            if local.is_empty() {
-                continue;
-            }
-            local.sort_by_key(|&i| self.stages[i].spec.stage);
-            let first = self.stages[local[0]].spec.stage;
-            let fail = |e: String| {
-                (
-                    first,
-                    PipelineError::Collective {
-                        channel: c.channel,
-                        param: c.param.clone(),
-                        message: e,
-                    },
-                )
-            };
-            let mut parts = vec![];
-            for &i in &local {
-                let g = self.stages[i].grads.get(&c.param).ok_or_else(|| {
-                    fail(format!(
-                        "stage {} computed no gradient of `{}` this step",
-                        self.stages[i].spec.stage, c.param
-                    ))
-                })?;
-                parts.push(g.to_tensor());
-            }
-            let mine = if parts.len() == 1 {
-                parts.remove(0)
-            } else {
-                crate::transport::sum_parts(&parts).map_err(fail)?
-            };
-            let replicas: Vec<usize> = if c.replicas {
-                (0..self.config.replicas).collect()
-            } else {
-                vec![self.config.replica]
-            };
-            let mut ranks: Vec<usize> = replicas
-                .iter()
-                .flat_map(|&r| c.stages.iter().map(move |&s| (r, s)))
-                .filter_map(|(r, s)| self.config.rank(r, s))
-                .collect();
-            ranks.sort_unstable();
-            ranks.dedup();
-            let sum = if ranks.len() <= 1 {
-                mine
-            } else {
-                transport
-                    .all_reduce(&ranks, c.channel, step, mine, self.config.recv_timeout)
-                    .map_err(|e| match e {
-                        TransportError::Aborted(reason) => (
-                            first,
-                            PipelineError::Aborted {
-                                peer: first,
-                                reason,
-                            },
-                        ),
-                        e => fail(e.to_string()),
-                    })?
-            };
-            for &i in &local {
-                self.stages[i].reduced.insert(c.channel, sum.clone());
-            }
+        let fail = collective_error(&s.spec, s.first);
+        let sum = match s.pending {
+            Err(local_only) => local_only,
+            Ok(p) => transport
+                .all_reduce_finish(p, self.config.recv_timeout)
+                .map_err(|e| transport_failure(e, s.first, &fail))?,
+        };
+        for &i in &s.local {
+            self.stages[i].reduced.insert(s.spec.channel, sum.clone());
         }
         Ok(())
     }
@@ -799,7 +871,23 @@ impl RankWorker {
             abandoned: vec![],
         };
         let actions = self.actions.clone();
-        for a in &actions {
+        // Gradient all-reduces start as soon as their stages' last weight gradient is done
+        // (overlapping the rest of the step), in channel order so that every rank of a
+        // group starts them in the same order.
+        let collectives = self.collective_plan();
+        let mut next_collective = 0;
+        let mut started: Vec<Started> = vec![];
+        for (ai, a) in actions.iter().enumerate() {
+            while let Some((c, ready)) = collectives.get(next_collective) {
+                if *ready >= ai {
+                    break;
+                }
+                let s = self
+                    .start_collective(c, step, transport)
+                    .map_err(|(stage, e)| err(Some(stage), None, None, e))?;
+                started.push(s);
+                next_collective += 1;
+            }
             let (a_stage, a_mb) = (a.stage as u32, a.micro_batch as u32);
             let idx = self
                 .stages
@@ -896,8 +984,14 @@ impl RankWorker {
                 .gather_losses(step, &report.losses, transport)
                 .map_err(|(stage, e)| err(Some(stage), None, None, e))?;
         }
-        if !self.config.collectives.is_empty() {
-            self.reduce_gradients(step, transport)
+        for (c, _) in &collectives[next_collective..] {
+            let s = self
+                .start_collective(c, step, transport)
+                .map_err(|(stage, e)| err(Some(stage), None, None, e))?;
+            started.push(s);
+        }
+        for s in started {
+            self.finish_collective(s, transport)
                 .map_err(|(stage, e)| err(Some(stage), None, None, e))?;
         }
         // Optimizer steps.

@@ -178,3 +178,36 @@ fn the_failing_device_is_reported_not_the_aborted_one() {
         .aborted()
         .is_some_and(|r| r.starts_with("device 0 failed: ")));
 }
+
+/// A gradient all-reduce starts right after the last weight-gradient action of its stages
+/// on the device (so it overlaps what follows), and at the end when they have none here.
+#[test]
+fn collectives_start_after_their_stages_last_weight_gradient() {
+    let mut w = worker(0, None, None);
+    w.actions = vec![
+        Action::new(ActionKind::Forward, 0, 0, 0),
+        Action::new(ActionKind::Forward, 0, 1, 0),
+        Action::new(ActionKind::BackwardInput, 0, 0, 0),
+        Action::new(ActionKind::BackwardWeight, 0, 0, 0),
+        Action::new(ActionKind::BackwardInput, 0, 1, 0),
+        Action::new(ActionKind::BackwardWeight, 0, 1, 0),
+        Action::new(ActionKind::Forward, 0, 2, 0),
+    ];
+    let c = |channel, stages: Vec<u32>| CollectiveSpec {
+        channel,
+        param: format!("p{channel}"),
+        stages,
+        replicas: true,
+    };
+    // Stage 1 is not on this device: its collective is not this device's.
+    w.config.collectives = vec![c(9, vec![0]), c(4, vec![0, 1]), c(5, vec![1])];
+    let plan: Vec<(i64, usize)> = w
+        .collective_plan()
+        .into_iter()
+        .map(|(c, ready)| (c.channel, ready))
+        .collect();
+    assert_eq!(plan, vec![(4, 5), (9, 5)]);
+    // Without weight-gradient actions (a forward-only device), at the end.
+    w.actions.retain(|a| a.kind == ActionKind::Forward);
+    assert_eq!(w.collective_plan()[0].1, usize::MAX);
+}

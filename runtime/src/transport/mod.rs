@@ -84,10 +84,8 @@ pub trait Transport: Send {
     fn barrier(&mut self) -> Result<(), TransportError>;
     /// The elementwise sum of `t` over `ranks` (ascending, this rank among them), which all
     /// call it with the same `channel` and `step`: summed in f64 in rank order and rounded
-    /// once to the dtype, so every rank gets the same bits. This default gathers the parts
-    /// on the first rank and sends the sum back over [`Transport::send`]/`recv` (tags with
-    /// micro-batch [`COLLECTIVE`] and ranks for stages); a transport with its own
-    /// collectives overrides it.
+    /// once to the dtype, so every rank gets the same bits. [`Transport::all_reduce_start`]
+    /// then [`Transport::all_reduce_finish`].
     fn all_reduce(
         &mut self,
         ranks: &[usize],
@@ -96,40 +94,107 @@ pub trait Transport: Send {
         t: Tensor,
         timeout: Duration,
     ) -> Result<Tensor, TransportError> {
+        let p = self.all_reduce_start(ranks, channel, step, t)?;
+        self.all_reduce_finish(p, timeout)
+    }
+
+    /// Start an all-reduce (see [`Transport::all_reduce`]) and return at once, so that the
+    /// caller computes while the parts travel. Every rank of a group must start the
+    /// group's all-reduces in the same order. This default sends this rank's part to the
+    /// first rank over [`Transport::send`] (tags with micro-batch [`COLLECTIVE`] and ranks
+    /// for stages); a transport with its own collectives overrides both halves.
+    fn all_reduce_start(
+        &mut self,
+        ranks: &[usize],
+        channel: i64,
+        step: u64,
+        t: Tensor,
+    ) -> Result<PendingReduce, TransportError> {
         let me = self.rank();
-        let Some(&root) = ranks.first() else {
-            return Ok(t);
-        };
         if !ranks.contains(&me) {
             return Err(TransportError::Failed(format!(
                 "all-reduce on channel {channel}: rank {me} is not one of ranks {ranks:?}"
             )));
         }
-        let tag = |from: usize, to: usize| Tag {
-            from: from as u32,
-            to: to as u32,
-            channel,
-            micro_batch: COLLECTIVE,
-            step,
-        };
         let ty = TensorType::of(
             t.dtype,
             &t.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
         );
+        let root = ranks[0];
+        let mut part = Some(t);
         if me != root {
-            self.send(root, tag(me, root), t)?;
-            return self.recv(root, tag(root, me), &ty, timeout);
+            if let Some(t) = part.take() {
+                self.send(root, collective_tag(channel, step, me, root), t)?;
+            }
         }
-        let mut parts = vec![t];
-        for &r in &ranks[1..] {
-            parts.push(self.recv(r, tag(r, root), &ty, timeout)?);
+        Ok(PendingReduce {
+            ranks: ranks.to_vec(),
+            channel,
+            step,
+            ty,
+            part,
+            handle: None,
+        })
+    }
+
+    /// Wait for an all-reduce this rank started and return the sum.
+    fn all_reduce_finish(
+        &mut self,
+        p: PendingReduce,
+        timeout: Duration,
+    ) -> Result<Tensor, TransportError> {
+        let me = self.rank();
+        let (channel, step) = (p.channel, p.step);
+        let Some(&root) = p.ranks.first() else {
+            return p
+                .part
+                .ok_or_else(|| TransportError::Failed("an empty all-reduce".into()));
+        };
+        if me != root {
+            return self.recv(
+                root,
+                collective_tag(channel, step, root, me),
+                &p.ty,
+                timeout,
+            );
+        }
+        let mut parts = vec![p
+            .part
+            .ok_or_else(|| TransportError::Failed("the root's part is missing".into()))?];
+        for &r in &p.ranks[1..] {
+            parts.push(self.recv(r, collective_tag(channel, step, r, root), &p.ty, timeout)?);
         }
         let sum = sum_parts(&parts)
             .map_err(|m| TransportError::Failed(format!("all-reduce on channel {channel}: {m}")))?;
-        for &r in &ranks[1..] {
-            self.send(r, tag(root, r), sum.clone())?;
+        for &r in &p.ranks[1..] {
+            self.send(r, collective_tag(channel, step, root, r), sum.clone())?;
         }
         Ok(sum)
+    }
+}
+
+/// An all-reduce started by [`Transport::all_reduce_start`], to be finished by the same
+/// transport.
+pub struct PendingReduce {
+    pub ranks: Vec<usize>,
+    pub channel: i64,
+    pub step: u64,
+    /// The type of the parts and the sum.
+    pub ty: TensorType,
+    /// This rank's part, while the transport still needs it.
+    pub part: Option<Tensor>,
+    /// The transport's own state of the operation (an MPI request and its buffers).
+    pub handle: Option<Box<dyn std::any::Any + Send>>,
+}
+
+/// The tag of a collective's message from rank `from` to rank `to`.
+fn collective_tag(channel: i64, step: u64, from: usize, to: usize) -> Tag {
+    Tag {
+        from: from as u32,
+        to: to as u32,
+        channel,
+        micro_batch: COLLECTIVE,
+        step,
     }
 }
 

@@ -88,6 +88,21 @@ fn test_pending(state: &mut State) -> Result<(), TransportError> {
     err.map_or(Ok(()), Err)
 }
 
+/// A started `MPI_Iallreduce`: its request and the buffers it reads and writes.
+struct MpiReduce {
+    request: RequestHandle,
+    send: Tensor,
+    out: Tensor,
+    what: String,
+}
+
+/// An MPI request handle (an opaque pointer in Open MPI).
+struct RequestHandle(ffi::MPI_Request);
+
+// SAFETY: the request is only tested under the transport's lock (MPI_THREAD_SERIALIZED),
+// by whichever thread owns the endpoint.
+unsafe impl Send for RequestHandle {}
+
 /// A sub-communicator handle (an opaque pointer in Open MPI).
 struct GroupComm(ffi::MPI_Comm);
 
@@ -442,19 +457,31 @@ impl Transport for MpiTransport {
         std::process::exit(1);
     }
 
-    /// `MPI_Iallreduce` (sum) over the group's communicator, polled like the barrier so
-    /// that a dead rank or the timeout ends the wait: floats in f64 (then rounded once to
-    /// the dtype), integers in i64.
-    fn all_reduce(
+    /// Start `MPI_Iallreduce` (sum) over the group's communicator: floats in f64 (then
+    /// rounded once to the dtype), integers in i64.
+    fn all_reduce_start(
         &mut self,
         ranks: &[usize],
         channel: i64,
         step: u64,
         t: Tensor,
-        timeout: Duration,
-    ) -> Result<Tensor, TransportError> {
+    ) -> Result<super::PendingReduce, TransportError> {
+        let ty = TensorType::of(
+            t.dtype,
+            &t.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+        );
+        let pending = |part: Option<Tensor>, handle: Option<Box<dyn std::any::Any + Send>>| {
+            super::PendingReduce {
+                ranks: ranks.to_vec(),
+                channel,
+                step,
+                ty: ty.clone(),
+                part,
+                handle,
+            }
+        };
         if ranks.len() <= 1 {
-            return Ok(t);
+            return Ok(pending(Some(t), None));
         }
         if !ranks.contains(&self.rank) {
             return Err(TransportError::Failed(format!(
@@ -468,47 +495,78 @@ impl Transport for MpiTransport {
         let count = c_int::try_from(t.data.len()).map_err(|_| {
             TransportError::Failed(format!("{what}: too many elements for one MPI call"))
         })?;
-        let mut out = t.clone();
-        // SAFETY: a null request is a valid initial value; `MPI_Iallreduce` overwrites it.
-        let mut request: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        {
-            let _state = self.shared.lock();
-            // SAFETY: MPI is initialised; calls are serialised by the lock; the send and
-            // receive buffers (`t`, `out`, `count` elements of the datatype each) stay
-            // alive and unmoved until the request completes below.
-            let rc = unsafe {
-                match (&t.data, &mut out.data) {
-                    (TensorData::Float(a), TensorData::Float(b)) => ffi::MPI_Iallreduce(
-                        a.as_ptr() as *const c_void,
-                        b.as_mut_ptr() as *mut c_void,
-                        count,
-                        ffi::RSMPI_DOUBLE,
-                        ffi::RSMPI_SUM,
-                        comm,
-                        &mut request,
-                    ),
-                    (TensorData::Int(a), TensorData::Int(b)) => ffi::MPI_Iallreduce(
-                        a.as_ptr() as *const c_void,
-                        b.as_mut_ptr() as *mut c_void,
-                        count,
-                        ffi::RSMPI_INT64_T,
-                        ffi::RSMPI_SUM,
-                        comm,
-                        &mut request,
-                    ),
-                    _ => {
-                        return Err(TransportError::Failed(format!(
-                            "{what}: a malformed tensor"
-                        )))
-                    }
+        // Boxed so that the buffers MPI reads and writes never move.
+        let mut op = Box::new(MpiReduce {
+            request: RequestHandle(
+                // SAFETY: a null request is a valid initial value; MPI_Iallreduce sets it.
+                unsafe { ffi::RSMPI_REQUEST_NULL },
+            ),
+            out: t.clone(),
+            send: t,
+            what,
+        });
+        let _state = self.shared.lock();
+        let MpiReduce {
+            request,
+            send,
+            out,
+            what,
+        } = &mut *op;
+        // SAFETY: MPI is initialised; calls are serialised by the lock; the send and
+        // receive buffers (`count` elements of the datatype each) live in the boxed
+        // `MpiReduce`, which the pending operation owns until the request completes.
+        let rc = unsafe {
+            match (&send.data, &mut out.data) {
+                (TensorData::Float(a), TensorData::Float(b)) => ffi::MPI_Iallreduce(
+                    a.as_ptr() as *const c_void,
+                    b.as_mut_ptr() as *mut c_void,
+                    count,
+                    ffi::RSMPI_DOUBLE,
+                    ffi::RSMPI_SUM,
+                    comm,
+                    &mut request.0,
+                ),
+                (TensorData::Int(a), TensorData::Int(b)) => ffi::MPI_Iallreduce(
+                    a.as_ptr() as *const c_void,
+                    b.as_mut_ptr() as *mut c_void,
+                    count,
+                    ffi::RSMPI_INT64_T,
+                    ffi::RSMPI_SUM,
+                    comm,
+                    &mut request.0,
+                ),
+                _ => {
+                    return Err(TransportError::Failed(format!(
+                        "{what}: a malformed tensor"
+                    )))
                 }
-            };
-            if rc != 0 {
-                return Err(TransportError::Failed(format!(
-                    "{what}: MPI_Iallreduce failed (error {rc})"
-                )));
             }
+        };
+        if rc != 0 {
+            return Err(TransportError::Failed(format!(
+                "{what}: MPI_Iallreduce failed (error {rc})"
+            )));
         }
+        Ok(pending(None, Some(op)))
+    }
+
+    /// Poll the started `MPI_Iallreduce` like the barrier, so that a dead rank or the
+    /// timeout ends the wait.
+    fn all_reduce_finish(
+        &mut self,
+        p: super::PendingReduce,
+        timeout: Duration,
+    ) -> Result<Tensor, TransportError> {
+        let Some(handle) = p.handle else {
+            return p
+                .part
+                .ok_or_else(|| TransportError::Failed("an empty all-reduce".into()));
+        };
+        let Ok(mut op) = handle.downcast::<MpiReduce>() else {
+            return Err(TransportError::Failed(
+                "an all-reduce started by another transport".into(),
+            ));
+        };
         let start = Instant::now();
         let mut pause = Duration::from_micros(5);
         loop {
@@ -516,12 +574,14 @@ impl Transport for MpiTransport {
                 let mut state = self.shared.lock();
                 test_pending(&mut state)?;
                 let mut flag: c_int = 0;
-                // SAFETY: `request` is the live Iallreduce request.
-                let rc =
-                    unsafe { ffi::MPI_Test(&mut request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+                // SAFETY: `request` is the live Iallreduce request of `op`.
+                let rc = unsafe {
+                    ffi::MPI_Test(&mut op.request.0, &mut flag, ffi::RSMPI_STATUS_IGNORE)
+                };
                 if rc != 0 {
                     return Err(TransportError::Failed(format!(
-                        "{what}: MPI_Test failed (error {rc})"
+                        "{}: MPI_Test failed (error {rc})",
+                        op.what
                     )));
                 }
                 if flag != 0 {
@@ -529,10 +589,10 @@ impl Transport for MpiTransport {
                 }
             }
             if start.elapsed() >= timeout {
+                let what = op.what.clone();
                 // The request still uses the buffers: keep them alive for the rest of
                 // the process (the run ends with this error).
-                std::mem::forget(t);
-                std::mem::forget(out);
+                std::mem::forget(op);
                 return Err(TransportError::Failed(format!(
                     "{what}: the other ranks did not join within {:.1} s",
                     timeout.as_secs_f64()
@@ -541,9 +601,10 @@ impl Transport for MpiTransport {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_micros(500));
         }
+        let MpiReduce { send, mut out, .. } = *op;
         if let TensorData::Float(v) = &mut out.data {
             for x in v.iter_mut() {
-                *x = ppir::tensor::round_to(t.dtype, *x);
+                *x = ppir::tensor::round_to(send.dtype, *x);
             }
         }
         Ok(out)
