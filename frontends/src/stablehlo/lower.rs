@@ -965,6 +965,11 @@ impl<'a> Lowerer<'a> {
         let rank = self.f.ty(x[0]).rank();
         let dims = self.axes(op, h, "dimensions", rank)?;
         let dtype = self.f.ty(x[0]).dtype;
+        if dtype == DType::Bool && matches!(body.as_str(), "stablehlo.and" | "stablehlo.or") {
+            return self
+                .bool_reduce(h, &body, x[0], x[1], &dims)
+                .map(|v| vec![v]);
+        }
         let (kind, combine, identity) = match body.as_str() {
             "stablehlo.add" => (OpKind::ReduceSum, OpKind::Add, 0.0),
             "stablehlo.maximum" => (OpKind::ReduceMax, OpKind::Max, f64::NEG_INFINITY),
@@ -996,6 +1001,42 @@ impl<'a> Lowerer<'a> {
             return Ok(vec![r]);
         }
         Ok(vec![self.push(h, combine, vec![r, x[1]], Attrs::new())?])
+    }
+
+    /// `reduce` with an `and` (all) or `or` (any) body on i1: a min/max over 0/1 floats.
+    fn bool_reduce(
+        &mut self,
+        h: &Here,
+        body: &str,
+        x: ValueId,
+        init: ValueId,
+        dims: &[usize],
+    ) -> R<ValueId> {
+        let is_and = body == "stablehlo.and";
+        let f = self.push(
+            h,
+            OpKind::Cast,
+            vec![x],
+            Attrs::new().with("to", Attr::DType(DType::F32)),
+        )?;
+        let kind = if is_and {
+            OpKind::ReduceMin
+        } else {
+            OpKind::ReduceMax
+        };
+        let r = if dims.is_empty() {
+            f
+        } else {
+            let axes: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+            let attrs = Attrs::new()
+                .with("axes", Attr::Ints(axes))
+                .with("keepdims", Attr::Int(0));
+            self.push(h, kind, vec![f], attrs)?
+        };
+        let half = self.constant(h, Tensor::scalar_f64(DType::F32, 0.5))?;
+        let b = self.push(h, OpKind::Greater, vec![r, half], Attrs::new())?;
+        let combine = if is_and { OpKind::And } else { OpKind::Or };
+        self.push(h, combine, vec![b, init], Attrs::new())
     }
 
     /// Pooling: `reduce_window` over the spatial axes of an NCHW tensor (window 1 on
@@ -1180,7 +1221,26 @@ impl<'a> Lowerer<'a> {
             && field("offset_dims") == offset
             && sizes == full;
         if !embedding {
-            return h.unsupported("only the embedding form of gather (whole rows along axis 0, as `table[ids]`) is supported");
+            // take_along_axis: every operand axis but one is a batching axis, the indices
+            // pick one element along the remaining axis `a`.
+            let r = ds.len();
+            let a = field("start_index_map");
+            let along = a.len() == 1
+                && field("collapsed_slice_dims") == a
+                && field("offset_dims").is_empty()
+                && ivd as usize + 1 == is.len()
+                && is.len() == r + 1
+                && is.last() == Some(&1)
+                && sizes.iter().all(|&s| s == 1)
+                && sizes.len() == r;
+            let others: Vec<i64> = (0..r as i64).filter(|&d| Some(&d) != a.first()).collect();
+            if along
+                && field("operand_batching_dims") == others
+                && field("start_indices_batching_dims") == others
+            {
+                return self.take_along_axis(h, data, idx, a[0] as usize);
+            }
+            return h.unsupported("only the embedding form of gather (whole rows along axis 0, as `table[ids]`) and the take_along_axis form are supported");
         }
         let ids = self.reshape(h, idx, &is[..batch_rank])?;
         self.push(
@@ -1189,6 +1249,54 @@ impl<'a> Lowerer<'a> {
             vec![data, ids],
             Attrs::new().with("axis", Attr::Int(0)),
         )
+    }
+
+    /// `take_along_axis(data, idx, axis)` (idx with a trailing index vector of size 1) as a
+    /// one-hot selection: `sum_c where(idx == c, data, 0)` along `axis`, which autodiff
+    /// differentiates like any other ops.
+    fn take_along_axis(
+        &mut self,
+        h: &Here,
+        data: ValueId,
+        idx: ValueId,
+        axis: usize,
+    ) -> R<ValueId> {
+        let ds = self.shape(data);
+        let is = self.shape(idx);
+        let r = ds.len();
+        // Move `axis` last in both.
+        let mut perm: Vec<usize> = (0..r).filter(|&d| d != axis).collect();
+        perm.push(axis);
+        let idx = self.reshape(h, idx, &is[..r])?;
+        let d = self.transpose(h, data, &perm)?;
+        let i = self.transpose(h, idx, &perm)?;
+        let (c, k) = (ds[axis], is[axis]);
+        let lead: Vec<u64> = perm[..r - 1].iter().map(|&p| ds[p]).collect();
+        let mut ishape = lead.clone();
+        ishape.extend([k, 1]);
+        let i = self.reshape(h, i, &ishape)?;
+        let mut dshape = lead.clone();
+        dshape.extend([1, c]);
+        let d = self.reshape(h, d, &dshape)?;
+        let itype = self.f.ty(idx).dtype;
+        let n = self.checked_count(h, &[c])?;
+        let mut cshape = vec![1usize; r];
+        cshape.push(n);
+        let classes = Tensor::from_i64(itype, cshape, (0..n as i64).collect());
+        let classes = self.constant(h, classes)?;
+        let hit = self.push(h, OpKind::Equal, vec![i, classes], Attrs::new())?;
+        let dtype = self.f.ty(data).dtype;
+        let zero = self.constant(h, Tensor::scalar_f64(dtype, 0.0))?;
+        let picked = self.push(h, OpKind::Where, vec![hit, d, zero], Attrs::new())?;
+        let attrs = Attrs::new()
+            .with("axes", Attr::Ints(vec![r as i64]))
+            .with("keepdims", Attr::Int(0));
+        let summed = self.push(h, OpKind::ReduceSum, vec![picked], attrs)?;
+        let mut inv = vec![0usize; r];
+        for (j, &p) in perm.iter().enumerate() {
+            inv[p] = j;
+        }
+        self.transpose(h, summed, &inv)
     }
 
     /// A `dense<..>` literal of type `ty`.

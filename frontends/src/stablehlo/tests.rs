@@ -97,3 +97,44 @@ fn hostile_text_is_an_error_not_a_crash() {
         assert!(import(text).is_err(), "{text:.60}");
     }
 }
+
+#[test]
+fn take_along_axis_as_jax_emits_it() {
+    // jnp.take_along_axis(x, i[:, None], axis=1), as jax.jit(..).lower(..).as_text()
+    // prints it (with the bounds mask reduced by `and`).
+    let m = import(
+        "module @jit_f {
+  func.func public @main(%arg0: tensor<3x4xf32>, %arg1: tensor<3x1xi32>) -> (tensor<3x1xf32>) {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<3x1xi32>
+    %1 = stablehlo.compare  LT, %arg1, %0,  SIGNED : (tensor<3x1xi32>, tensor<3x1xi32>) -> tensor<3x1xi1>
+    %c_0 = stablehlo.constant dense<4> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<3x1xi32>
+    %3 = stablehlo.add %arg1, %2 : tensor<3x1xi32>
+    %4 = stablehlo.select %1, %3, %arg1 : tensor<3x1xi1>, tensor<3x1xi32>
+    %5 = stablehlo.reshape %4 : (tensor<3x1xi32>) -> tensor<3x1x1xi32>
+    %c_1 = stablehlo.constant dense<3> : tensor<1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<3x1x1xi32>
+    %7 = stablehlo.compare  GE, %5, %6,  SIGNED : (tensor<3x1x1xi32>, tensor<3x1x1xi32>) -> tensor<3x1x1xi1>
+    %8 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<1x1x1xi32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1, 2] : (tensor<1x1x1xi32>) -> tensor<3x1x1xi32>
+    %10 = stablehlo.compare  LE, %5, %9,  SIGNED : (tensor<3x1x1xi32>, tensor<3x1x1xi32>) -> tensor<3x1x1xi1>
+    %11 = stablehlo.and %7, %10 : tensor<3x1x1xi1>
+    %c_3 = stablehlo.constant dense<true> : tensor<i1>
+    %12 = stablehlo.reduce(%11 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<3x1x1xi1>, tensor<i1>) -> tensor<3x1xi1>
+    %13 = \"stablehlo.gather\"(%arg0, %5) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<3x4xf32>, tensor<3x1x1xi32>) -> tensor<3x1xf32>
+    %cst = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<3x1xf32>
+    %15 = stablehlo.select %12, %13, %14 : tensor<3x1xi1>, tensor<3x1xf32>
+    return %15 : tensor<3x1xf32>
+  }
+}",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let f = &m.module.functions[0];
+    let x = ppir::Tensor::from_f32(vec![3, 4], (0..12).map(|v| v as f32).collect());
+    let i = ppir::Tensor::from_i64(ppir::DType::I32, vec![3, 1], vec![2, -1, 0]);
+    let out = ppir::interp::run_function(f, vec![x, i], &Default::default(), None).unwrap();
+    assert_eq!(out[0].to_f64_vec(), [2.0, 7.0, 8.0]);
+}
