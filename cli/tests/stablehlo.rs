@@ -151,8 +151,6 @@ fn two_stage_run_equals_jax_sgd() {
                 "2",
                 "--microbatches",
                 "1",
-                "--partition",
-                "uniform",
                 "--split",
                 "off",
             ]);

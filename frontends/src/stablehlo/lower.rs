@@ -16,6 +16,9 @@ type R<T> = Result<T, StableHloError>;
 /// How deep `func.call`s may nest (recursion is an error, not a stack overflow).
 const MAX_INLINE_DEPTH: usize = 32;
 
+/// The largest result of an op on constants that is folded into a constant.
+const FOLD_MAX_ELEMENTS: u64 = 1 << 16;
+
 /// The largest tensor built at import time (an `iota`, a splat constant).
 const MAX_CONST_ELEMENTS: u64 = 1 << 24;
 
@@ -120,6 +123,22 @@ pub(super) fn lower_module(top: Vec<Op>, params: &BTreeMap<String, Tensor>) -> R
     let results = l.lower_block(&main.body, env)?;
     let outputs = (0..results.len()).map(|i| format!("out{i}")).collect();
     l.f.set_results(results);
+    // Ops whose results nothing uses (constants left behind by folding, values the
+    // module computes and drops).
+    loop {
+        let dead: Vec<ppir::OpId> =
+            l.f.ops()
+                .iter()
+                .copied()
+                .filter(|&o| l.f.op(o).results().iter().all(|&v| l.f.users(v).is_empty()))
+                .collect();
+        if dead.is_empty() {
+            break;
+        }
+        for o in dead {
+            l.f.remove_op(o);
+        }
+    }
     let mut module = Module::new();
     module.functions.push(l.f);
     module.weights = weights;
@@ -304,6 +323,26 @@ impl<'a> Lowerer<'a> {
             Ok(t) => t,
             Err(e) => return h.invalid(format!("as ppir `{}`: {e}", kind.name())),
         };
+        // Fold ops on constants (masks, broadcast scalars) into constants, as the ONNX
+        // importer does: the partitioner then sees no computation that feeds nothing
+        // the inputs reach.
+        let foldable = kind != OpKind::Constant
+            && !operands.is_empty()
+            && operands.iter().all(|v| self.consts.contains_key(v))
+            && out.len() == 1
+            && out[0]
+                .num_elements()
+                .is_some_and(|n| n <= FOLD_MAX_ELEMENTS);
+        if foldable {
+            let inputs: Vec<&Tensor> = operands.iter().filter_map(|v| self.consts.get(v)).collect();
+            let opts = ppir::interp::InterpOptions::default();
+            if let Ok(mut t) = ppir::interp::eval_op(kind, &attrs, &inputs, &out, &opts) {
+                if t.len() == 1 {
+                    let value = t.remove(0);
+                    return self.constant(h, value);
+                }
+            }
+        }
         Ok(self
             .f
             .push(NewOp::new(kind, operands, out).attrs(attrs).loc(h.loc())))
