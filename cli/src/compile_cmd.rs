@@ -32,9 +32,11 @@ Examples:
   ppcc examples/gpt.onnx -o build/ --stages 2 --microbatches 1 --schedule zb-h1
   ppcc model.onnx -o build/ --stages 4 --microbatches 8 --schedule interleaved-1f1b --chunks 2
   ppcc model.onnx -o build/ --stages 4 --schedule my_schedule.csv --partition sequential
-  ppcc model.onnx -o build/ --stages 4 --stage-layout block3/Add,block6/Add,block9/Add")]
+  ppcc model.onnx -o build/ --stages 4 --stage-layout block3/Add,block6/Add,block9/Add
+  ppcc model.mlir --params params.npz -o build/ --stages 2 --microbatches 1")]
 pub struct CompileArgs {
-    /// The ONNX model (float initializers are the trained parameters).
+    /// The model: ONNX (float initializers are the trained parameters), or a StableHLO
+    /// module (`.mlir`) with its parameters in `--params`.
     #[arg(required = true, value_name = "MODEL.onnx")]
     pub model: Option<PathBuf>,
     /// Output directory (created; existing plan files in it are replaced). An existing

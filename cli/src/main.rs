@@ -44,7 +44,7 @@ enum Command {
     Compile(Box<compile_cmd::CompileArgs>),
     /// Train a compiled plan with one worker per device, in the schedule's order.
     Run(run_cmd::RunArgs),
-    /// Import an ONNX model and print (or write) its ppir.
+    /// Import a model (ONNX or StableHLO) and print (or write) its ppir.
     Import(onnx_cmds::ImportArgs),
     /// Run a model's forward pass with the reference interpreter.
     Eval(onnx_cmds::EvalArgs),

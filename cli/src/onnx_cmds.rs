@@ -14,6 +14,7 @@ use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions, Imported};
 use ppcc_runtime::native::Arg as NativeArgRef;
 use ppir::interp::{run_function, InterpOptions, Precision};
 
+use ppcc_driver::model::Format;
 use ppcc_driver::target::{build_native, ScratchDir, Target};
 use ppir::text::{print_module, PrintOptions};
 use ppir::ArgKind;
@@ -94,8 +95,12 @@ Examples:
   ppcc import model.onnx --batch 8            bind the symbolic batch dimension
   ppcc import bert.onnx --input-shape input_ids=1x128 --input-shape attention_mask=1x128")]
 pub struct ImportArgs {
-    /// The ONNX model (external data files are read from its folder).
+    /// The model: ONNX (external data files are read from its folder), or a StableHLO
+    /// module (`.mlir`).
     model: PathBuf,
+    /// The trainable arguments of a StableHLO module (`.npz` keyed `arg<i>`).
+    #[arg(long, value_name = "P.npz")]
+    params: Option<PathBuf>,
     /// Write the IR to this file (all weights in full) instead of printing it.
     #[arg(short, long, value_name = "OUT.ppir")]
     output: Option<PathBuf>,
@@ -108,8 +113,8 @@ pub struct ImportArgs {
 }
 
 pub fn import(a: ImportArgs) -> Result<ExitCode> {
-    let imported = import_onnx_file_full(&a.model, &a.shapes.options())
-        .with_context(|| format!("importing {}", a.model.display()))?;
+    let (imported, _) =
+        ppcc_driver::model::import_model(&a.model, a.params.as_deref(), &a.shapes.options())?;
     let module = &imported.module;
     if let Err(errors) = ppir::verify::verify_module(module) {
         eprintln!("warning: the imported module does not verify:");
@@ -156,8 +161,12 @@ Examples:
 
 Make inputs with numpy: np.savez('in.npz', x=np.random.rand(1, 784).astype(np.float32))")]
 pub struct EvalArgs {
-    /// The ONNX model.
+    /// The model: ONNX, or a StableHLO module (`.mlir`; inputs keyed `arg<i>`, outputs
+    /// `out<i>`).
     model: PathBuf,
+    /// The trainable arguments of a StableHLO module (`.npz` keyed `arg<i>`).
+    #[arg(long, value_name = "P.npz")]
+    params: Option<PathBuf>,
     /// The inputs, an `.npz` keyed by input name.
     #[arg(long, value_name = "IN.npz")]
     inputs: PathBuf,
@@ -227,11 +236,11 @@ fn bind_inputs(
     Ok(args)
 }
 
-pub fn eval(a: EvalArgs) -> Result<ExitCode> {
-    let arrays = npz::read_npz(&a.inputs)?;
-    let inputs: HashMap<String, ppir::Tensor> = arrays.into_iter().collect();
+/// Import an ONNX model for `eval`: the arrays' shapes bind its symbolic dimensions, and
+/// integer inputs that only feed shapes are folded in when needed.
+fn import_onnx_for_eval(a: &EvalArgs, inputs: &HashMap<String, ppir::Tensor>) -> Result<Imported> {
     let mut opts = a.shapes.options();
-    for (name, t) in &inputs {
+    for (name, t) in inputs {
         opts.input_shapes
             .entry(name.clone())
             .or_insert_with(|| t.shape.iter().map(|&d| d as u64).collect());
@@ -264,6 +273,25 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
         }
         Err(e) => {
             return Err(anyhow::Error::new(e).context(format!("importing {}", a.model.display())))
+        }
+    };
+    Ok(imported)
+}
+
+pub fn eval(a: EvalArgs) -> Result<ExitCode> {
+    let arrays = npz::read_npz(&a.inputs)?;
+    let inputs: HashMap<String, ppir::Tensor> = arrays.into_iter().collect();
+    let imported = match ppcc_driver::model::format_of(&a.model) {
+        Format::StableHlo => {
+            ppcc_driver::model::import_model(&a.model, a.params.as_deref(), &a.shapes.options())?.0
+        }
+        Format::Onnx => {
+            if a.params.is_some() {
+                anyhow::bail!(
+                    "--params is for StableHLO modules; an ONNX model carries its own weights"
+                );
+            }
+            import_onnx_for_eval(&a, &inputs)?
         }
     };
     let args = bind_inputs(&imported, &inputs)?;

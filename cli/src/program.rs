@@ -64,6 +64,10 @@ pub struct ProgramArgs {
     /// Train with inference-mode ops: dropout off, batch-norm with running statistics.
     #[arg(long)]
     pub eval_mode: bool,
+    /// The trainable arguments of a StableHLO module: an `.npz` keyed `arg<i>` (the
+    /// argument's position in `@main`); the other arguments are data inputs.
+    #[arg(long, value_name = "P.npz")]
+    pub params: Option<std::path::PathBuf>,
 }
 
 impl ProgramArgs {
@@ -88,6 +92,7 @@ impl ProgramArgs {
             beta2: self.beta2,
             eps: self.eps,
             eval_mode: self.eval_mode,
+            params: self.params.clone(),
         }
     }
 }

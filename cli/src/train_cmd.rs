@@ -45,10 +45,13 @@ Examples:
   ppcc train examples/gpt.onnx --steps 50 --data synthetic
   ppcc train examples/mlp.onnx --data examples/mlp_train.npz --steps 5 --lr 0.05 --momentum 0.9
   ppcc train examples/mlp.onnx --data examples/mlp_train.npz --microbatches 4
+  ppcc train tests/stablehlo/fixtures/mlp.mlir --params tests/stablehlo/fixtures/mlp_params.npz \\
+      --data tests/stablehlo/fixtures/mlp_train.npz --loss cross-entropy --momentum 0 --steps 5
   ppcc train examples/two_tower.onnx --data examples/two_tower_train.npz --loss mse \\
       --optimizer adamw --lr 1e-3 --weight-decay 0.01 --save-onnx trained.onnx")]
 pub struct TrainArgs {
-    /// The ONNX model (float initializers are the trained parameters).
+    /// The model: ONNX (float initializers are the trained parameters), or a StableHLO
+    /// module (`.mlir`, pretty or generic form) with its parameters in `--params`.
     model: PathBuf,
     /// Number of training steps.
     #[arg(long, default_value_t = 10)]

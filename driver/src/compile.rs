@@ -606,11 +606,11 @@ fn choose_microbatches(c: &mut Compiler) -> Result<u64> {
     let global = match a.program.batch {
         Some(b) => Some(b),
         None => {
-            let imported = ppcc_frontends::onnx::import_onnx_file_full(
+            let (imported, _) = crate::model::import_model(
                 &a.model,
+                a.program.params.as_deref(),
                 &ppcc_frontends::onnx::ImportOptions::default(),
-            )
-            .with_context(|| format!("importing {}", a.model.display()))?;
+            )?;
             crate::program::model_batch(&imported.module)?
         }
     };
@@ -735,11 +735,11 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     let model_global = match a.program.batch {
         Some(b) => Some(b),
         None => {
-            let imported = ppcc_frontends::onnx::import_onnx_file_full(
+            let (imported, _) = crate::model::import_model(
                 &model,
+                a.program.params.as_deref(),
                 &ppcc_frontends::onnx::ImportOptions::default(),
-            )
-            .with_context(|| format!("importing {}", model.display()))?;
+            )?;
             crate::program::model_batch(&imported.module)?
         }
     };

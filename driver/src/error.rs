@@ -43,6 +43,8 @@ pub enum DriverError {
     #[error(transparent)]
     Onnx(#[from] ppcc_frontends::onnx::OnnxError),
     #[error(transparent)]
+    StableHlo(#[from] ppcc_frontends::stablehlo::StableHloError),
+    #[error(transparent)]
     Codegen(#[from] ppcc_codegen::CodegenError),
     #[error(transparent)]
     Plan(#[from] ppcc_runtime::pipeline::PlanSpecError),

@@ -9,6 +9,7 @@
 //! - [`program`]: the training program of a model (shared with single-device training).
 //! - [`target`]: where model code runs (interpreter or native code through MLIR).
 //! - [`data`]: training data bound to the program's inputs.
+//! - [`model`]: loading a model file (ONNX, or StableHLO with `--params`).
 //!
 //! ```no_run
 //! use ppcc_driver::compile::{CompileOptions, Compiler, Event, Point};
@@ -22,6 +23,7 @@
 pub mod compile;
 pub mod data;
 mod error;
+pub mod model;
 pub mod program;
 pub mod run;
 pub mod target;

@@ -3,10 +3,10 @@
 //! training (`ppcc train`) and the compile pipeline ([`crate::compile`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{bail, invalid, Context, DriverError, Result};
-use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions};
+use ppcc_frontends::onnx::ImportOptions;
 use ppcc_passes::autodiff::{build_gradient_function, AutodiffOptions, LossKind, TrainingInfo};
 use ppcc_passes::optim::{build_optimizer_function, OptimizerKind, OptimizerOptions};
 use ppir::{ArgKind, Dim, Module, TensorType};
@@ -29,6 +29,8 @@ pub struct ProgramOptions {
     pub eps: f64,
     /// Inference-mode ops: dropout off, batch-norm with running statistics.
     pub eval_mode: bool,
+    /// The trainable arguments of a StableHLO module (`.npz` keyed `arg<i>`).
+    pub params: Option<PathBuf>,
 }
 
 impl Default for ProgramOptions {
@@ -44,6 +46,7 @@ impl Default for ProgramOptions {
             beta2: 0.999,
             eps: 1e-8,
             eval_mode: false,
+            params: None,
         }
     }
 }
@@ -111,8 +114,8 @@ pub fn prepare(model: &Path, a: &ProgramOptions, microbatches: u64) -> Result<Pr
     // Hyper-parameters are checked up front, also for `--plan-only` (which builds no
     // optimizer) and before minutes of planning.
     a.optimizer(microbatches)?;
-    let imported = import_onnx_file_full(model, &ImportOptions::default())
-        .with_context(|| format!("importing {}", model.display()))?;
+    let (imported, format) =
+        crate::model::import_model(model, a.params.as_deref(), &ImportOptions::default())?;
     let mut module = imported.module;
     let main = module
         .function("main")
@@ -141,6 +144,13 @@ pub fn prepare(model: &Path, a: &ProgramOptions, microbatches: u64) -> Result<Pr
         bail!("--microbatches {microbatches} must divide the global batch {global}");
     }
     let micro = global / microbatches;
+    if format == crate::model::Format::StableHlo {
+        if let Some(b) = model_batch.filter(|&b| b != micro) {
+            bail!(
+                "the StableHLO module's batch is fixed at {b} rows (exported shapes are static): use micro-batches of {b} rows (--batch {b}×M --microbatches M), or export the module with a batch of {micro}"
+            );
+        }
+    }
     set_batch(&mut module, model_batch, micro)?;
     Ok(Prepared {
         module,

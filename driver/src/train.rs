@@ -71,6 +71,13 @@ pub fn train(a: &TrainOptions, events: &mut dyn FnMut(TrainEvent)) -> Result<()>
     if a.microbatches == 0 {
         bail!("--microbatches must be at least 1");
     }
+    if a.save_onnx.is_some() && crate::model::format_of(&a.model) == crate::model::Format::StableHlo
+    {
+        bail!(
+            "--save-onnx writes an ONNX model's trained weights back; {} is a StableHLO module",
+            a.model.display()
+        );
+    }
     let Prepared {
         mut module,
         weight_sources,

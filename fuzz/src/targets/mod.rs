@@ -10,6 +10,7 @@ mod npz;
 mod onnx;
 mod plan;
 mod ppcc;
+mod stablehlo;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -82,6 +83,7 @@ pub fn all() -> Vec<Box<dyn Target>> {
         Box::new(npz::Npz),
         Box::new(plan::Plan),
         Box::new(csv::Csv),
+        Box::new(stablehlo::StableHlo),
         Box::new(ppcc::PpccImport),
         Box::new(ppcc::EVAL_INTERP),
         Box::new(ppcc::TRAIN_INTERP),
