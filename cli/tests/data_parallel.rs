@@ -9,20 +9,10 @@ mod pipeline_common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pipeline_common::{compile, losses, ppcc, ppcc_within, tied_gpt};
+use pipeline_common::{close, compile, losses, ppcc, ppcc_within, tied_gpt};
 
 fn tmp(name: &str) -> PathBuf {
     pipeline_common::tmp("ppcc-dp-test", name)
-}
-
-fn close(got: &[f64], want: &[f64], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
-    for (g, w) in got.iter().zip(want) {
-        assert!(
-            (g - w).abs() <= 1e-5 * w.abs().max(1e-6),
-            "{what}: {got:?} vs {want:?}"
-        );
-    }
 }
 
 /// `ppcc train` on one device with `opts` for `steps` steps (the interpreter).

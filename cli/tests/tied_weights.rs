@@ -10,20 +10,10 @@ mod pipeline_common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use pipeline_common::{compile, losses, output, ppcc, python, tied_gpt};
+use pipeline_common::{close, compile, losses, output, ppcc, python, tied_gpt};
 
 fn tmp(name: &str) -> PathBuf {
     pipeline_common::tmp("ppcc-tied-test", name)
-}
-
-fn close(got: &[f64], want: &[f64], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
-    for (g, w) in got.iter().zip(want) {
-        assert!(
-            (g - w).abs() <= 1e-5 * w.abs().max(1e-6),
-            "{what}: {got:?} vs {want:?}"
-        );
-    }
 }
 
 const TRAIN: [&str; 6] = ["--batch", "8", "--microbatches", "4", "--split", "off"];

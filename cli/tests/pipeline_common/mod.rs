@@ -205,3 +205,14 @@ pub fn tied_gpt(dir: &Path) -> String {
     );
     dir.join("gpt24.onnx").display().to_string()
 }
+
+/// Each loss within 1e-5 relative of the reference's (`what` names the run).
+pub fn close(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1e-6),
+            "{what}: {got:?} vs {want:?}"
+        );
+    }
+}
