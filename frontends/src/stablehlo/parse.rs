@@ -204,7 +204,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn expect(&mut self, t: &str) -> R<()> {
+    fn expect_token(&mut self, t: &str) -> R<()> {
         if self.eat(t) {
             Ok(())
         } else {
@@ -371,7 +371,7 @@ impl<'a> Cursor<'a> {
             let found = self.found();
             return self.err(format!("expected a tensor type, found {found}"));
         }
-        self.expect("<")?;
+        self.expect_token("<")?;
         let raw = self.raw_angle()?;
         parse_tensor_type(&raw).map_err(|m| StableHloError::syntax(pos, m))
     }
@@ -389,7 +389,7 @@ impl<'a> Cursor<'a> {
                 if self.eat(")") {
                     return Ok(v);
                 }
-                self.expect(",")?;
+                self.expect_token(",")?;
             }
         }
         Ok(vec![self.ttype()?])
@@ -409,7 +409,7 @@ impl<'a> Cursor<'a> {
         self.ws();
         if self.peek() == Some(b'(') {
             let ins = self.type_list()?;
-            self.expect("->")?;
+            self.expect_token("->")?;
             let outs = self.type_list()?;
             return Ok((ins, outs));
         }
@@ -505,7 +505,7 @@ impl<'a> Cursor<'a> {
                         if self.eat("]") {
                             break;
                         }
-                        self.expect(",")?;
+                        self.expect_token(",")?;
                     }
                 }
                 let list = AVal::List(v);
@@ -537,7 +537,7 @@ impl<'a> Cursor<'a> {
             }
             b'(' => {
                 let ins = self.type_list()?;
-                self.expect("->")?;
+                self.expect_token("->")?;
                 let outs = self.type_list()?;
                 Ok(AVal::FuncType(ins, outs))
             }
@@ -554,14 +554,14 @@ impl<'a> Cursor<'a> {
                         if word == "dense_resource" {
                             return self.err("`dense_resource` constants (blobs stored outside the text) are not supported: print the module with its constants inline");
                         }
-                        self.expect("<")?;
+                        self.expect_token("<")?;
                         let raw = self.raw_angle()?;
-                        self.expect(":")?;
+                        self.expect_token(":")?;
                         let ty = self.ttype()?;
                         Ok(AVal::Dense { raw, ty })
                     }
                     "array" => {
-                        self.expect("<")?;
+                        self.expect_token("<")?;
                         let raw = self.raw_angle()?;
                         let body = match raw.split_once(':') {
                             Some((_, b)) => b,
@@ -599,7 +599,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn dict_inner(&mut self) -> R<Vec<(String, AVal)>> {
-        self.expect("{")?;
+        self.expect_token("{")?;
         let mut v = vec![];
         if self.eat("}") {
             return Ok(v);
@@ -630,7 +630,7 @@ impl<'a> Cursor<'a> {
             if self.eat("}") {
                 return Ok(v);
             }
-            self.expect(",")?;
+            self.expect_token(",")?;
         }
     }
 
@@ -643,24 +643,24 @@ impl<'a> Cursor<'a> {
     }
 
     fn region_inner(&mut self) -> R<Block> {
-        self.expect("{")?;
+        self.expect_token("{")?;
         let mut block = Block::default();
         if self.eat("^") {
             self.ident()?;
             if self.eat("(") && !self.eat(")") {
                 loop {
                     let name = self.value_name()?;
-                    self.expect(":")?;
+                    self.expect_token(":")?;
                     let ty = self.ttype()?;
                     self.skip_loc()?;
                     block.args.push((name, ty));
                     if self.eat(")") {
                         break;
                     }
-                    self.expect(",")?;
+                    self.expect_token(",")?;
                 }
             }
-            self.expect(":")?;
+            self.expect_token(":")?;
         }
         loop {
             if self.eat("}") {
@@ -676,7 +676,7 @@ impl<'a> Cursor<'a> {
     /// A trailing `loc(...)`.
     fn skip_loc(&mut self) -> R<()> {
         if self.eat_word("loc") {
-            self.expect("(")?;
+            self.expect_token("(")?;
             let mut depth = 1usize;
             while depth > 0 {
                 match self.bump() {
@@ -717,7 +717,7 @@ impl<'a> Cursor<'a> {
                     break;
                 }
             }
-            self.expect("=")?;
+            self.expect_token("=")?;
         }
         self.ws();
         let mut op = if self.peek() == Some(b'"') {
@@ -733,20 +733,20 @@ impl<'a> Cursor<'a> {
     fn generic_op(&mut self, pos: Pos) -> R<Op> {
         let name = self.string()?;
         let mut op = new_op(name, pos);
-        self.expect("(")?;
+        self.expect_token("(")?;
         if !self.eat(")") {
             loop {
                 op.operands.push(self.value_name()?);
                 if self.eat(")") {
                     break;
                 }
-                self.expect(",")?;
+                self.expect_token(",")?;
             }
         }
         if self.eat("<") {
             self.ws();
             op.attrs.extend(self.dict()?);
-            self.expect(">")?;
+            self.expect_token(">")?;
         }
         if self.eat("(") {
             loop {
@@ -754,14 +754,14 @@ impl<'a> Cursor<'a> {
                 if self.eat(")") {
                     break;
                 }
-                self.expect(",")?;
+                self.expect_token(",")?;
             }
         }
         self.ws();
         if self.peek() == Some(b'{') {
             op.attrs.extend(self.dict()?);
         }
-        self.expect(":")?;
+        self.expect_token(":")?;
         let (ins, outs) = self.signature()?;
         op.operand_types = ins;
         op.result_types = outs;
@@ -796,7 +796,7 @@ impl<'a> Cursor<'a> {
                             break;
                         }
                     }
-                    self.expect(":")?;
+                    self.expect_token(":")?;
                     loop {
                         op.operand_types.push(self.ttype()?);
                         if !self.eat(",") {
@@ -813,7 +813,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn sig_into(&mut self, op: &mut Op) -> R<()> {
-        self.expect(":")?;
+        self.expect_token(":")?;
         let (ins, outs) = self.signature()?;
         op.operand_types = ins;
         op.result_types = outs;
@@ -821,7 +821,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn paren_operands(&mut self, op: &mut Op) -> R<()> {
-        self.expect("(")?;
+        self.expect_token("(")?;
         if self.eat(")") {
             return Ok(());
         }
@@ -830,7 +830,7 @@ impl<'a> Cursor<'a> {
             if self.eat(")") {
                 return Ok(());
             }
-            self.expect(",")?;
+            self.expect_token(",")?;
         }
     }
 
@@ -850,14 +850,14 @@ impl<'a> Cursor<'a> {
                         let mut spec = vec![];
                         loop {
                             let a = self.int()?;
-                            self.expect(":")?;
+                            self.expect_token(":")?;
                             let b = self.int()?;
                             let s = if self.eat(":") { self.int()? } else { 1 };
                             spec.push((a, b, s));
                             if self.eat("]") {
                                 break;
                             }
-                            self.expect(",")?;
+                            self.expect_token(",")?;
                         }
                         op.attrs.push(("slice".into(), AVal::Slices(spec)));
                     }
@@ -911,17 +911,17 @@ impl<'a> Cursor<'a> {
     /// `reducer(%a: T, %b: T) { .. }` after the signature.
     fn pretty_reduce(&mut self, pos: Pos) -> R<Op> {
         let mut op = new_op("stablehlo.reduce".into(), pos);
-        self.expect("(")?;
+        self.expect_token("(")?;
         let mut inits = vec![];
         loop {
             op.operands.push(self.value_name()?);
-            self.expect("init")?;
-            self.expect(":")?;
+            self.expect_token("init")?;
+            self.expect_token(":")?;
             inits.push(self.value_name()?);
             if self.eat(")") {
                 break;
             }
-            self.expect(",")?;
+            self.expect_token(",")?;
         }
         op.operands.extend(inits);
         let applies = if self.eat_word("applies") {
@@ -929,26 +929,26 @@ impl<'a> Cursor<'a> {
         } else {
             None
         };
-        self.expect("across")?;
-        self.expect("dimensions")?;
-        self.expect("=")?;
+        self.expect_token("across")?;
+        self.expect_token("dimensions")?;
+        self.expect_token("=")?;
         let dims = self.value()?;
         op.attrs.push(("dimensions".into(), dims));
         self.sig_into(&mut op)?;
         match applies {
             Some(body_op) => op.attrs.push(("applies".into(), AVal::Word(body_op))),
             None => {
-                self.expect("reducer")?;
+                self.expect_token("reducer")?;
                 let mut args = vec![];
                 while self.eat("(") {
                     let name = self.value_name()?;
-                    self.expect(":")?;
+                    self.expect_token(":")?;
                     let ty = self.ttype()?;
-                    self.expect(",")?;
+                    self.expect_token(",")?;
                     let name2 = self.value_name()?;
-                    self.expect(":")?;
+                    self.expect_token(":")?;
                     let ty2 = self.ttype()?;
-                    self.expect(")")?;
+                    self.expect_token(")")?;
                     args.push((name, ty, name2, ty2));
                 }
                 let mut block = self.region()?;
@@ -971,8 +971,8 @@ impl<'a> Cursor<'a> {
     fn pretty_convolution(&mut self, pos: Pos) -> R<Op> {
         let mut op = new_op("stablehlo.convolution".into(), pos);
         self.paren_operands(&mut op)?;
-        self.expect("dim_numbers")?;
-        self.expect("=")?;
+        self.expect_token("dim_numbers")?;
+        self.expect_token("=")?;
         self.ws();
         let start = self.i;
         while !self.at_end() && !self.starts(", window") && self.peek() != Some(b'{') {
@@ -989,8 +989,8 @@ impl<'a> Cursor<'a> {
             },
         ));
         if self.eat(",") {
-            self.expect("window")?;
-            self.expect("=")?;
+            self.expect_token("window")?;
+            self.expect_token("=")?;
             for (k, v) in self.dict()? {
                 let key = match k.as_str() {
                     "stride" => "window_strides",
@@ -1035,12 +1035,12 @@ impl<'a> Cursor<'a> {
             visibility = self.ident()?;
         }
         let name = self.symbol()?;
-        self.expect("(")?;
+        self.expect_token("(")?;
         let mut args = vec![];
         if !self.eat(")") {
             loop {
                 let n = self.value_name()?;
-                self.expect(":")?;
+                self.expect_token(":")?;
                 let t = self.ttype()?;
                 self.skip_dict_if_any()?;
                 self.skip_loc()?;
@@ -1048,7 +1048,7 @@ impl<'a> Cursor<'a> {
                 if self.eat(")") {
                     break;
                 }
-                self.expect(",")?;
+                self.expect_token(",")?;
             }
         }
         let outs = if self.eat("->") {

@@ -722,16 +722,7 @@ impl RankWorker {
         let t = Tensor::from_f64(DType::F64, vec![n], all);
         let sum = transport
             .all_reduce(&ranks, LOSS_CHANNEL, step, t, self.config.recv_timeout)
-            .map_err(|e| match e {
-                TransportError::Aborted(reason) => (
-                    stage,
-                    PipelineError::Aborted {
-                        peer: stage,
-                        reason,
-                    },
-                ),
-                e => fail(e.to_string()),
-            })?;
+            .map_err(|e| transport_failure(e, stage, &fail))?;
         Ok(if self.config.replica == 0 {
             sum.to_f64_vec()
         } else {

@@ -207,7 +207,6 @@ pub fn sum_parts(parts: &[Tensor]) -> Result<Tensor, String> {
     let Some(first) = parts.first() else {
         return Err("nothing to sum".into());
     };
-    let mut acc: Vec<f64> = first.to_f64_vec();
     for p in &parts[1..] {
         if p.dtype != first.dtype || p.shape != first.shape {
             return Err(format!(
@@ -215,16 +214,19 @@ pub fn sum_parts(parts: &[Tensor]) -> Result<Tensor, String> {
                 first.dtype, first.shape, p.dtype, p.shape
             ));
         }
-        for (a, b) in acc.iter_mut().zip(p.to_f64_vec()) {
-            *a += b;
-        }
     }
     let d = first.dtype;
     let mut out = first.clone();
     match &mut out.data {
         TensorData::Float(v) => {
-            for (x, a) in v.iter_mut().zip(acc) {
-                *x = ppir::tensor::round_to(d, a);
+            // f64 sums in order, rounded once to the dtype.
+            for p in &parts[1..] {
+                for (x, y) in v.iter_mut().zip(p.to_f64_vec()) {
+                    *x += y;
+                }
+            }
+            for x in v.iter_mut() {
+                *x = ppir::tensor::round_to(d, *x);
             }
         }
         TensorData::Int(v) => {
@@ -236,7 +238,6 @@ pub fn sum_parts(parts: &[Tensor]) -> Result<Tensor, String> {
                     }
                 }
             }
-            drop(acc);
         }
     }
     Ok(out)
