@@ -55,6 +55,13 @@ pub struct CompileArgs {
     /// over them (an explicit all_reduce in each stage's optimizer) before the update.
     #[arg(long, value_name = "D", default_value_t = 1)]
     pub data_parallel: usize,
+    /// ZeRO stage: 0 (default) keeps the whole optimizer state on every replica; 1 shards
+    /// it across the data-parallel replicas: each weight gradient is reduce-scattered,
+    /// each replica updates its 1/D of the parameter (and holds 1/D of its momentum or
+    /// Adam moments), and the updated shards are all-gathered. Weights shared across
+    /// stages keep their whole state. No effect with one replica.
+    #[arg(long, value_name = "0|1", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub zero: u8,
     /// A total device count N instead of --stages and --data-parallel: plan every P × D =
     /// N (P stages, D replicas) and keep the shortest predicted step, printing the
     /// alternatives compared.
@@ -178,6 +185,7 @@ impl CompileArgs {
             force: self.force,
             stages: self.stages,
             data_parallel: self.data_parallel,
+            zero: self.zero == 1,
             devices: self.devices,
             microbatches: match self.microbatches {
                 Some(Microbatches::Count(m)) => Some(m),

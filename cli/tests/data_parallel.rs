@@ -71,6 +71,19 @@ fn check(
     let params = plan["training"]["params"].as_array().unwrap();
     assert_eq!(collectives.len(), params.len());
     assert!(collectives.iter().all(|c| c["replicas"] == true));
+    // ZeRO-1: every weight held by one stage is reduce-scattered and all-gathered.
+    let zero = compile_only.windows(2).any(|w| w == ["--zero", "1"]);
+    for c in collectives {
+        let one_stage = c["stages"].as_array().unwrap().len() == 1;
+        assert_eq!(c["reduce_scatter"] == true, zero && one_stage, "{c}");
+        assert_eq!(c["gather_channel"].is_i64(), zero && one_stage, "{c}");
+    }
+    if zero {
+        let program = std::fs::read_to_string(dir.join("stage0/stage.ppir")).unwrap();
+        for op in ["pp.reduce_scatter", "pp.shard", "pp.all_gather"] {
+            assert!(program.contains(op), "{op} missing from stage 0");
+        }
+    }
     for target in ["interp", "cpu"] {
         let got = ppcc(&[
             "run",
@@ -115,6 +128,170 @@ fn two_stages_two_replicas_equal_one_device() {
         &["--schedule", "gpipe"],
         "mlp-4x",
     );
+}
+
+/// `--zero 1`: optimizer state sharded over the replicas (reduce-scatter, shard update,
+/// all-gather) trains exactly like the unsharded run and one device — SGD with momentum
+/// and AdamW, 2 and 4 replicas, shards that do not divide the weights evenly.
+#[test]
+fn zero_one_trains_like_one_device() {
+    check(
+        "examples/gpt.onnx",
+        "16",
+        "2",
+        2,
+        2,
+        &["--momentum", "0.9"],
+        &["--zero", "1"],
+        "gpt-zero",
+    );
+    check(
+        "examples/two_tower.onnx",
+        "16",
+        "3",
+        2,
+        2,
+        &["--loss", "mse", "--optimizer", "adamw", "--weight-decay", "0.01"],
+        &["--zero", "1"],
+        "two-tower-zero",
+    );
+    // 4 replicas: many weights (biases of 3, 10...) do not split evenly into 4 shards.
+    check(
+        "examples/mlp.onnx",
+        "16",
+        "2",
+        4,
+        1,
+        &["--optimizer", "adamw"],
+        &["--zero", "1", "--schedule", "gpipe"],
+        "mlp-4x-zero",
+    );
+}
+
+/// A tied weight keeps its all-reduce (over its stages and the replicas) and whole state
+/// under `--zero 1`; the other weights are sharded.
+#[test]
+fn zero_one_with_a_tied_embedding_equals_one_device() {
+    let models = tmp("tied-zero-models");
+    let model = tied_gpt(&models);
+    check(
+        &model,
+        "8",
+        "2",
+        2,
+        2,
+        &["--momentum", "0.9"],
+        &["--split", "off", "--zero", "1"],
+        "tied-zero",
+    );
+    let _ = std::fs::remove_dir_all(&models);
+}
+
+/// With `--zero 1` the predicted memory per device holds 1/D of the optimizer state, and
+/// the stage's optimizer state shards are 1/D of the weights.
+#[test]
+fn zero_one_predicts_and_holds_less_optimizer_state() {
+    let peak = |zero: &str, name: &str| -> f64 {
+        let dir = tmp(name);
+        compile(
+            "examples/two_tower.onnx",
+            &dir,
+            &[
+                "--stages",
+                "2",
+                "--data-parallel",
+                "4",
+                "--microbatches",
+                "2",
+                "--batch",
+                "16",
+                "--optimizer",
+                "adamw",
+                "--loss",
+                "mse",
+                "--zero",
+                zero,
+            ],
+        );
+        let plan: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap())
+                .unwrap();
+        let p = plan["prediction"]["peak_memory_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .sum();
+        let _ = std::fs::remove_dir_all(&dir);
+        p
+    };
+    let (whole, sharded) = (peak("0", "mem-0"), peak("1", "mem-1"));
+    assert!(sharded < whole, "{sharded} vs {whole}");
+    // --zero 2/3 are refused by the command line.
+    let out = ppcc(&["examples/mlp.onnx", "-o", "/nonexistent", "--zero", "2"]);
+    assert!(!out.ok);
+    assert!(out.stderr.contains("--zero"), "{}", out.stderr);
+}
+
+/// Checkpoints of a ZeRO-1 run hold every replica's optimizer state shards and resume
+/// the curve.
+#[test]
+fn zero_one_checkpoints_resume_the_curve() {
+    let dir = tmp("ckpt-zero");
+    let plan = dir.join("plan");
+    compile(
+        "examples/gpt.onnx",
+        &plan,
+        &[
+            "--stages",
+            "2",
+            "--data-parallel",
+            "2",
+            "--microbatches",
+            "1",
+            "--batch",
+            "8",
+            "--optimizer",
+            "adamw",
+            "--zero",
+            "1",
+        ],
+    );
+    let p = plan.to_str().unwrap();
+    let whole = ppcc(&["run", p, "--steps", "4", "--target", "interp"]);
+    assert!(whole.ok, "{}", whole.stderr);
+    let ck = dir.join("ck");
+    let first = ppcc(&[
+        "run",
+        p,
+        "--steps",
+        "2",
+        "--target",
+        "interp",
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+        "--checkpoint-every",
+        "2",
+    ]);
+    assert!(first.ok, "{}", first.stderr);
+    for f in ["stage0.npz", "stage1.npz", "stage0.replica1.npz", "stage1.replica1.npz"] {
+        assert!(ck.join("step-2").join(f).exists(), "{f}");
+    }
+    let rest = ppcc(&[
+        "run",
+        p,
+        "--steps",
+        "2",
+        "--target",
+        "interp",
+        "--resume",
+        ck.to_str().unwrap(),
+    ]);
+    assert!(rest.ok, "{}", rest.stderr);
+    let mut curve = losses(&first.stdout);
+    curve.extend(losses(&rest.stdout));
+    assert_eq!(curve, losses(&whole.stdout));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -84,6 +84,9 @@ pub struct CompileOptions {
     pub stages: usize,
     /// Data-parallel replicas of the pipeline, D (P·D workers in all).
     pub data_parallel: usize,
+    /// ZeRO-1: shard the optimizer state across the replicas (see
+    /// [`ppcc_passes::split::SplitOptions::zero`]).
+    pub zero: bool,
     /// Choose P × D for this many devices (`stages` and `data_parallel` are then chosen).
     pub devices: Option<usize>,
     /// Micro-batches per step, M. `None`: the largest divisor of the global batch up to 2·P.
@@ -126,6 +129,7 @@ impl CompileOptions {
             force: false,
             stages: 2,
             data_parallel: 1,
+            zero: false,
             devices: None,
             microbatches: None,
             microbatches_auto: false,
@@ -682,6 +686,15 @@ fn choose_microbatches(c: &mut Compiler) -> Result<u64> {
     }
 }
 
+/// The replicas the optimizer state is sharded over: D with `--zero 1`, else 1.
+fn zero_shards(a: &CompileOptions) -> usize {
+    if a.zero {
+        a.data_parallel.max(1)
+    } else {
+        1
+    }
+}
+
 fn default_microbatches(global: Option<u64>, p: usize) -> u64 {
     let cap = (2 * p).max(1) as u64;
     match global {
@@ -833,7 +846,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         OptimizerKind::Sgd if optimizer.momentum != 0.0 => 1.0,
         OptimizerKind::Sgd => 0.0,
         OptimizerKind::AdamW => 2.0,
-    };
+    } / zero_shards(&a) as f64;
     let pinned: Vec<String> = a
         .stage_layout
         .as_deref()
@@ -992,6 +1005,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
             &mut module,
             &SplitOptions {
                 replicas: replicas > 1,
+                zero: zero_shards(&a),
                 ..SplitOptions::default()
             },
         )?;
@@ -1573,6 +1587,8 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
             stages: c.stages.clone(),
             replicas: c.replicas,
             bytes: c.bytes,
+            reduce_scatter: c.gather_channel.is_some(),
+            gather_channel: c.gather_channel,
         })
         .collect();
     let o = &training.optimizer;

@@ -303,12 +303,22 @@ fn checkpoint_tmp(d: &Path, step: u64) -> PathBuf {
     d.join(format!(".step-{step}.tmp"))
 }
 
-/// Write `stages`' weights as `dir/stage<i>.npz`.
-fn write_stage_files(dir: &Path, stages: &[(u32, &Weights)]) -> Result<()> {
+/// The stage file of stage `s` in `replica`: `stage<s>.npz` (replica 0, whose weights
+/// every replica shares), `stage<s>.replica<r>.npz` (another replica's own optimizer
+/// state shards, with `--zero 1`).
+fn stage_file(s: u32, replica: usize) -> String {
+    match replica {
+        0 => format!("stage{s}.npz"),
+        r => format!("stage{s}.replica{r}.npz"),
+    }
+}
+
+/// Write `stages`' weights as `dir/stage<i>.npz` (see [`stage_file`]).
+fn write_stage_files(dir: &Path, stages: &[(u32, usize, &Weights)]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    for (s, w) in stages {
+    for (s, r, w) in stages {
         let arrays: Vec<(String, Tensor)> = w.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        write_npz(&dir.join(format!("stage{s}.npz")), &arrays)?;
+        write_npz(&dir.join(stage_file(*s, *r)), &arrays)?;
     }
     Ok(())
 }
@@ -624,7 +634,13 @@ fn build_workers(
             let spec = plan.stages[s].clone();
             let (module, mut weights) = load_stage(plan, s)?;
             if let Some(dir) = resume {
-                let p = dir.join(format!("stage{s}.npz"));
+                // With ZeRO-1 each replica resumes its own optimizer state shards.
+                let replica = if plan.collectives.iter().any(|c| c.reduce_scatter) {
+                    rank / devices
+                } else {
+                    0
+                };
+                let p = dir.join(stage_file(s as u32, replica));
                 let saved: Weights = read_npz(&p)?.into_iter().collect();
                 check_checkpoint(&p, s, &weights, &saved)?;
                 weights = saved;
@@ -696,13 +712,18 @@ fn check_checkpoint(path: &Path, stage: usize, plan: &Weights, saved: &Weights) 
     Ok(())
 }
 
-/// Stage weights of `workers` as (stage, weights), from replica 0 (the replicas hold the
-/// same weights).
-fn stage_weights(workers: &[RankWorker]) -> Vec<(u32, &Weights)> {
+/// Stage weights of `workers` as (stage, replica, weights): from replica 0 (the replicas
+/// hold the same weights), and with `sharded` (ZeRO-1: each replica holds its own shard of
+/// the optimizer state) from every replica.
+fn stage_weights(workers: &[RankWorker], sharded: bool) -> Vec<(u32, usize, &Weights)> {
     workers
         .iter()
-        .filter(|w| w.config.replica == 0)
-        .flat_map(|w| w.stages.iter().map(|s| (s.spec.stage, &s.weights)))
+        .filter(|w| sharded || w.config.replica == 0)
+        .flat_map(|w| {
+            w.stages
+                .iter()
+                .map(|s| (s.spec.stage, w.config.replica, &s.weights))
+        })
         .collect()
 }
 
@@ -782,6 +803,8 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
         None => Target::Interp,
     };
     let mut workers = build_workers(&plan, &ranks, &config, resume_dir.as_deref(), target)?;
+    // ZeRO-1: every replica's optimizer state shards go into checkpoints.
+    let sharded = plan.collectives.iter().any(|c| c.reduce_scatter);
     let leader = driver.leader();
     if leader {
         if let Some(d) = &resume_dir {
@@ -859,7 +882,7 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
         if let (Some(d), Some(every)) = (&a.checkpoint_dir, a.checkpoint_every) {
             if (k + 1) % every == 0 {
                 let tmp = checkpoint_tmp(d, k + 1);
-                write_stage_files(&tmp, &stage_weights(&workers))?;
+                write_stage_files(&tmp, &stage_weights(&workers, sharded))?;
                 driver.barrier()?;
                 if leader {
                     commit_checkpoint(d, k + 1, &tmp, a.keep_checkpoints)?;
@@ -981,14 +1004,14 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
     }
     if let Some(out) = &a.save_onnx {
         let trained: BTreeMap<String, Tensor> = if a.transport == Transport::Local {
-            stage_weights(&workers)
+            stage_weights(&workers, false)
                 .into_iter()
-                .flat_map(|(_, w)| w.iter())
+                .flat_map(|(_, _, w)| w.iter())
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         } else {
             let parts = out.with_extension("parts");
-            write_stage_files(&parts, &stage_weights(&workers))?;
+            write_stage_files(&parts, &stage_weights(&workers, false))?;
             driver.barrier()?;
             let mut all = BTreeMap::new();
             if leader {

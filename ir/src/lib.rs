@@ -26,6 +26,7 @@ pub mod module;
 pub mod ops;
 pub mod schedule;
 pub mod shape;
+pub mod shard;
 pub mod size;
 pub mod tensor;
 pub mod text;

@@ -74,6 +74,12 @@ pub struct SplitOptions {
     /// The pipeline is replicated for data parallelism: every weight gradient is summed
     /// over the replicas (an `all_reduce` with `replicas` before each update).
     pub replicas: bool,
+    /// ZeRO-1 over this many replicas (0 or 1: off): the optimizer state of every
+    /// parameter held by one stage is sharded across the replicas — its gradient is
+    /// reduce-scattered, each replica updates its shard, and the updated shards are
+    /// all-gathered (see [`shard_update`]). A weight shared across stages keeps its
+    /// all-reduce and whole state.
+    pub zero: usize,
 }
 
 impl Default for SplitOptions {
@@ -82,6 +88,7 @@ impl Default for SplitOptions {
             grad: "grad".into(),
             optim: "optim".into(),
             replicas: false,
+            zero: 0,
         }
     }
 }
@@ -97,6 +104,9 @@ pub struct Collective {
     pub stages: Vec<u32>,
     pub replicas: bool,
     pub bytes: u64,
+    /// ZeRO-1: `channel` is a `reduce_scatter` over the replicas and the updated shards are
+    /// all-gathered on this channel (the parameter's `shard` op uses the one between).
+    pub gather_channel: Option<i64>,
 }
 
 /// One `send`/`recv` pair.
@@ -747,8 +757,26 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
     let optim_funcs = match m.function(&opts.optim) {
         Some(o) => {
             let mut fs = split_optimizer(o, &holders, num_stages)?;
-            collectives =
-                insert_all_reduces(&mut fs, &holders, b.channels.len() as i64, opts.replicas)?;
+            let zero = if opts.replicas { opts.zero } else { 0 };
+            let (c, sharded) = insert_all_reduces(
+                &mut fs,
+                &holders,
+                b.channels.len() as i64,
+                opts.replicas,
+                zero,
+            )?;
+            collectives = c;
+            // Sharded optimizer states start as zero shards.
+            for (name, ty) in sharded {
+                let start = m.weights.get(&name);
+                if start.is_some_and(|t| t.to_f64_vec().iter().any(|&x| x != 0.0)) {
+                    return Err(fail(format!(
+                        "--zero 1: the optimizer state `{name}` does not start at zero, so its shards would differ per replica"
+                    )));
+                }
+                let shape: Vec<usize> = ty.static_shape().unwrap_or_default().iter().map(|&d| d as usize).collect();
+                m.weights.insert(name, Tensor::zeros(ty.dtype, shape));
+            }
             for (st, f) in stages.iter_mut().zip(&fs) {
                 st.optim = Some(f.name.clone());
             }
@@ -787,9 +815,12 @@ fn insert_all_reduces(
     holders: &BTreeMap<String, Vec<u32>>,
     first_channel: i64,
     replicas: bool,
-) -> Result<Vec<Collective>, PassError> {
+    zero: usize,
+) -> Result<(Vec<Collective>, Vec<(String, TensorType)>), PassError> {
     let mut channel_of: BTreeMap<String, i64> = BTreeMap::new();
     let mut collectives: Vec<Collective> = vec![];
+    let mut next_channel = first_channel;
+    let mut sharded_states = vec![];
     // Parameters in a fixed order (the first function that takes each gradient).
     for f in fs.iter() {
         for &(v, _) in f.args() {
@@ -800,7 +831,10 @@ fn insert_all_reduces(
                 continue;
             };
             if (stages.len() > 1 || replicas) && !channel_of.contains_key(p) {
-                let channel = first_channel + channel_of.len() as i64;
+                let channel = next_channel;
+                // ZeRO-1: reduce_scatter, shard and all_gather get a channel each.
+                let shard = zero > 1 && stages.len() == 1;
+                next_channel += if shard { 3 } else { 1 };
                 channel_of.insert(p.to_string(), channel);
                 collectives.push(Collective {
                     channel,
@@ -808,6 +842,7 @@ fn insert_all_reduces(
                     stages: stages.clone(),
                     replicas,
                     bytes: f.ty(v).size_bytes().unwrap_or(0),
+                    gather_channel: shard.then_some(channel + 2),
                 });
             }
         }
@@ -822,6 +857,10 @@ fn insert_all_reduces(
             let (Some(&channel), Some(stages)) = (channel_of.get(p), holders.get(p)) else {
                 continue;
             };
+            if zero > 1 && stages.len() == 1 {
+                sharded_states.extend(shard_update(f, p, zero, channel)?);
+                continue;
+            }
             let attrs = AllReduceAttrs {
                 channel,
                 stages: stages.iter().map(|&s| s as i64).collect(),
@@ -840,7 +879,168 @@ fn insert_all_reduces(
             f.set_operand(op, 0, v);
         }
     }
-    Ok(collectives)
+    Ok((collectives, sharded_states))
+}
+
+/// ZeRO-1 in one stage's optimizer function, for parameter `p` over `replicas`: the
+/// gradient `grad.<p>` becomes this replica's shard of its sum over the replicas
+/// (`reduce_scatter`, channel `channel`), the parameter its local shard (`shard`,
+/// `channel + 1`), and the states `<name>.<p>` of the parameter's type become shards too:
+/// every op that reads a shard must be elementwise (the optimizers are), and computes
+/// on shards. The updated parameter `new.<p>` is all-gathered (`all_gather`,
+/// `channel + 2`) to the whole parameter again; updated states stay shards. Returns the
+/// sharded states and their new types.
+fn shard_update(
+    f: &mut Function,
+    p: &str,
+    replicas: usize,
+    channel: i64,
+) -> Result<Vec<(String, TensorType)>, PassError> {
+    let arg = |f: &Function, name: &str| {
+        f.args()
+            .iter()
+            .map(|&(v, _)| v)
+            .find(|&v| f.value(v).name == name)
+    };
+    let grad_name = format!("grad.{p}");
+    let (Some(g), Some(w)) = (arg(f, &grad_name), arg(f, p)) else {
+        return Err(fail(format!(
+            "--zero 1: @{} does not take both `{p}` and `{grad_name}`",
+            f.name
+        )));
+    };
+    let full = f.ty(w).clone();
+    let Some(dims) = full.static_shape() else {
+        return Err(fail(format!(
+            "--zero 1: parameter `{p}` has a dynamic shape {full}; sharding needs a static one"
+        )));
+    };
+    let n = full.num_elements().unwrap_or(0);
+    let s = ppir::shard::shard_len(n, replicas as u64);
+    let part = TensorType::of(full.dtype, &[s]);
+    let attrs = |c: i64| {
+        ppir::ops::attrs::ShardAttrs {
+            channel: c,
+            replicas: replicas as i64,
+            shape: dims.iter().map(|&d| d as i64).collect(),
+        }
+        .to_attrs()
+    };
+    let mut sharded: HashSet<ValueId> = HashSet::new();
+    // The gradient's and the parameter's shards, at the top.
+    let mut inserted = vec![];
+    for (v, kind, c, name) in [
+        (g, OpKind::ReduceScatter, channel, format!("{grad_name}.shard")),
+        (w, OpKind::Shard, channel + 1, format!("{p}.shard")),
+    ] {
+        let new = NewOp::new(kind, vec![v], vec![part.clone()])
+            .attrs(attrs(c))
+            .names(vec![name])
+            .phase(Phase::Optim);
+        let op = match f.ops().first() {
+            Some(&first) => f.insert_op_before(first, new),
+            None => f.push_op(new),
+        };
+        let x = f.op(op).results()[0];
+        f.replace_all_uses(v, x);
+        f.set_operand(op, 0, v);
+        sharded.insert(x);
+        inserted.push(op);
+    }
+    // The parameter's states: `<name>.<p>` of its type, where `p` is the longest parameter
+    // name that ends the state's name (`adam.m.x.w` belongs to `x.w`, not to `w`).
+    let params: Vec<String> = f
+        .args()
+        .iter()
+        .filter(|&&(_, k)| k == ArgKind::Param)
+        .map(|&(v, _)| f.value(v).name.clone())
+        .collect();
+    let owner = |state: &str| {
+        params
+            .iter()
+            .filter(|q| {
+                state.len() > q.len() + 1
+                    && state.ends_with(q.as_str())
+                    && state.as_bytes()[state.len() - q.len() - 1] == b'.'
+            })
+            .max_by_key(|q| q.len())
+            .cloned()
+    };
+    let mut states = vec![];
+    let args: Vec<(ValueId, ArgKind)> = f.args().to_vec();
+    for (v, kind) in args {
+        let name = f.value(v).name.clone();
+        if kind == ArgKind::State && owner(&name).as_deref() == Some(p) && f.ty(v) == &full {
+            f.set_type(v, part.clone());
+            sharded.insert(v);
+            states.push((name, part.clone()));
+        }
+    }
+    // Every op that reads a shard computes on shards.
+    let ops: Vec<OpId> = f.ops().to_vec();
+    for op in ops {
+        if inserted.contains(&op) {
+            continue;
+        }
+        let data = f.op(op);
+        if !data.operands().iter().any(|v| sharded.contains(v)) {
+            continue;
+        }
+        let kind = data.kind;
+        let describe = || {
+            let r = data.results().first().map(|&r| f.value(r).name.clone());
+            format!("{kind} (%{})", r.unwrap_or_default())
+        };
+        if !kind.is_elementwise() {
+            return Err(fail(format!(
+                "--zero 1: the update of `{p}` reads its sharded gradient or state in {}, which is not elementwise; ZeRO-1 needs an elementwise optimizer",
+                describe()
+            )));
+        }
+        for &v in data.operands() {
+            if !sharded.contains(&v) && f.ty(v).num_elements() != Some(1) {
+                return Err(fail(format!(
+                    "--zero 1: the update of `{p}` combines a shard with %{} ({}) in {}: only scalars can meet a shard",
+                    f.value(v).name,
+                    f.ty(v),
+                    describe()
+                )));
+            }
+        }
+        let results: Vec<ValueId> = data.results().to_vec();
+        for r in results {
+            let dtype = f.ty(r).dtype;
+            f.set_type(r, TensorType::of(dtype, &[s]));
+            sharded.insert(r);
+        }
+    }
+    // The updated parameter is gathered; updated states stay shards.
+    let state_names: HashSet<String> = states.iter().map(|(n, _)| format!("new.{n}")).collect();
+    let new_param = format!("new.{p}");
+    let mut results = f.results().to_vec();
+    for (i, r) in results.clone().into_iter().enumerate() {
+        if !sharded.contains(&r) {
+            continue;
+        }
+        let name = f.value(r).name.clone();
+        if name == new_param {
+            f.rename_value(r, format!("{new_param}.shard"));
+            let op = f.push_op(
+                NewOp::new(OpKind::AllGather, vec![r], vec![full.clone()])
+                    .attrs(attrs(channel + 2))
+                    .names(vec![new_param.clone()])
+                    .phase(Phase::Optim),
+            );
+            results[i] = f.op(op).results()[0];
+        } else if !state_names.contains(&name) {
+            return Err(fail(format!(
+                "--zero 1: @{} returns %{name}, computed from a shard of `{p}`, which is neither `{new_param}` nor an updated state of `{p}`",
+                f.name
+            )));
+        }
+    }
+    f.set_results(results);
+    Ok(states)
 }
 
 /// `reach[a][b]`: a path of forward edges leads from stage a to stage b (a ≠ b); an error if

@@ -385,6 +385,13 @@ pub struct Collective {
     pub stages: Vec<u32>,
     pub replicas: bool,
     pub bytes: u64,
+    /// ZeRO-1 (`--zero 1`): the gradient is reduce-scattered over the replicas (each
+    /// updates its shard of the parameter), and the updated shards are all-gathered on
+    /// channel `gather_channel`. Absent: an all-reduce.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reduce_scatter: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gather_channel: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

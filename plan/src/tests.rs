@@ -102,6 +102,8 @@ pub(crate) fn sample() -> Plan {
             stages: vec![0, 1],
             replicas: false,
             bytes: 64,
+            reduce_scatter: false,
+            gather_channel: None,
         }],
         data_parallel: Some(DataParallel {
             replicas: 2,

@@ -97,7 +97,7 @@ pub enum CallbackError {
     DynamicRecv { peer: i64, channel: i64 },
     #[error("the function {}, but no transport was given", if *.sending { "sends" } else { "receives" })]
     NoTransport { sending: bool },
-    #[error("no all_reduce op on channel {channel}")]
+    #[error("no collective op (all_reduce, reduce_scatter, shard, all_gather) on channel {channel}")]
     NoAllReduce { channel: i64 },
     #[error("panic in a send/recv callback")]
     Panic,
@@ -141,8 +141,17 @@ struct NativeFn {
     /// (peer, channel) of each send/recv op → the type moved.
     sends: HashMap<(i64, i64), Static>,
     recvs: HashMap<(i64, i64), TensorType>,
-    /// channel of each all_reduce op → its attributes and the type summed.
-    reductions: HashMap<i64, (ppir::ops::attrs::AllReduceAttrs, Static)>,
+    /// channel of each collective op → the op (its attributes and types).
+    reductions: HashMap<i64, Collective>,
+}
+
+/// A collective op of a function, found by its channel.
+enum Collective {
+    /// An `all_reduce` and the type summed.
+    AllReduce(ppir::ops::attrs::AllReduceAttrs, Static),
+    /// A `reduce_scatter`, `shard` or `all_gather`: its kind, attributes, operand and
+    /// result types.
+    Sharded(OpKind, ppir::ops::attrs::ShardAttrs, Static, Static),
 }
 
 /// A loaded `module.so` and the functions of the IR module it was compiled from.
@@ -650,7 +659,15 @@ fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, 
             OpKind::AllReduce => {
                 let a = ppir::ops::attrs::AllReduceAttrs::of(&op.attrs).ok();
                 if let (Some(a), Some(s)) = (a, Static::of(f.ty(op.operands()[0]))) {
-                    reductions.insert(a.channel, (a, s));
+                    reductions.insert(a.channel, Collective::AllReduce(a, s));
+                }
+            }
+            OpKind::ReduceScatter | OpKind::Shard | OpKind::AllGather => {
+                let a = ppir::ops::attrs::ShardAttrs::of(&op.attrs).ok();
+                let x = Static::of(f.ty(op.operands()[0]));
+                let y = Static::of(f.ty(op.results()[0]));
+                if let (Some(a), Some(x), Some(y)) = (a, x, y) {
+                    reductions.insert(a.channel, Collective::Sharded(op.kind, a, x, y));
                 }
             }
             _ => {}
@@ -750,7 +767,7 @@ extern "C" fn recv_cb(ctx: *mut Ctx, peer: i64, channel: i64, data: *mut u8) -> 
 
 extern "C" fn all_reduce_cb(ctx: *mut Ctx, channel: i64, data: *mut u8, out: *mut u8) -> i32 {
     with_state(ctx, |s| {
-        let (a, ty) =
+        let op =
             s.f.reductions
                 .get(&channel)
                 .ok_or(CallbackError::NoAllReduce { channel })?;
@@ -758,12 +775,25 @@ extern "C" fn all_reduce_cb(ctx: *mut Ctx, channel: i64, data: *mut u8, out: *mu
             .comm
             .as_deref_mut()
             .ok_or(CallbackError::NoTransport { sending: true })?;
-        // SAFETY: `data` is the dense buffer of the op's operand, of type `ty`.
-        let t = unsafe { Buffer::read_raw(data, ty) };
-        let r = comm.all_reduce(a, t)?;
+        let (r, ty, peer) = match op {
+            Collective::AllReduce(a, ty) => {
+                // SAFETY: `data` is the dense buffer of the op's operand, of type `ty`.
+                let t = unsafe { Buffer::read_raw(data, ty) };
+                (
+                    comm.all_reduce(a, t)?,
+                    ty,
+                    a.stages.first().map_or(0, |&s| s as u32),
+                )
+            }
+            Collective::Sharded(kind, a, x, y) => {
+                // SAFETY: `data` is the dense buffer of the op's operand, of type `x`.
+                let t = unsafe { Buffer::read_raw(data, x) };
+                (comm.sharded(*kind, a, t)?, y, 0)
+            }
+        };
         if r.dtype != ty.dtype || r.shape != ty.shape {
             return Err(CommError::Mismatch {
-                peer: a.stages.first().map_or(0, |&s| s as u32),
+                peer,
                 channel,
                 got: format!("{}{:?}", r.dtype.name(), r.shape),
                 expected: ty.text(),

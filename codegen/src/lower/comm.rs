@@ -8,7 +8,8 @@
 //!
 //! - `all_reduce x`: `ctx->all_reduce(ctx, channel, x_data, out_data)` fills a fresh buffer
 //!   with the sum over the op's participants (the runtime computes it; see
-//!   `ppcc_runtime::pipeline`).
+//!   `ppcc_runtime::pipeline`). `reduce_scatter`, `shard` and `all_gather` (ZeRO-1) go
+//!   through the same callback: the runtime knows each channel's op.
 //!
 //! The callbacks return a status the generated code ignores: the runtime records the first
 //! failure in its context, turns later calls into no-ops, and reports the failure when the
@@ -64,18 +65,27 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     }
 }
 
-/// `all_reduce`: the operand's buffer and a fresh result buffer through callback 2.
-pub fn lower_all_reduce(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
-    let a: ppir::ops::attrs::AllReduceAttrs = op.attrs()?;
+/// `all_reduce`, `reduce_scatter`, `shard`, `all_gather`: the operand's buffer and a fresh
+/// result buffer through callback 2, which finds the op (its kind, attributes and types)
+/// by its channel: a channel belongs to one collective op of a function (the verifier
+/// checks it).
+pub fn lower_collective(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
+    let channel = match op.kind {
+        ppir::OpKind::AllReduce => op.attrs::<ppir::ops::attrs::AllReduceAttrs>()?.channel,
+        _ => op.attrs::<ppir::ops::attrs::ShardAttrs>()?.channel,
+    };
     let (shape, d) = (op.out_shapes[0].clone(), op.out_dtypes[0]);
+    let (in_shape, in_d) = (op.in_shapes[0].clone(), op.in_dtypes[0]);
     let tty = tensor_type(&shape, d);
     let mty = memref_type(&shape, d);
-    let c = e.op(format!("arith.constant {} : i64", a.channel));
+    let in_tty = tensor_type(&in_shape, in_d);
+    let in_mty = memref_type(&in_shape, in_d);
+    let c = e.op(format!("arith.constant {channel} : i64"));
     let x = e.name(op.op.operands()[0]);
     let xm = e.op(format!(
-        "bufferization.to_buffer {x} read_only : {tty} to {mty}"
+        "bufferization.to_buffer {x} read_only : {in_tty} to {in_mty}"
     ));
-    let xp = data_pointer_simple(e, &xm, &mty);
+    let xp = data_pointer_simple(e, &xm, &in_mty);
     let m = e.op(format!("memref.alloc() {{alignment = 64 : i64}} : {mty}"));
     let out = data_pointer_simple(e, &m, &mty);
     let f = callback(e, 2);

@@ -820,7 +820,7 @@ fn outline(kind: OpKind) -> bool {
     use OpKind::*;
     !matches!(
         kind,
-        Send | Recv | AllReduce | Constant | Reshape | Flatten | Squeeze | Unsqueeze | Identity
+        Send | Recv | AllReduce | ReduceScatter | Shard | AllGather | Constant | Reshape | Flatten | Squeeze | Unsqueeze | Identity
     )
 }
 
@@ -949,7 +949,7 @@ fn lower_op(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     use OpKind::*;
     match op.kind {
         Send | Recv => comm::lower(e, op),
-        AllReduce => comm::lower_all_reduce(e, op),
+        AllReduce | ReduceScatter | Shard | AllGather => comm::lower_collective(e, op),
         MatMul | Gemm | Conv | ConvTranspose | ConvGradWeight => contraction::lower(e, op),
         MaxPool | AvgPool | GlobalAvgPool | GlobalMaxPool | MaxPoolGrad | AvgPoolGrad => {
             pool::lower(e, op)

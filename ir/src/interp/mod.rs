@@ -95,6 +95,18 @@ pub trait Comm {
             message: "this communicator runs no collectives (all_reduce)".into(),
         })
     }
+    /// ZeRO-1 (see [`ShardAttrs`]): `reduce_scatter` gives this replica's shard of the sum
+    /// of `t` over the replicas, `shard` its shard of `t` (no communication), `all_gather`
+    /// the whole parameter from every replica's shard `t`. The default: a communicator
+    /// without collectives.
+    fn sharded(&mut self, kind: OpKind, op: &ShardAttrs, t: Tensor) -> Result<Tensor, CommError> {
+        let _ = t;
+        Err(CommError::Transport {
+            peer: 0,
+            channel: op.channel,
+            message: format!("this communicator runs no collectives ({kind})"),
+        })
+    }
 }
 
 /// Why a [`Comm`] could not send or receive. `peer` is the stage at the other end.
@@ -189,7 +201,7 @@ pub enum InterpError {
     #[error(
         "{}: {} stage {peer} on channel {channel} failed: {source}",
         describe_op(*kind, value.as_deref(), loc.as_deref()),
-        match kind { OpKind::Send => "send to", OpKind::AllReduce => "all-reduce with", _ => "recv from" }
+        match kind { OpKind::Send => "send to", OpKind::AllReduce => "all-reduce with", OpKind::ReduceScatter => "reduce-scatter with", OpKind::AllGather => "all-gather with", OpKind::Shard => "shard of", _ => "recv from" }
     )]
     Comm {
         kind: OpKind,
@@ -464,7 +476,7 @@ fn compute(
             one(grad::gather_grad(&a, inputs[0], inputs[1])?)
         }
         SliceGrad => one(grad::slice_grad(&SliceGradAttrs::of(attrs)?, inputs[0])?),
-        Send | Recv | AllReduce => {
+        Send | Recv | AllReduce | ReduceScatter | Shard | AllGather => {
             fail!("needs a communicator: run it with run_function and a Comm")
         }
     }
@@ -609,6 +621,37 @@ pub fn run_function_stats(
                     if !fits(&t, &result_types[0]) {
                         return Err(op_error(format!(
                             "the all-reduce gave {}, but the op declares {}",
+                            misfit(&t),
+                            result_types[0]
+                        )));
+                    }
+                    vec![t]
+                }
+                OpClass::Comm
+                    if matches!(
+                        op.kind,
+                        OpKind::ReduceScatter | OpKind::Shard | OpKind::AllGather
+                    ) =>
+                {
+                    let a = ShardAttrs::of(&op.attrs).map_err(|e| op_error(e.to_string()))?;
+                    let Some(comm) = comm.as_deref_mut() else {
+                        return Err(op_error(
+                            "needs a communicator, and run_function got none".into(),
+                        ));
+                    };
+                    if inputs.len() != 1 || result_types.len() != 1 {
+                        return Err(op_error(format!(
+                            "{} takes one operand and has one result",
+                            op.kind
+                        )));
+                    }
+                    let t = comm
+                        .sharded(op.kind, &a, inputs[0].clone())
+                        .map_err(|e| comm_error(0, a.channel, e))?;
+                    if !fits(&t, &result_types[0]) {
+                        return Err(op_error(format!(
+                            "the {} gave {}, but the op declares {}",
+                            op.kind,
                             misfit(&t),
                             result_types[0]
                         )));

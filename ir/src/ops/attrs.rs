@@ -412,6 +412,12 @@ attr_sets! {
     /// pipeline (a weight read on several stages), and with `replicas` those stages in
     /// every data-parallel replica of the pipeline.
     AllReduceAttrs { channel: Int [required], stages: Ints [required], replicas: Bool [= false] }
+    /// `reduce_scatter`, `shard` and `all_gather` (ZeRO-1, `--zero 1`): a parameter of
+    /// static shape `shape` flattened row-major, padded with zeros to `replicas · S`
+    /// elements (`S = ceil(numel / replicas)`) and cut into `replicas` shards of `S`;
+    /// replica `d` owns shard `d`. Every op of one `channel` runs on the same stage of
+    /// every data-parallel replica.
+    ShardAttrs { channel: Int [required], replicas: Int [required], shape: Ints [required] }
 }
 
 impl ConstantAttrs {

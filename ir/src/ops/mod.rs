@@ -242,6 +242,10 @@ define_ops! {
     Send = "send", Comm, Exact(1), CommAttrs, None;
     Recv = "recv", Comm, Exact(0), CommAttrs, None;
     AllReduce = "all_reduce", Comm, Exact(1), AllReduceAttrs, None;
+    // ---- sharded optimizer state (ZeRO-1) across data-parallel replicas ----
+    ReduceScatter = "reduce_scatter", Comm, Exact(1), ShardAttrs, None;
+    Shard = "shard", Comm, Exact(1), ShardAttrs, None;
+    AllGather = "all_gather", Comm, Exact(1), ShardAttrs, None;
 }
 
 /// How autodiff treats an op kind.

@@ -171,10 +171,43 @@ fn infer_rule(
         SliceGrad => one(grad::slice_grad(&SliceGradAttrs::of(attrs)?, &ops[0])?),
         Send => Ok(vec![]),
         AllReduce => one(ops[0].clone()),
+        ReduceScatter | Shard | AllGather => one(sharded(kind, &ShardAttrs::of(attrs)?, &ops[0])?),
         Recv => {
             bail!("the type of a recv is given by its result annotation; it cannot be inferred")
         }
     }
+}
+
+/// `reduce_scatter`/`shard`: the parameter of `a.shape` → its shard (`[S]`, see
+/// [`crate::shard`]); `all_gather`: a shard → the parameter.
+fn sharded(kind: OpKind, a: &ShardAttrs, x: &TensorType) -> Result<TensorType, ShapeError> {
+    if a.replicas < 1 {
+        bail!("replicas is {}, expected at least 1", a.replicas);
+    }
+    if a.shape.iter().any(|&d| d < 0) {
+        bail!("shape {:?} has a negative dimension", a.shape);
+    }
+    let full = TensorType::of(
+        x.dtype,
+        &a.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+    );
+    full.check_size()
+        .map_err(|e| ShapeError::new(format!("shape {:?}: {e}", a.shape)))?;
+    let n = full.num_elements().unwrap_or(0);
+    let s = crate::shard::shard_len(n, a.replicas as u64);
+    let part = TensorType::of(x.dtype, &[s]);
+    let (want, out) = match kind {
+        OpKind::AllGather => (&part, full.clone()),
+        _ => (&full, part.clone()),
+    };
+    if x != want {
+        bail!(
+            "the operand is {x}, expected {want} (a parameter of shape {:?} over {} replicas)",
+            a.shape,
+            a.replicas
+        );
+    }
+    Ok(out)
 }
 
 /// The 0/1 attributes of the op's set must be 0 or 1 (the typed views read any non-zero

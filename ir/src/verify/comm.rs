@@ -149,3 +149,69 @@ pub(super) fn reductions(m: &Module, endpoints: &[Endpoint], sink: &mut Sink) {
         }
     }
 }
+
+/// The ZeRO-1 ops (`reduce_scatter`, `shard`, `all_gather`) of one channel are one kind,
+/// over the same replicas, shape and dtype (every replica of the stage runs the same
+/// program), and one stage runs at most one op of a channel. Channels are their own: an
+/// `all_reduce` or a send/recv on the channel of a sharded op is refused too.
+pub(super) fn shards(m: &Module, endpoints: &[Endpoint], sink: &mut Sink) {
+    use crate::ops::attrs::ShardAttrs;
+    use crate::ops::{OpAttrs, OpKind};
+    // channel → (function index, op, kind, attrs, stage)
+    type Seen = (usize, crate::module::OpId, OpKind, ShardAttrs, Option<i64>);
+    let mut first: BTreeMap<i64, Seen> = BTreeMap::new();
+    let mut on_stage: BTreeMap<(i64, Option<i64>), String> = BTreeMap::new();
+    let others: std::collections::BTreeSet<i64> = endpoints.iter().map(|e| e.channel).collect();
+    for (fi, f) in m.functions.iter().enumerate() {
+        let fn_stage = f.attrs.int("stage").ok().flatten();
+        for (pos, &op) in f.ops().iter().enumerate() {
+            let data = f.op(op);
+            if !matches!(
+                data.kind,
+                OpKind::ReduceScatter | OpKind::Shard | OpKind::AllGather
+            ) {
+                continue;
+            }
+            // A malformed attribute is reported by the op's own check.
+            let Ok(a) = ShardAttrs::of(&data.attrs) else {
+                continue;
+            };
+            let stage = data.stage.map(i64::from).or(fn_stage);
+            let here = format!("@{}: {}", f.name, describe_op(f, op));
+            let c = a.channel;
+            let mut report = |msg: String| {
+                sink.op(fi, pos, f, op, VerifyErrorKind::CollectiveMismatch, msg)
+            };
+            if others.contains(&c) {
+                report(format!(
+                    "{} on channel {c}, which a send, recv or all_reduce also uses",
+                    data.kind
+                ));
+            }
+            match first.get(&c) {
+                None => {
+                    first.insert(c, (fi, op, data.kind, a.clone(), stage));
+                }
+                Some((ffi, fop, kind, fa, _)) => {
+                    if *kind != data.kind || fa != &a {
+                        let other = &m.functions[*ffi];
+                        report(format!(
+                            "{} on channel {c} differs from @{}: {} (kind, replicas or shape)",
+                            data.kind,
+                            other.name,
+                            describe_op(other, *fop)
+                        ));
+                    }
+                }
+            }
+            if let Some(prev) = on_stage.get(&(c, stage)) {
+                report(format!(
+                    "a second {} on channel {c} on this stage; the first is {prev}",
+                    data.kind
+                ));
+            } else {
+                on_stage.insert((c, stage), here);
+            }
+        }
+    }
+}

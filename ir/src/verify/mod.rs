@@ -157,6 +157,7 @@ pub fn verify_module(m: &Module) -> Result<(), Vec<VerifyError>> {
     weight_agreement(m, &mut sink);
     comm::pair(m, &endpoints, &mut sink);
     comm::reductions(m, &endpoints, &mut sink);
+    comm::shards(m, &endpoints, &mut sink);
     sink.finish()
 }
 

@@ -500,6 +500,9 @@ pub(super) fn vjp(
         | Send
         | Recv
         | AllReduce
+        | ReduceScatter
+        | Shard
+        | AllGather
         | SoftmaxCrossEntropyGrad
         | LabelLogitGrad
         | LogSumExpGrad

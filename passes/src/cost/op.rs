@@ -335,6 +335,8 @@ fn flops(kind: OpKind, attrs: &Attrs, xs: &[&TensorType], ys: &[&TensorType]) ->
         Send | Recv => 0.0,
         // the sum of the arriving parts
         AllReduce => per_y(1.0)?,
+        // a shard's sum arrives (reduce_scatter); copies of a shard or of the parameter
+        ReduceScatter | Shard | AllGather => per_y(1.0)?,
     })
 }
 

@@ -547,6 +547,9 @@ pub struct CollectiveSpec {
     pub param: String,
     pub stages: Vec<u32>,
     pub replicas: bool,
+    /// ZeRO-1: a `reduce_scatter` over the replicas (each gets its shard of the sum)
+    /// instead of an `all_reduce`.
+    pub reduce_scatter: bool,
 }
 
 /// A failure injected for tests.
@@ -674,6 +677,60 @@ impl Comm for CallComm<'_> {
             });
         }
         Ok(r.clone())
+    }
+
+    /// ZeRO-1: `reduce_scatter` reads this replica's shard of the sum, which the worker
+    /// computed before the optimizer functions (like an all-reduce); `shard` cuts this
+    /// replica's shard locally; `all_gather` joins every replica's shard (blocking).
+    fn sharded(
+        &mut self,
+        kind: ppir::OpKind,
+        op: &ppir::ops::attrs::ShardAttrs,
+        t: Tensor,
+    ) -> Result<Tensor, CommError> {
+        let (replica, replicas) = (self.config.replica, self.config.replicas);
+        let failed = |message: String| CommError::Transport {
+            peer: self.stage,
+            channel: op.channel,
+            message,
+        };
+        if op.replicas != replicas as i64 {
+            return Err(failed(format!(
+                "the op shards over {} replicas, but the run has {replicas}",
+                op.replicas
+            )));
+        }
+        match kind {
+            ppir::OpKind::ReduceScatter => {
+                let r = self.reduced.get(&op.channel).ok_or_else(|| {
+                    failed(format!(
+                        "stage {} has no reduce-scattered value for channel {} (plan.json lists no such collective for it)",
+                        self.stage, op.channel
+                    ))
+                })?;
+                Ok(r.clone())
+            }
+            ppir::OpKind::Shard => ppir::shard::shard_of(&t, replicas, replica).map_err(failed),
+            _ => {
+                let ranks: Vec<usize> = (0..replicas)
+                    .filter_map(|r| self.config.rank(r, self.stage))
+                    .collect();
+                let t0 = Instant::now();
+                let parts = self
+                    .transport
+                    .all_gather(
+                        &ranks,
+                        op.channel,
+                        self.step,
+                        t,
+                        self.config.recv_timeout,
+                    )
+                    .map_err(|e| self.comm_error(self.stage, op.channel, e))?;
+                self.waiting += t0.elapsed();
+                let shape: Vec<usize> = op.shape.iter().map(|&d| d as usize).collect();
+                ppir::shard::unshard(&parts, &shape).map_err(failed)
+            }
+        }
     }
 }
 
@@ -806,6 +863,10 @@ impl RankWorker {
         ranks.dedup();
         let pending = if ranks.len() <= 1 {
             Err(mine)
+        } else if c.reduce_scatter {
+            Ok(transport
+                .reduce_scatter_start(&ranks, c.channel, step, mine)
+                .map_err(|e| transport_failure(e, first, &fail))?)
         } else {
             Ok(transport
                 .all_reduce_start(&ranks, c.channel, step, mine)
@@ -827,7 +888,13 @@ impl RankWorker {
     ) -> Result<(), (u32, PipelineError)> {
         let fail = collective_error(&s.spec, s.first);
         let sum = match s.pending {
+            Err(local_only) if s.spec.reduce_scatter => {
+                ppir::shard::shard_of(&local_only, 1, 0).map_err(&fail)?
+            }
             Err(local_only) => local_only,
+            Ok(p) if s.spec.reduce_scatter => transport
+                .reduce_scatter_finish(p, self.config.recv_timeout)
+                .map_err(|e| transport_failure(e, s.first, &fail))?,
             Ok(p) => transport
                 .all_reduce_finish(p, self.config.recv_timeout)
                 .map_err(|e| transport_failure(e, s.first, &fail))?,

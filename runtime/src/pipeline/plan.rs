@@ -255,6 +255,7 @@ impl PlanSpec {
                 param: c.param.clone(),
                 stages: c.stages.clone(),
                 replicas: c.replicas,
+                reduce_scatter: c.reduce_scatter,
             });
         }
         let replicas = match &doc.data_parallel {

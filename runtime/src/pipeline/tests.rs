@@ -198,6 +198,7 @@ fn collectives_start_after_their_stages_last_weight_gradient() {
         param: format!("p{channel}"),
         stages,
         replicas: true,
+        reduce_scatter: false,
     };
     // Stage 1 is not on this device: its collective is not this device's.
     w.config.collectives = vec![c(9, vec![0]), c(4, vec![0, 1]), c(5, vec![1])];

@@ -171,6 +171,134 @@ pub trait Transport: Send {
         }
         Ok(sum)
     }
+
+    /// Start a reduce-scatter (ZeRO-1): like [`Transport::all_reduce_start`], but each rank
+    /// gets only its shard of the sum (see [`ppir::shard`]: the `i`-th rank of `ranks`
+    /// gets shard `i`). This default all-reduces and keeps the shard; a transport with its
+    /// own collectives overrides both halves.
+    fn reduce_scatter_start(
+        &mut self,
+        ranks: &[usize],
+        channel: i64,
+        step: u64,
+        t: Tensor,
+    ) -> Result<PendingReduce, TransportError> {
+        self.all_reduce_start(ranks, channel, step, t)
+    }
+
+    /// Wait for a reduce-scatter this rank started and return its shard of the sum.
+    fn reduce_scatter_finish(
+        &mut self,
+        p: PendingReduce,
+        timeout: Duration,
+    ) -> Result<Tensor, TransportError> {
+        let me = self.rank();
+        let ranks = p.ranks.clone();
+        let index = ranks.iter().position(|&r| r == me).ok_or_else(|| {
+            TransportError::Failed(format!(
+                "reduce-scatter on channel {}: rank {me} is not one of ranks {ranks:?}",
+                p.channel
+            ))
+        })?;
+        let channel = p.channel;
+        let sum = self.all_reduce_finish(p, timeout)?;
+        ppir::shard::shard_of(&sum, ranks.len(), index).map_err(|m| {
+            TransportError::Failed(format!("reduce-scatter on channel {channel}: {m}"))
+        })
+    }
+
+    /// Every rank's `t` (same type on all), in the order of `ranks` (ascending, this rank
+    /// among them), which all call it with the same `channel` and `step`. This default
+    /// gathers the parts on the first rank, which sends them all, stacked, to the others.
+    fn all_gather(
+        &mut self,
+        ranks: &[usize],
+        channel: i64,
+        step: u64,
+        t: Tensor,
+        timeout: Duration,
+    ) -> Result<Vec<Tensor>, TransportError> {
+        let me = self.rank();
+        let Some(&root) = ranks.first() else {
+            return Ok(vec![t]);
+        };
+        if !ranks.contains(&me) {
+            return Err(TransportError::Failed(format!(
+                "all-gather on channel {channel}: rank {me} is not one of ranks {ranks:?}"
+            )));
+        }
+        let ty = t.tensor_type();
+        let n = ranks.len();
+        let mut stacked_dims = vec![n as u64];
+        stacked_dims.extend(t.shape.iter().map(|&d| d as u64));
+        let stacked_ty = TensorType::of(t.dtype, &stacked_dims);
+        let split = |s: Tensor| -> Result<Vec<Tensor>, TransportError> {
+            let shape = s.shape[1..].to_vec();
+            let k = shape.iter().product::<usize>();
+            Ok((0..n)
+                .map(|i| {
+                    let data = match &s.data {
+                        ppir::TensorData::Float(v) => {
+                            ppir::TensorData::Float(v[i * k..(i + 1) * k].to_vec())
+                        }
+                        ppir::TensorData::Int(v) => {
+                            ppir::TensorData::Int(v[i * k..(i + 1) * k].to_vec())
+                        }
+                    };
+                    Tensor {
+                        dtype: s.dtype,
+                        shape: shape.clone(),
+                        data,
+                    }
+                })
+                .collect())
+        };
+        if me != root {
+            self.send(root, collective_tag(channel, step, me, root), t)?;
+            let s = self.recv(
+                root,
+                collective_tag(channel, step, root, me),
+                &stacked_ty,
+                timeout,
+            )?;
+            return split(s);
+        }
+        let mut parts = vec![t];
+        for &r in &ranks[1..] {
+            parts.push(self.recv(r, collective_tag(channel, step, r, root), &ty, timeout)?);
+        }
+        let data = match &parts[0].data {
+            ppir::TensorData::Float(_) => ppir::TensorData::Float(
+                parts
+                    .iter()
+                    .flat_map(|p| match &p.data {
+                        ppir::TensorData::Float(v) => v.clone(),
+                        ppir::TensorData::Int(_) => vec![],
+                    })
+                    .collect(),
+            ),
+            ppir::TensorData::Int(_) => ppir::TensorData::Int(
+                parts
+                    .iter()
+                    .flat_map(|p| match &p.data {
+                        ppir::TensorData::Int(v) => v.clone(),
+                        ppir::TensorData::Float(_) => vec![],
+                    })
+                    .collect(),
+            ),
+        };
+        let stacked = Tensor {
+            dtype: parts[0].dtype,
+            shape: std::iter::once(n)
+                .chain(parts[0].shape.iter().copied())
+                .collect(),
+            data,
+        };
+        for &r in &ranks[1..] {
+            self.send(r, collective_tag(channel, step, root, r), stacked.clone())?;
+        }
+        Ok(parts)
+    }
 }
 
 /// An all-reduce started by [`Transport::all_reduce_start`], to be finished by the same

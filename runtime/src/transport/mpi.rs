@@ -88,12 +88,41 @@ fn test_pending(state: &mut State) -> Result<(), TransportError> {
     err.map_or(Ok(()), Err)
 }
 
-/// A started `MPI_Iallreduce`: its request and the buffers it reads and writes.
+/// A started collective (`MPI_Iallreduce`, `MPI_Ireduce_scatter_block`,
+/// `MPI_Iallgather`): its request and the buffers it reads and writes.
 struct MpiReduce {
     request: RequestHandle,
     send: Tensor,
     out: Tensor,
     what: String,
+    /// The result is a sum (rounded to the dtype when done).
+    sums: bool,
+}
+
+/// Which collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all-reduce",
+            Op::ReduceScatter => "reduce-scatter",
+            Op::AllGather => "all-gather",
+        }
+    }
+
+    fn mpi_name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "MPI_Iallreduce",
+            Op::ReduceScatter => "MPI_Ireduce_scatter_block",
+            Op::AllGather => "MPI_Iallgather",
+        }
+    }
 }
 
 /// An MPI request handle (an opaque pointer in Open MPI).
@@ -129,6 +158,244 @@ pub struct MpiTransport {
 }
 
 impl MpiTransport {
+    /// Start collective `op` of `t` over `ranks` on their communicator: floats travel as
+    /// f64 (sums rounded once to the dtype at the end), integers as i64.
+    fn collective_start(
+        &mut self,
+        op: Op,
+        ranks: &[usize],
+        channel: i64,
+        step: u64,
+        t: Tensor,
+    ) -> Result<super::PendingReduce, TransportError> {
+        let n = ranks.len().max(1);
+        let numel = t.data.len();
+        // The result: the sum (all-reduce), this rank's shard (reduce-scatter), or every
+        // rank's part stacked (all-gather).
+        let (send_len, out_len, out_shape) = match op {
+            Op::AllReduce => (numel, numel, t.shape.clone()),
+            Op::ReduceScatter => {
+                let s = ppir::shard::shard_len(numel as u64, n as u64) as usize;
+                (s * n, s, vec![s])
+            }
+            Op::AllGather => {
+                let mut shape = vec![n];
+                shape.extend(&t.shape);
+                (numel, numel * n, shape)
+            }
+        };
+        let ty = TensorType::of(
+            t.dtype,
+            &out_shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+        );
+        let pending = |part: Option<Tensor>, handle: Option<Box<dyn std::any::Any + Send>>| {
+            super::PendingReduce {
+                ranks: ranks.to_vec(),
+                channel,
+                step,
+                ty: ty.clone(),
+                part,
+                handle,
+            }
+        };
+        if ranks.len() <= 1 {
+            let single = match op {
+                Op::AllReduce => t,
+                Op::ReduceScatter => ppir::shard::shard_of(&t, 1, 0).map_err(TransportError::Failed)?,
+                Op::AllGather => Tensor {
+                    dtype: t.dtype,
+                    shape: out_shape,
+                    data: t.data,
+                },
+            };
+            return Ok(pending(Some(single), None));
+        }
+        let what = format!(
+            "the {} on channel {channel} (step {step}) over ranks {ranks:?}",
+            op.name()
+        );
+        if !ranks.contains(&self.rank) {
+            return Err(TransportError::Failed(format!(
+                "{what}: rank {} is not one of the ranks",
+                self.rank
+            )));
+        }
+        let comm = self.group(ranks)?;
+        let too_many =
+            || TransportError::Failed(format!("{what}: too many elements for one MPI call"));
+        let count = c_int::try_from(match op {
+            Op::AllReduce => numel,
+            Op::ReduceScatter => out_len,
+            Op::AllGather => numel,
+        })
+        .map_err(|_| too_many())?;
+        c_int::try_from(send_len.max(out_len)).map_err(|_| too_many())?;
+        let (mut send_data, out_data) = match &t.data {
+            TensorData::Float(v) => (
+                TensorData::Float(v.clone()),
+                TensorData::Float(vec![0.0; out_len]),
+            ),
+            TensorData::Int(v) => (TensorData::Int(v.clone()), TensorData::Int(vec![0; out_len])),
+        };
+        // Reduce-scatter blocks: the padding of the last shard is zeros.
+        match &mut send_data {
+            TensorData::Float(v) => v.resize(send_len, 0.0),
+            TensorData::Int(v) => v.resize(send_len, 0),
+        }
+        let send = Tensor {
+            dtype: t.dtype,
+            shape: vec![send_len],
+            data: send_data,
+        };
+        let out = Tensor {
+            dtype: t.dtype,
+            shape: out_shape,
+            data: out_data,
+        };
+        // Boxed so that the buffers MPI reads and writes never move.
+        let mut boxed = Box::new(MpiReduce {
+            request: RequestHandle(
+                // SAFETY: a null request is a valid initial value; MPI sets it.
+                unsafe { ffi::RSMPI_REQUEST_NULL },
+            ),
+            out,
+            send,
+            what,
+            sums: op != Op::AllGather,
+        });
+        let _state = self.shared.lock();
+        let MpiReduce {
+            request,
+            send,
+            out,
+            what,
+            ..
+        } = &mut *boxed;
+        let (a, b, datatype) = match (&send.data, &mut out.data) {
+            (TensorData::Float(a), TensorData::Float(b)) => (
+                a.as_ptr() as *const c_void,
+                b.as_mut_ptr() as *mut c_void,
+                // SAFETY: a predefined datatype handle of an initialised MPI.
+                unsafe { ffi::RSMPI_DOUBLE },
+            ),
+            (TensorData::Int(a), TensorData::Int(b)) => (
+                a.as_ptr() as *const c_void,
+                b.as_mut_ptr() as *mut c_void,
+                // SAFETY: as above.
+                unsafe { ffi::RSMPI_INT64_T },
+            ),
+            _ => return Err(TransportError::Failed(format!("{what}: a malformed tensor"))),
+        };
+        // SAFETY: MPI is initialised; calls are serialised by the lock; the send buffer
+        // (`send_len` elements) and the receive buffer (`out_len`) live in the boxed
+        // `MpiReduce`, which the pending operation owns until the request completes; the
+        // counts match those lengths (`count · n = send_len` for the reduce-scatter,
+        // `count · n = out_len` for the all-gather).
+        let rc = unsafe {
+            match op {
+                Op::AllReduce => ffi::MPI_Iallreduce(
+                    a,
+                    b,
+                    count,
+                    datatype,
+                    ffi::RSMPI_SUM,
+                    comm,
+                    &mut request.0,
+                ),
+                Op::ReduceScatter => ffi::MPI_Ireduce_scatter_block(
+                    a,
+                    b,
+                    count,
+                    datatype,
+                    ffi::RSMPI_SUM,
+                    comm,
+                    &mut request.0,
+                ),
+                Op::AllGather => ffi::MPI_Iallgather(
+                    a,
+                    count,
+                    datatype,
+                    b,
+                    count,
+                    datatype,
+                    comm,
+                    &mut request.0,
+                ),
+            }
+        };
+        if rc != 0 {
+            return Err(TransportError::Failed(format!(
+                "{what}: {} failed (error {rc})",
+                op.mpi_name()
+            )));
+        }
+        Ok(pending(None, Some(boxed)))
+    }
+
+    /// Poll a started collective like the barrier, so that a dead rank or the timeout
+    /// ends the wait; sums are rounded once to the dtype.
+    fn collective_finish(
+        &mut self,
+        p: super::PendingReduce,
+        timeout: Duration,
+    ) -> Result<Tensor, TransportError> {
+        let Some(handle) = p.handle else {
+            return p
+                .part
+                .ok_or_else(|| TransportError::Failed("an empty collective".into()));
+        };
+        let Ok(mut op) = handle.downcast::<MpiReduce>() else {
+            return Err(TransportError::Failed(
+                "a collective started by another transport".into(),
+            ));
+        };
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        loop {
+            {
+                let mut state = self.shared.lock();
+                test_pending(&mut state)?;
+                let mut flag: c_int = 0;
+                // SAFETY: `request` is the live request of `op`.
+                let rc = unsafe {
+                    ffi::MPI_Test(&mut op.request.0, &mut flag, ffi::RSMPI_STATUS_IGNORE)
+                };
+                if rc != 0 {
+                    return Err(TransportError::Failed(format!(
+                        "{}: MPI_Test failed (error {rc})",
+                        op.what
+                    )));
+                }
+                if flag != 0 {
+                    break;
+                }
+            }
+            if start.elapsed() >= timeout {
+                let what = op.what.clone();
+                // The request still uses the buffers: keep them alive for the rest of
+                // the process (the run ends with this error).
+                std::mem::forget(op);
+                return Err(TransportError::Failed(format!(
+                    "{what}: the other ranks did not join within {:.1} s",
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(500));
+        }
+        let MpiReduce {
+            send, mut out, sums, ..
+        } = *op;
+        if sums {
+            if let TensorData::Float(v) = &mut out.data {
+                for x in v.iter_mut() {
+                    *x = ppir::tensor::round_to(send.dtype, *x);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Initialise MPI (`MPI_THREAD_SERIALIZED`) and take this process's rank and the
     /// number of ranks from `MPI_COMM_WORLD`. Fails if MPI was initialised already.
     pub fn init() -> Result<Self, TransportError> {
@@ -466,88 +733,7 @@ impl Transport for MpiTransport {
         step: u64,
         t: Tensor,
     ) -> Result<super::PendingReduce, TransportError> {
-        let ty = TensorType::of(
-            t.dtype,
-            &t.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
-        );
-        let pending = |part: Option<Tensor>, handle: Option<Box<dyn std::any::Any + Send>>| {
-            super::PendingReduce {
-                ranks: ranks.to_vec(),
-                channel,
-                step,
-                ty: ty.clone(),
-                part,
-                handle,
-            }
-        };
-        if ranks.len() <= 1 {
-            return Ok(pending(Some(t), None));
-        }
-        if !ranks.contains(&self.rank) {
-            return Err(TransportError::Failed(format!(
-                "all-reduce on channel {channel}: rank {} is not one of ranks {ranks:?}",
-                self.rank
-            )));
-        }
-        let comm = self.group(ranks)?;
-        let what =
-            format!("the all-reduce on channel {channel} (step {step}) over ranks {ranks:?}");
-        let count = c_int::try_from(t.data.len()).map_err(|_| {
-            TransportError::Failed(format!("{what}: too many elements for one MPI call"))
-        })?;
-        // Boxed so that the buffers MPI reads and writes never move.
-        let mut op = Box::new(MpiReduce {
-            request: RequestHandle(
-                // SAFETY: a null request is a valid initial value; MPI_Iallreduce sets it.
-                unsafe { ffi::RSMPI_REQUEST_NULL },
-            ),
-            out: t.clone(),
-            send: t,
-            what,
-        });
-        let _state = self.shared.lock();
-        let MpiReduce {
-            request,
-            send,
-            out,
-            what,
-        } = &mut *op;
-        // SAFETY: MPI is initialised; calls are serialised by the lock; the send and
-        // receive buffers (`count` elements of the datatype each) live in the boxed
-        // `MpiReduce`, which the pending operation owns until the request completes.
-        let rc = unsafe {
-            match (&send.data, &mut out.data) {
-                (TensorData::Float(a), TensorData::Float(b)) => ffi::MPI_Iallreduce(
-                    a.as_ptr() as *const c_void,
-                    b.as_mut_ptr() as *mut c_void,
-                    count,
-                    ffi::RSMPI_DOUBLE,
-                    ffi::RSMPI_SUM,
-                    comm,
-                    &mut request.0,
-                ),
-                (TensorData::Int(a), TensorData::Int(b)) => ffi::MPI_Iallreduce(
-                    a.as_ptr() as *const c_void,
-                    b.as_mut_ptr() as *mut c_void,
-                    count,
-                    ffi::RSMPI_INT64_T,
-                    ffi::RSMPI_SUM,
-                    comm,
-                    &mut request.0,
-                ),
-                _ => {
-                    return Err(TransportError::Failed(format!(
-                        "{what}: a malformed tensor"
-                    )))
-                }
-            }
-        };
-        if rc != 0 {
-            return Err(TransportError::Failed(format!(
-                "{what}: MPI_Iallreduce failed (error {rc})"
-            )));
-        }
-        Ok(pending(None, Some(op)))
+        self.collective_start(Op::AllReduce, ranks, channel, step, t)
     }
 
     /// Poll the started `MPI_Iallreduce` like the barrier, so that a dead rank or the
@@ -557,57 +743,55 @@ impl Transport for MpiTransport {
         p: super::PendingReduce,
         timeout: Duration,
     ) -> Result<Tensor, TransportError> {
-        let Some(handle) = p.handle else {
-            return p
-                .part
-                .ok_or_else(|| TransportError::Failed("an empty all-reduce".into()));
-        };
-        let Ok(mut op) = handle.downcast::<MpiReduce>() else {
-            return Err(TransportError::Failed(
-                "an all-reduce started by another transport".into(),
-            ));
-        };
-        let start = Instant::now();
-        let mut pause = Duration::from_micros(5);
-        loop {
-            {
-                let mut state = self.shared.lock();
-                test_pending(&mut state)?;
-                let mut flag: c_int = 0;
-                // SAFETY: `request` is the live Iallreduce request of `op`.
-                let rc = unsafe {
-                    ffi::MPI_Test(&mut op.request.0, &mut flag, ffi::RSMPI_STATUS_IGNORE)
+        self.collective_finish(p, timeout)
+    }
+
+    /// Start `MPI_Ireduce_scatter_block` (sum, blocks of the shard length; see
+    /// [`ppir::shard`]) over the group's communicator.
+    fn reduce_scatter_start(
+        &mut self,
+        ranks: &[usize],
+        channel: i64,
+        step: u64,
+        t: Tensor,
+    ) -> Result<super::PendingReduce, TransportError> {
+        self.collective_start(Op::ReduceScatter, ranks, channel, step, t)
+    }
+
+    fn reduce_scatter_finish(
+        &mut self,
+        p: super::PendingReduce,
+        timeout: Duration,
+    ) -> Result<Tensor, TransportError> {
+        self.collective_finish(p, timeout)
+    }
+
+    /// `MPI_Iallgather` over the group's communicator, polled like the barrier.
+    fn all_gather(
+        &mut self,
+        ranks: &[usize],
+        channel: i64,
+        step: u64,
+        t: Tensor,
+        timeout: Duration,
+    ) -> Result<Vec<Tensor>, TransportError> {
+        let (dtype, shape) = (t.dtype, t.shape.clone());
+        let p = self.collective_start(Op::AllGather, ranks, channel, step, t)?;
+        let stacked = self.collective_finish(p, timeout)?;
+        let k = shape.iter().product::<usize>();
+        Ok((0..ranks.len().max(1))
+            .map(|i| {
+                let data = match &stacked.data {
+                    TensorData::Float(v) => TensorData::Float(v[i * k..(i + 1) * k].to_vec()),
+                    TensorData::Int(v) => TensorData::Int(v[i * k..(i + 1) * k].to_vec()),
                 };
-                if rc != 0 {
-                    return Err(TransportError::Failed(format!(
-                        "{}: MPI_Test failed (error {rc})",
-                        op.what
-                    )));
+                Tensor {
+                    dtype,
+                    shape: shape.clone(),
+                    data,
                 }
-                if flag != 0 {
-                    break;
-                }
-            }
-            if start.elapsed() >= timeout {
-                let what = op.what.clone();
-                // The request still uses the buffers: keep them alive for the rest of
-                // the process (the run ends with this error).
-                std::mem::forget(op);
-                return Err(TransportError::Failed(format!(
-                    "{what}: the other ranks did not join within {:.1} s",
-                    timeout.as_secs_f64()
-                )));
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_micros(500));
-        }
-        let MpiReduce { send, mut out, .. } = *op;
-        if let TensorData::Float(v) = &mut out.data {
-            for x in v.iter_mut() {
-                *x = ppir::tensor::round_to(send.dtype, *x);
-            }
-        }
-        Ok(out)
+            })
+            .collect())
     }
 
     fn barrier(&mut self) -> Result<(), TransportError> {
