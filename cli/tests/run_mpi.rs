@@ -305,6 +305,84 @@ fn mpi_data_parallel_equals_train_and_a_failing_replica_ends_the_job() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--zero 1` under `mpirun -np 4`: gradients reduce-scattered with
+/// `MPI_Ireduce_scatter_block`, updated shards joined with `MPI_Iallgather`; AdamW's
+/// sharded moments give one device's curve; a failing replica ends the job.
+#[test]
+fn mpi_zero_one_equals_train() {
+    let opts = ["--optimizer", "adamw", "--loss", "mse"];
+    let mut args = vec![
+        "train",
+        "examples/two_tower.onnx",
+        "--batch",
+        "16",
+        "--microbatches",
+        "4",
+        "--steps",
+        "5",
+        "--target",
+        "interp",
+    ];
+    args.extend_from_slice(&opts);
+    let want = ppcc(&args);
+    assert!(want.ok, "{}", want.stderr);
+    let dir = tmp("zero");
+    let mut copts = vec![
+        "--stages",
+        "2",
+        "--data-parallel",
+        "2",
+        "--microbatches",
+        "2",
+        "--batch",
+        "16",
+        "--zero",
+        "1",
+    ];
+    copts.extend_from_slice(&opts);
+    compile("examples/two_tower.onnx", &dir, &copts);
+    for target in ["interp", "cpu"] {
+        let got = mpirun(
+            4,
+            &[
+                "run",
+                dir.to_str().unwrap(),
+                "--transport",
+                "mpi",
+                "--steps",
+                "5",
+                "--target",
+                target,
+            ],
+        );
+        assert!(got.ok, "{target}: {}", got.stderr);
+        let (g, w) = (steps(&got.stdout), steps(&want.stdout));
+        assert_eq!(g.len(), 5, "{}", got.stdout);
+        for (a, b) in g.iter().zip(&w) {
+            let (a, b) = (loss_of(a), loss_of(b));
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{target}: {g:?} vs {w:?}");
+        }
+    }
+    let out = mpirun(
+        4,
+        &[
+            "run",
+            dir.to_str().unwrap(),
+            "--transport",
+            "mpi",
+            "--steps",
+            "5",
+            "--inject-fault",
+            "1:2:replica=1",
+            "--recv-timeout",
+            "60",
+        ],
+    );
+    assert!(!out.ok);
+    assert!(out.took < Duration::from_secs(10), "took {:?}", out.took);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn mpi_checkpoints_resume_the_curve() {
     let dir = tmp("ckpt-plan");

@@ -36,7 +36,13 @@
 //! the stage of `p`. A param or state must be read by one stage only (tied weights across
 //! stages are rejected). A program with no stage tags at all becomes stage 0.
 //!
-//! As a pass: `insert-send-recv{grad=grad,optim=optim}`.
+//! **ZeRO-1.** With `zero = D` (and `replicas`), each weight held by one stage has its
+//! optimizer state sharded over the D replicas: `reduce_scatter` gives the replica its
+//! shard of the gradient sum, `shard` its shard of the weight, the update runs on shards
+//! (the optimizer's ops are elementwise; anything else is refused), and `all_gather`
+//! joins the updated shards into the weight again (see [`shard_update`]).
+//!
+//! As a pass: `insert-send-recv{grad=grad,optim=optim,replicas=0|1,zero=D}`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -1202,7 +1208,7 @@ pub struct InsertSendRecv {
 
 impl InsertSendRecv {
     pub fn from_options(o: &PassOptions) -> Result<Self, PassError> {
-        o.expect_only(PASS, &["grad", "optim", "replicas"])?;
+        o.expect_only(PASS, &["grad", "optim", "replicas", "zero"])?;
         let mut options = SplitOptions::default();
         if let Some(r) = o.get("replicas") {
             options.replicas = match r {
@@ -1214,6 +1220,18 @@ impl InsertSendRecv {
                     )))
                 }
             };
+        }
+        if let Some(z) = o.get("zero") {
+            options.zero = z.parse().map_err(|_| {
+                fail(format!(
+                    "option `zero` is the number of data-parallel replicas to shard optimizer state over (0: off), got `{z}`"
+                ))
+            })?;
+            if options.zero > 1 && !options.replicas {
+                return Err(fail(
+                    "option `zero` shards over data-parallel replicas: give `replicas=1` too",
+                ));
+            }
         }
         if let Some(g) = o.get("grad") {
             options.grad = g.to_string();

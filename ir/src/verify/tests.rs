@@ -669,3 +669,49 @@ fn all_reduce_participants_agree() {
     let kinds: Vec<K> = errors(&m).into_iter().map(|e| e.0).collect();
     assert_eq!(kinds, vec![K::UnmatchedCollective, K::UnmatchedCollective]);
 }
+
+/// One stage's ZeRO-1 update of a 6-element weight over 4 replicas (shards of 2).
+fn shard_text(rs: &str, ag: &str) -> String {
+    format!(
+        r#"module {{
+  func @o0(%w: tensor<2x3xf32>, %g: tensor<2x3xf32>) -> (tensor<2x3xf32>) attributes {{stage = 0}} {{
+    %gs = "pp.reduce_scatter"(%g) {{{rs}}} : (tensor<2x3xf32>) -> tensor<2xf32>
+    %ws = "pp.shard"(%w) {{channel = 1, replicas = 4, shape = [2, 3]}} : (tensor<2x3xf32>) -> tensor<2xf32>
+    %u = "pp.sub"(%ws, %gs) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
+    %new.w = "pp.all_gather"(%u) {{{ag}}} : (tensor<2xf32>) -> tensor<2x3xf32>
+    return %new.w : tensor<2x3xf32>
+  }}
+}}"#
+    )
+}
+
+#[test]
+fn sharded_ops_agree_and_have_shard_types() {
+    let rs = "channel = 0, replicas = 4, shape = [2, 3]";
+    let ag = "channel = 2, replicas = 4, shape = [2, 3]";
+    let m = crate::text::parse_module(&shard_text(rs, ag)).unwrap();
+    assert_eq!(errors(&m), vec![]);
+    // The all-gather reuses the reduce-scatter's channel: one channel, one op per stage.
+    let m = crate::text::parse_module(&shard_text(rs, "channel = 0, replicas = 4, shape = [2, 3]"))
+        .unwrap();
+    let es = errors(&m);
+    assert!(
+        es.iter().any(|e| e.0 == K::CollectiveMismatch
+            && e.1.contains("all_gather on channel 0 differs from @o0: %gs = \"pp.reduce_scatter\"")),
+        "{es:#?}"
+    );
+    // A shard of the wrong length for the replicas (3 replicas: shards of 2 too, but the
+    // declared shape is another weight's).
+    let m = crate::text::parse_module(&shard_text(
+        "channel = 0, replicas = 4, shape = [3, 3]",
+        ag,
+    ))
+    .unwrap();
+    let es = errors(&m);
+    assert!(
+        es.iter().any(|e| e.1.contains(
+            "the operand is tensor<2x3xf32>, expected tensor<3x3xf32> (a parameter of shape [3, 3] over 4 replicas)"
+        )),
+        "{es:#?}"
+    );
+}
