@@ -25,6 +25,26 @@ for n_batch in "16 256" "64 1024"; do
         --microbatches 16 --plan-only --split off 2>&1 | sed -n '/^--devices/,/^data parallel/p' | grep -v '^data parallel'
 done
 
+# --- ZeRO-1: the same GPT with AdamW on 4 stages x 4 replicas, predicted peak memory per
+# device with the whole optimizer state on every replica (--zero 0) and sharded (--zero 1).
+for z in 0 1; do
+    "$PPCC" "$OUT/big/gpt24.onnx" -o "$OUT/zero$z" --force --stages 4 --data-parallel 4 \
+        --batch 256 --microbatches 16 --plan-only --split off --optimizer adamw --zero "$z" >/dev/null
+done
+echo "== ZeRO-1: AdamW, 4 stages x 4 replicas, global batch 256 (h100 profile), predicted peak memory per device"
+"$PY" - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+plans = [json.load(open(f"{out}/zero{z}/plan.json")) for z in (0, 1)]
+gib = 2.0 ** 30
+print(f"| device | weights | --zero 0 | --zero 1 | saved |")
+print(f"| --- | --- | --- | --- | --- |")
+for d, (a, b) in enumerate(zip(plans[0]["prediction"]["peak_memory_bytes"], plans[1]["prediction"]["peak_memory_bytes"])):
+    w = sum(s["param_bytes"] for s in plans[0]["stages"] if s["device"] == d)
+    print(f"| {d} | {w / gib:.2f} GiB | {a / gib:.2f} GiB | {b / gib:.2f} GiB | {(a - b) / gib:.2f} GiB |")
+print("predicted iteration: --zero 0 %.1f ms, --zero 1 %.1f ms" % tuple(p["prediction"]["iteration_seconds"] * 1e3 for p in plans))
+PY
+
 # --- measured: a small GPT (4 layers, d 128, vocabulary 512, 32 tokens), global batch 32,
 # 8 micro-batches of 4 rows in all; 20 steps, the first left out.
 "$PY" bench/gen_models.py --out "$OUT/small" --only gpt --layers 4 --d-model 128 --heads 4 \
@@ -51,3 +71,5 @@ run "1 stage, 1 replica" --stages 1 --microbatches 8
 run "2 stages, 1 replica" --stages 2 --microbatches 8
 run "1 stage, 2 replicas" --stages 1 --data-parallel 2 --microbatches 4
 run "2 stages, 2 replicas" --stages 2 --data-parallel 2 --microbatches 4
+run "2x2, AdamW" --stages 2 --data-parallel 2 --microbatches 4 --optimizer adamw
+run "2x2, AdamW, --zero 1" --stages 2 --data-parallel 2 --microbatches 4 --optimizer adamw --zero 1
