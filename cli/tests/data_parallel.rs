@@ -151,7 +151,14 @@ fn zero_one_trains_like_one_device() {
         "3",
         2,
         2,
-        &["--loss", "mse", "--optimizer", "adamw", "--weight-decay", "0.01"],
+        &[
+            "--loss",
+            "mse",
+            "--optimizer",
+            "adamw",
+            "--weight-decay",
+            "0.01",
+        ],
         &["--zero", "1"],
         "two-tower-zero",
     );
@@ -214,8 +221,7 @@ fn zero_one_predicts_and_holds_less_optimizer_state() {
             ],
         );
         let plan: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap())
-                .unwrap();
+            serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
         let p = plan["prediction"]["peak_memory_bytes"]
             .as_array()
             .unwrap()
@@ -274,7 +280,12 @@ fn zero_one_checkpoints_resume_the_curve() {
         "2",
     ]);
     assert!(first.ok, "{}", first.stderr);
-    for f in ["stage0.npz", "stage1.npz", "stage0.replica1.npz", "stage1.replica1.npz"] {
+    for f in [
+        "stage0.npz",
+        "stage1.npz",
+        "stage0.replica1.npz",
+        "stage1.replica1.npz",
+    ] {
         assert!(ck.join("step-2").join(f).exists(), "{f}");
     }
     let rest = ppcc(&[

@@ -780,7 +780,12 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
                         "--zero 1: the optimizer state `{name}` does not start at zero, so its shards would differ per replica"
                     )));
                 }
-                let shape: Vec<usize> = ty.static_shape().unwrap_or_default().iter().map(|&d| d as usize).collect();
+                let shape: Vec<usize> = ty
+                    .static_shape()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|&d| d as usize)
+                    .collect();
                 m.weights.insert(name, Tensor::zeros(ty.dtype, shape));
             }
             for (st, f) in stages.iter_mut().zip(&fs) {
@@ -816,13 +821,16 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
 /// and, with `replicas`, over the data-parallel replicas: an `all_reduce` right after the
 /// argument, which every use then reads. Channels are numbered from `first_channel` in
 /// parameter order, the same on every holder.
+/// ZeRO-1's sharded optimizer states: name and shard type.
+type ShardedStates = Vec<(String, TensorType)>;
+
 fn insert_all_reduces(
     fs: &mut [Function],
     holders: &BTreeMap<String, Vec<u32>>,
     first_channel: i64,
     replicas: bool,
     zero: usize,
-) -> Result<(Vec<Collective>, Vec<(String, TensorType)>), PassError> {
+) -> Result<(Vec<Collective>, ShardedStates), PassError> {
     let mut channel_of: BTreeMap<String, i64> = BTreeMap::new();
     let mut collectives: Vec<Collective> = vec![];
     let mut next_channel = first_channel;
@@ -936,7 +944,12 @@ fn shard_update(
     // The gradient's and the parameter's shards, at the top.
     let mut inserted = vec![];
     for (v, kind, c, name) in [
-        (g, OpKind::ReduceScatter, channel, format!("{grad_name}.shard")),
+        (
+            g,
+            OpKind::ReduceScatter,
+            channel,
+            format!("{grad_name}.shard"),
+        ),
         (w, OpKind::Shard, channel + 1, format!("{p}.shard")),
     ] {
         let new = NewOp::new(kind, vec![v], vec![part.clone()])

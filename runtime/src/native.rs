@@ -97,7 +97,9 @@ pub enum CallbackError {
     DynamicRecv { peer: i64, channel: i64 },
     #[error("the function {}, but no transport was given", if *.sending { "sends" } else { "receives" })]
     NoTransport { sending: bool },
-    #[error("no collective op (all_reduce, reduce_scatter, shard, all_gather) on channel {channel}")]
+    #[error(
+        "no collective op (all_reduce, reduce_scatter, shard, all_gather) on channel {channel}"
+    )]
     NoAllReduce { channel: i64 },
     #[error("panic in a send/recv callback")]
     Panic,

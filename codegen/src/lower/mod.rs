@@ -820,7 +820,17 @@ fn outline(kind: OpKind) -> bool {
     use OpKind::*;
     !matches!(
         kind,
-        Send | Recv | AllReduce | ReduceScatter | Shard | AllGather | Constant | Reshape | Flatten | Squeeze | Unsqueeze | Identity
+        Send | Recv
+            | AllReduce
+            | ReduceScatter
+            | Shard
+            | AllGather
+            | Constant
+            | Reshape
+            | Flatten
+            | Squeeze
+            | Unsqueeze
+            | Identity
     )
 }
 

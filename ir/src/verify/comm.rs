@@ -179,9 +179,8 @@ pub(super) fn shards(m: &Module, endpoints: &[Endpoint], sink: &mut Sink) {
             let stage = data.stage.map(i64::from).or(fn_stage);
             let here = format!("@{}: {}", f.name, describe_op(f, op));
             let c = a.channel;
-            let mut report = |msg: String| {
-                sink.op(fi, pos, f, op, VerifyErrorKind::CollectiveMismatch, msg)
-            };
+            let mut report =
+                |msg: String| sink.op(fi, pos, f, op, VerifyErrorKind::CollectiveMismatch, msg);
             if others.contains(&c) {
                 report(format!(
                     "{} on channel {c}, which a send, recv or all_reduce also uses",

@@ -697,16 +697,14 @@ fn sharded_ops_agree_and_have_shard_types() {
     let es = errors(&m);
     assert!(
         es.iter().any(|e| e.0 == K::CollectiveMismatch
-            && e.1.contains("all_gather on channel 0 differs from @o0: %gs = \"pp.reduce_scatter\"")),
+            && e.1
+                .contains("all_gather on channel 0 differs from @o0: %gs = \"pp.reduce_scatter\"")),
         "{es:#?}"
     );
     // A shard of the wrong length for the replicas (3 replicas: shards of 2 too, but the
     // declared shape is another weight's).
-    let m = crate::text::parse_module(&shard_text(
-        "channel = 0, replicas = 4, shape = [3, 3]",
-        ag,
-    ))
-    .unwrap();
+    let m = crate::text::parse_module(&shard_text("channel = 0, replicas = 4, shape = [3, 3]", ag))
+        .unwrap();
     let es = errors(&m);
     assert!(
         es.iter().any(|e| e.1.contains(

@@ -718,13 +718,7 @@ impl Comm for CallComm<'_> {
                 let t0 = Instant::now();
                 let parts = self
                     .transport
-                    .all_gather(
-                        &ranks,
-                        op.channel,
-                        self.step,
-                        t,
-                        self.config.recv_timeout,
-                    )
+                    .all_gather(&ranks, op.channel, self.step, t, self.config.recv_timeout)
                     .map_err(|e| self.comm_error(self.stage, op.channel, e))?;
                 self.waiting += t0.elapsed();
                 let shape: Vec<usize> = op.shape.iter().map(|&d| d as usize).collect();

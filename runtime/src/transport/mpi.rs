@@ -201,7 +201,9 @@ impl MpiTransport {
         if ranks.len() <= 1 {
             let single = match op {
                 Op::AllReduce => t,
-                Op::ReduceScatter => ppir::shard::shard_of(&t, 1, 0).map_err(TransportError::Failed)?,
+                Op::ReduceScatter => {
+                    ppir::shard::shard_of(&t, 1, 0).map_err(TransportError::Failed)?
+                }
                 Op::AllGather => Tensor {
                     dtype: t.dtype,
                     shape: out_shape,
@@ -235,7 +237,10 @@ impl MpiTransport {
                 TensorData::Float(v.clone()),
                 TensorData::Float(vec![0.0; out_len]),
             ),
-            TensorData::Int(v) => (TensorData::Int(v.clone()), TensorData::Int(vec![0; out_len])),
+            TensorData::Int(v) => (
+                TensorData::Int(v.clone()),
+                TensorData::Int(vec![0; out_len]),
+            ),
         };
         // Reduce-scatter blocks: the padding of the last shard is zeros.
         match &mut send_data {
@@ -284,7 +289,11 @@ impl MpiTransport {
                 // SAFETY: as above.
                 unsafe { ffi::RSMPI_INT64_T },
             ),
-            _ => return Err(TransportError::Failed(format!("{what}: a malformed tensor"))),
+            _ => {
+                return Err(TransportError::Failed(format!(
+                    "{what}: a malformed tensor"
+                )))
+            }
         };
         // SAFETY: MPI is initialised; calls are serialised by the lock; the send buffer
         // (`send_len` elements) and the receive buffer (`out_len`) live in the boxed
@@ -293,15 +302,9 @@ impl MpiTransport {
         // `count · n = out_len` for the all-gather).
         let rc = unsafe {
             match op {
-                Op::AllReduce => ffi::MPI_Iallreduce(
-                    a,
-                    b,
-                    count,
-                    datatype,
-                    ffi::RSMPI_SUM,
-                    comm,
-                    &mut request.0,
-                ),
+                Op::AllReduce => {
+                    ffi::MPI_Iallreduce(a, b, count, datatype, ffi::RSMPI_SUM, comm, &mut request.0)
+                }
                 Op::ReduceScatter => ffi::MPI_Ireduce_scatter_block(
                     a,
                     b,
@@ -384,7 +387,10 @@ impl MpiTransport {
             pause = (pause * 2).min(Duration::from_micros(500));
         }
         let MpiReduce {
-            send, mut out, sums, ..
+            send,
+            mut out,
+            sums,
+            ..
         } = *op;
         if sums {
             if let TensorData::Float(v) = &mut out.data {
