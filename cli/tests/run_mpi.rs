@@ -306,14 +306,24 @@ fn mpi_data_parallel_equals_train_and_a_failing_replica_ends_the_job() {
 }
 
 /// `--zero 1` under `mpirun -np 4`: gradients reduce-scattered with
-/// `MPI_Ireduce_scatter_block`, updated shards joined with `MPI_Iallgather`; AdamW's
-/// sharded moments give one device's curve; a failing replica ends the job.
+/// `MPI_Ireduce_scatter_block`, updated shards joined with `MPI_Iallgather`; sharded
+/// momentum (GPT) and AdamW moments (two-tower) give one device's curve, as does the
+/// two-tower model without sharding; a failing replica ends the job.
 #[test]
 fn mpi_zero_one_equals_train() {
-    let opts = ["--optimizer", "adamw", "--loss", "mse"];
+    let gpt = ["--momentum", "0.9"];
+    let tower = ["--optimizer", "adamw", "--loss", "mse"];
+    mpi_replicas_equal_train("examples/gpt.onnx", &gpt, "1", "zero-gpt");
+    mpi_replicas_equal_train("examples/two_tower.onnx", &tower, "1", "zero-tower");
+    mpi_replicas_equal_train("examples/two_tower.onnx", &tower, "0", "dp-tower");
+}
+
+/// 2 stages × 2 replicas of `model` under `mpirun -np 4` (`--zero zero`) against
+/// `ppcc train` on one device, both targets; then a replica that fails ends the job.
+fn mpi_replicas_equal_train(model: &str, opts: &[&str], zero: &str, name: &str) {
     let mut args = vec![
         "train",
-        "examples/two_tower.onnx",
+        model,
         "--batch",
         "16",
         "--microbatches",
@@ -323,10 +333,10 @@ fn mpi_zero_one_equals_train() {
         "--target",
         "interp",
     ];
-    args.extend_from_slice(&opts);
+    args.extend_from_slice(opts);
     let want = ppcc(&args);
     assert!(want.ok, "{}", want.stderr);
-    let dir = tmp("zero");
+    let dir = tmp(name);
     let mut copts = vec![
         "--stages",
         "2",
@@ -337,10 +347,10 @@ fn mpi_zero_one_equals_train() {
         "--batch",
         "16",
         "--zero",
-        "1",
+        zero,
     ];
-    copts.extend_from_slice(&opts);
-    compile("examples/two_tower.onnx", &dir, &copts);
+    copts.extend_from_slice(opts);
+    compile(model, &dir, &copts);
     for target in ["interp", "cpu"] {
         let got = mpirun(
             4,
@@ -355,12 +365,15 @@ fn mpi_zero_one_equals_train() {
                 target,
             ],
         );
-        assert!(got.ok, "{target}: {}", got.stderr);
+        assert!(got.ok, "{name} {target}: {}", got.stderr);
         let (g, w) = (steps(&got.stdout), steps(&want.stdout));
         assert_eq!(g.len(), 5, "{}", got.stdout);
         for (a, b) in g.iter().zip(&w) {
             let (a, b) = (loss_of(a), loss_of(b));
-            assert!((a - b).abs() <= 1e-5 * b.abs(), "{target}: {g:?} vs {w:?}");
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "{name} {target}: {g:?} vs {w:?}"
+            );
         }
     }
     let out = mpirun(
