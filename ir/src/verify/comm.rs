@@ -165,7 +165,14 @@ pub(super) fn shards(m: &Module, endpoints: &[Endpoint], sink: &mut Sink) {
     for (fi, f) in m.functions.iter().enumerate() {
         let fn_stage = f.attrs.int("stage").ok().flatten();
         for (pos, &op) in f.ops().iter().enumerate() {
+            // A dangling op or value is the function check's to report.
+            if op.index() >= f.num_op_slots() {
+                continue;
+            }
             let data = f.op(op);
+            if data.results().iter().any(|v| v.index() >= f.num_values()) {
+                continue;
+            }
             if !matches!(
                 data.kind,
                 OpKind::ReduceScatter | OpKind::Shard | OpKind::AllGather
