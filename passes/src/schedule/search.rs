@@ -248,9 +248,19 @@ pub fn search(
     };
     for (name, s) in base_schedules(layout, m) {
         let filled = split_and_fill(&s, costs);
+        // The built-in `zb-v` lets each rank fill up to 2p chunk activations.
+        let filled_2p = match layout {
+            Layout::VShape { ranks } if name == "zb-v" => {
+                fill_weight_gradients(&s, costs, 2 * ranks)
+            }
+            _ => None,
+        };
         consider(name.clone(), s, &mut trials);
         if let Some(f) = filled {
             consider(format!("{name} +fill"), f, &mut trials);
+        }
+        if let Some(f) = filled_2p {
+            consider(format!("{name} +fill (2p)"), f, &mut trials);
         }
     }
     // Local search from the best fitting member of the zero-bubble family.
