@@ -122,10 +122,6 @@ impl Front {
         self.len -= 1;
     }
 
-    /// Insert (`t`, `l`, `tree`), kept to [`FRONT`] points by the scalar objective: past
-    /// that, the worst goes (the last one of equal worst, as `max_by` picks). The outcome is
-    /// decided with a few comparisons: most candidates of the DP are dominated, or would be
-    /// the worst of a full front and leave again at once.
     /// Whether a point of the front makes (`t`, `l`) not worth keeping (up to rounding).
     /// Monotone: it then holds for every point at least as large in both.
     fn dominates(&self, t: f64, l: f64) -> bool {
@@ -135,27 +131,38 @@ impl Front {
             .any(|q| q.t <= t * (1.0 + EPS) && q.l <= l * (1.0 + EPS))
     }
 
+    /// Insert (`t`, `l`, `tree`), kept to [`FRONT`] points by the scalar objective: past
+    /// that, the worst goes (the last one of equal worst, as `max_by` picks). The outcome is
+    /// decided in one pass over the front: most candidates of the DP are dominated, or would
+    /// be the worst of a full front and leave again at once.
     fn insert(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
-        if self.dominates(t, l) {
-            return;
-        }
+        const EPS: f64 = 1e-12;
         let obj = |q: &Point| (m - 1.0) * q.t + q.l;
-        let worst = |pts: &[Point]| {
-            pts.iter()
-                .enumerate()
-                .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
-                .map(|(i, _)| i)
-                .unwrap_or(0)
-        };
-        let removes_any = self.points().iter().any(|q| t <= q.t && l <= q.l);
+        // One pass: whether a point dominates the new one ([`Front::dominates`]), whether
+        // the new one removes any, and the worst point by the objective (the last of equal
+        // worst, as `max_by` picks).
+        let (te, le) = (t * (1.0 + EPS), l * (1.0 + EPS));
+        let mut removes_any = false;
+        let mut worst = 0;
+        let mut worst_obj = f64::NEG_INFINITY;
+        for (i, q) in self.points().iter().enumerate() {
+            if q.t <= te && q.l <= le {
+                return;
+            }
+            removes_any |= t <= q.t && l <= q.l;
+            let o = obj(q);
+            if i == 0 || o.total_cmp(&worst_obj) != std::cmp::Ordering::Less {
+                worst = i;
+                worst_obj = o;
+            }
+        }
+        let new = Point { t, l, tree };
         if !removes_any && self.len >= FRONT {
             // One over after the push: nothing changes when the new point is the worst (on
             // a tie too: of equal worst, the last one goes, and the new point would be
             // last). Decided without copying the front.
-            let new = Point { t, l, tree };
-            let w = worst(self.points());
-            if obj(&new).total_cmp(&obj(&self.pts[w])) == std::cmp::Ordering::Less {
-                self.remove(w);
+            if obj(&new).total_cmp(&worst_obj) == std::cmp::Ordering::Less {
+                self.remove(worst);
                 self.push(new);
             }
             return;
@@ -171,9 +178,15 @@ impl Front {
             }
             self.len = kept;
         }
-        self.push(Point { t, l, tree });
+        self.push(new);
         if self.len > FRONT {
-            let w = worst(self.points());
+            let w = self
+                .points()
+                .iter()
+                .enumerate()
+                .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
+                .map(|(i, _)| i)
+                .unwrap_or(0);
             self.remove(w);
         }
     }
