@@ -34,7 +34,9 @@ fn plan(model: &str, dir: &Path, args: &[&str]) -> Option<(f64, f64, String)> {
     let text = std::fs::read_to_string(dir.join("plan.json")).expect("plan.json is written");
     let doc: serde_json::Value = serde_json::from_str(&text).expect("plan.json parses");
     let pred = &doc["prediction"];
-    let it = pred["iteration_seconds"].as_f64().expect("iteration_seconds");
+    let it = pred["iteration_seconds"]
+        .as_f64()
+        .expect("iteration_seconds");
     let peak = pred["peak_memory_bytes"]
         .as_array()
         .expect("peak_memory_bytes")

@@ -476,7 +476,7 @@ pub fn plan_with(
 }
 
 /// The most virtual stages `auto` partitions for an interleaved chain of more than 2 chunks.
-pub const AUTO_MAX_STAGES: usize = 32;
+pub const AUTO_MAX_STAGES: usize = 16;
 
 /// `--schedule auto`: plan each layout's search ([`ScheduleSpec::Search`]) and keep the
 /// fastest plan (all of them fit the memory limit). Layouts with several stages per device
@@ -504,7 +504,7 @@ fn plan_auto(
         ),
         (ScheduleSpec::Search { chunks: 2, v: true }, several, 2),
     ];
-    // Interleaved chains of 3 and 4 chunks only up to 32 stages: the partitioner's time
+    // Interleaved chains of 3 and 4 chunks only up to 16 stages: the partitioner's time
     // grows with the cube of the stage count.
     if o.microbatches.is_multiple_of(p) {
         for chunks in (2..=4).filter(|&c| c == 2 || p * c <= AUTO_MAX_STAGES) {

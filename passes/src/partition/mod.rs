@@ -198,8 +198,11 @@ impl Partition {
 #[derive(Default)]
 pub struct PartitionCache {
     costs: Option<Vec<Cost>>,
-    chains: Vec<(ChainKey, Vec<(f64, Vec<Vec<usize>>)>)>,
+    chains: Vec<(ChainKey, Vec<ChainPlan>)>,
 }
+
+/// A chain plan: its estimate and its stages' nodes.
+type ChainPlan = (f64, Vec<Vec<usize>>);
 
 /// Stages, pinned ops, memory model (limit, stash, optimizer state) and micro-batches, as
 /// bits.

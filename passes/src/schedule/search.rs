@@ -37,6 +37,9 @@ pub struct Trial {
     pub fits: bool,
 }
 
+/// Per-stage extra warm-up and deferral, with their (makespan, peak).
+type Params = (Vec<usize>, Vec<usize>, (f64, f64));
+
 /// Evaluations the local search may spend per partition.
 pub const LOCAL_SEARCH_EVALUATIONS: usize = 96;
 
@@ -170,7 +173,7 @@ pub fn local_search(
     limit: f64,
     start: (Vec<usize>, Vec<usize>),
     evaluations: usize,
-) -> Option<(Vec<usize>, Vec<usize>, (f64, f64))> {
+) -> Option<Params> {
     let h = stage_heights(layout).ok()?;
     let n = h.len();
     let (mut extra, mut lag) = start;
@@ -180,7 +183,7 @@ pub fn local_search(
     }
     let mut left = evaluations;
     loop {
-        let mut best_move: Option<(Vec<usize>, Vec<usize>, (f64, f64))> = None;
+        let mut best_move: Option<Params> = None;
         for s in 0..n {
             for (which, delta) in [(0, 1isize), (0, -1), (1, 1), (1, -1)] {
                 if left == 0 {
