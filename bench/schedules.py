@@ -4,7 +4,8 @@
 For a 48-layer GPT (d_model 128) and the two-tower model at 4, 8 and 16 devices on the
 h100 profile, runs `ppcc MODEL -o DIR --plan-only --stages P --schedule S` with the
 default partition of each schedule (graph for one stage per device, sequential for
-interleaved-1f1b, zb-v and dualpipe-v) and prints one Markdown table per model: predicted
+interleaved-1f1b, zb-v and dualpipe-v), `auto` (with the profile's memory limit, and as
+`auto@1.1` with the limit at 1.1 × 1F1B's peak and `--recompute off`) and prints one Markdown table per model: predicted
 iteration time, lower bound / iteration (1.0 = no bubble), bubble, the largest peak memory
 of a device against 1F1B's, and the planner's own time from plan.json.
 
@@ -24,7 +25,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipe-v"]
+SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "auto",
+             "auto@1.1"]
 
 
 def models(model_dir):
@@ -37,9 +39,12 @@ def models(model_dir):
     ]
 
 
-def run(ppcc, path, extra, devices, schedule, out):
+def run(ppcc, path, extra, devices, schedule, out, limit=None):
     cmd = [ppcc, path, "-o", out, "--plan-only", "--stages", str(devices),
            "--schedule", schedule, "--device-profile", "h100"] + extra
+    if limit is not None:
+        # Which schedule fits, not what recomputation could make fit.
+        cmd += ["--memory-limit", str(int(limit)), "--recompute", "off"]
     if schedule == "interleaved-1f1b":
         cmd += ["--chunks", "2"]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -72,7 +77,15 @@ def main():
                 rows, base_peak = [], None
                 for schedule in args.schedules:
                     out = os.path.join(tmp, f"{p}-{schedule}")
-                    plan, err = run(args.ppcc, path, extra, p, schedule, out)
+                    # `auto@F`: auto with the memory limit at F × 1F1B's peak.
+                    limit = None
+                    if "@" in schedule:
+                        if base_peak is None:
+                            rows.append(f"| {schedule} | — | — | — | — | — | no 1f1b peak |")
+                            continue
+                        limit = float(schedule.split("@")[1]) * base_peak
+                    plan, err = run(args.ppcc, path, extra, p, schedule.split("@")[0], out,
+                                    limit)
                     if plan is None:
                         rows.append(f"| {schedule} | — | — | — | — | — | {err} |")
                         continue
@@ -82,8 +95,13 @@ def main():
                     if schedule == "1f1b":
                         base_peak = peak
                     rel = f"{peak / base_peak:.2f}" if base_peak else "—"
+                    label = schedule
+                    if schedule.startswith("auto"):
+                        chosen = plan["schedule"]["name"].split(": ", 1)[-1]
+                        label = (f"{schedule.replace('@', ' ≤ ')}{'× 1F1B' if '@' in schedule else ''}"
+                                 f" → {chosen}, {plan['partition']}")
                     rows.append(
-                        f"| {schedule} | {it * 1e3:.3f} | {lb / it:.3f} | "
+                        f"| {label} | {it * 1e3:.3f} | {lb / it:.3f} | "
                         f"{pred['bubble_fraction'] * 100:.1f}% | {peak / 2**20:.1f} | {rel} | "
                         f"{plan['planner_seconds']:.2f} |")
                 print("\n".join(rows))

@@ -73,9 +73,11 @@ pub struct CompileArgs {
     /// and keep the one with the shortest predicted iteration.
     #[arg(long, value_name = "M|auto", value_parser = parse_microbatches)]
     pub microbatches: Option<Microbatches>,
-    /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v)
-    /// or a torch CSV file (one row per device, cells like 0F1, 1I0, 2W3, 1B2).
-    #[arg(long, value_name = "NAME|FILE.csv", default_value = "1f1b")]
+    /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v),
+    /// `auto` (search the built-ins, their parameters and orderings in the simulator and
+    /// keep the fastest within the memory limit; prints what it tried) or a torch CSV file
+    /// (one row per device, cells like 0F1, 1I0, 2W3, 1B2).
+    #[arg(long, value_name = "NAME|auto|FILE.csv", default_value = "1f1b")]
     pub schedule: String,
     /// The partitioner.
     #[arg(long, value_enum, default_value_t = PartitionChoice::Auto)]

@@ -30,8 +30,8 @@ use std::time::Instant;
 use crate::error::{bail, invalid, Context, DriverError, Result};
 use ppcc_passes::cost::{host_profile_cached, DeviceProfile};
 use ppcc_passes::optim::OptimizerKind;
-use ppcc_passes::partition::{apply, parse_bytes, PartitionKind};
-use ppcc_passes::planner::{plan, Plan, PlannerOptions, ScheduleSpec};
+use ppcc_passes::partition::{apply, parse_bytes, PartitionCache, PartitionKind};
+use ppcc_passes::planner::{plan, plan_with, Plan, PlannerOptions, ScheduleSpec};
 pub use ppcc_passes::recompute::RecomputeMode;
 use ppcc_passes::schedule::csv::{from_csv, to_csv};
 use ppcc_passes::schedule::{Layout, BUILTIN_NAMES};
@@ -859,7 +859,12 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     if a.chunks.is_some() && is_builtin && a.schedule != "interleaved-1f1b" && chunks != 1 {
         bail!("--chunks applies to interleaved-1f1b (and CSV schedules) only");
     }
-    let spec = if is_builtin {
+    let spec = if a.schedule == "auto" {
+        if a.chunks.is_some() {
+            bail!("--chunks does not apply to --schedule auto (it tries 1 to 4 chunks per device)");
+        }
+        ScheduleSpec::Auto
+    } else if is_builtin {
         ScheduleSpec::Builtin(a.schedule.clone())
     } else if a.schedule.ends_with(".csv") || Path::new(&a.schedule).exists() {
         let text = std::fs::read_to_string(&a.schedule)
@@ -883,12 +888,15 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         ScheduleSpec::Custom(s)
     } else {
         bail!(
-            "unknown schedule `{}` (built-in: {}; or a .csv file)",
+            "unknown schedule `{}` (built-in: {}; auto; or a .csv file)",
             a.schedule,
             BUILTIN_NAMES.join(", ")
         );
     };
-    let one_stage_per_device = matches!(&spec, ScheduleSpec::Builtin(n) if n != "zb-v" && n != "dualpipe-v" && !(n == "interleaved-1f1b" && chunks > 1));
+    // (`auto` partitions its one-stage-per-device layouts like these, its others
+    // sequentially.)
+    let one_stage_per_device = matches!(&spec, ScheduleSpec::Auto)
+        || matches!(&spec, ScheduleSpec::Builtin(n) if n != "zb-v" && n != "dualpipe-v" && !(n == "interleaved-1f1b" && chunks > 1));
     let kind = match a.partition {
         PartitionChoice::Auto if one_stage_per_device => PartitionKind::Graph,
         PartitionChoice::Auto => PartitionKind::Sequential,
@@ -1005,19 +1013,38 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     };
     c.progress(format!("planning ({} partition)", kind.name()));
     let plan_started = Instant::now();
-    let mut best = plan(&module, &options)?;
+    // The baseline reuses the plan's op costs and chain partitions.
+    let mut cache = PartitionCache::default();
+    let mut best = plan_with(&module, &options, &mut cache)?;
     let plan_seconds = plan_started.elapsed().as_secs_f64();
+    // Under `auto`: what it tried and why it chose; the plan's layout decides the
+    // chunks, its partition the partitioner, and the baseline searches that layout only.
+    let (chunks, kind, baseline_schedule) = if spec == ScheduleSpec::Auto {
+        (c.events)(Event::Note(ppcc_passes::planner::search_report(
+            &best,
+            memory_limit.unwrap_or(profile.memory_bytes),
+        )));
+        (
+            best.layout.num_chunks(),
+            best.partition.kind,
+            ScheduleSpec::search_for(&best.layout),
+        )
+    } else {
+        (chunks, kind, spec.clone())
+    };
     c.progress("planning the sequential baseline");
     let baseline = if kind == PartitionKind::Sequential {
         Ok(best.clone())
     } else {
-        plan(
+        plan_with(
             &module,
             &PlannerOptions {
                 partition: PartitionKind::Sequential,
                 pinned: vec![],
+                schedule: baseline_schedule,
                 ..options.clone()
             },
+            &mut cache,
         )
     };
 
@@ -1207,13 +1234,20 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
     };
     write("schedule.csv", to_csv(&best.schedule))?;
+    // TODO(lead, issue 18): also write the schedule in ppcc's schedule language here,
+    // `write("schedule.pps", ppcc_passes::schedule::pps::to_pps(&best.schedule))?;`,
+    // once `schedule::pps` lands (the one call site for it).
     let title = format!(
         "{} · {} · {} partition · {} devices × {microbatches} micro-batches ({})",
         model
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default(),
-        spec.name(),
+        if spec == ScheduleSpec::Auto {
+            format!("auto: {}", best.schedule_name)
+        } else {
+            spec.name()
+        },
         kind.name(),
         a.stages,
         profile.name
@@ -1566,7 +1600,11 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
         global_batch: d.prepared_global,
         micro_batch: d.prepared_micro,
         schedule: doc::ScheduleDoc {
-            name: d.a.schedule.clone(),
+            name: if d.a.schedule == "auto" {
+                format!("auto: {}", p.schedule_name)
+            } else {
+                d.a.schedule.clone()
+            },
             chunks: d.chunks,
             file: "schedule.csv".into(),
             actions: p

@@ -27,12 +27,14 @@ use std::time::Duration;
 use crate::autodiff::{build_gradient_function, AutodiffOptions};
 use crate::cost::{comm_time, DeviceProfile};
 use crate::partition::{
-    apply, human_bytes, partition, MemoryModel, Partition, PartitionKind, PartitionOptions,
+    apply, human_bytes, partition_with, MemoryModel, Partition, PartitionCache, PartitionKind,
+    PartitionOptions,
 };
 use crate::recompute::{
     analyze, choose_all, choose_within, evaluate, Budget, RecomputeMode, StageChoice,
 };
 use crate::schedule::generators::better_with_filled_w;
+use crate::schedule::search::{search, Trial};
 use crate::schedule::{builtin_on, insert_communication, validate, zb_v, Layout, Schedule};
 use crate::simulate::{simulate, CostTable, SimReport, StageCosts};
 use crate::PassError;
@@ -50,6 +52,13 @@ pub enum ScheduleSpec {
     Builtin(String),
     /// A user schedule (from torch CSV); its layout decides the virtual stages.
     Custom(Schedule),
+    /// `--schedule auto`: search the schedules of every layout ([`ScheduleSpec::Search`]
+    /// with one stage per device, the V, interleaved chains of 2–4 chunks) and keep the
+    /// fastest plan that fits the memory limit; [`Plan::search`] lists what was tried.
+    Auto,
+    /// Search the schedules of one layout ([`crate::schedule::search`]): `chunks` stages
+    /// per device, as a V when `v`.
+    Search { chunks: usize, v: bool },
 }
 
 impl ScheduleSpec {
@@ -57,6 +66,25 @@ impl ScheduleSpec {
         match self {
             ScheduleSpec::Builtin(n) => n.clone(),
             ScheduleSpec::Custom(_) => "custom".into(),
+            ScheduleSpec::Auto => "auto".into(),
+            ScheduleSpec::Search { v: true, .. } => "auto (V)".into(),
+            ScheduleSpec::Search { chunks: 1, .. } => "auto (one stage per device)".into(),
+            ScheduleSpec::Search { chunks, .. } => format!("auto (interleaved, {chunks} chunks)"),
+        }
+    }
+
+    /// The search over `layout`'s shape of layout.
+    pub fn search_for(layout: &Layout) -> Self {
+        match layout {
+            Layout::VShape { .. } => ScheduleSpec::Search { chunks: 2, v: true },
+            Layout::Interleaved { chunks, .. } => ScheduleSpec::Search {
+                chunks: *chunks,
+                v: false,
+            },
+            Layout::Dag { .. } => ScheduleSpec::Search {
+                chunks: 1,
+                v: false,
+            },
         }
     }
 }
@@ -119,6 +147,22 @@ pub struct Plan {
     pub candidates: Vec<(bool, f64)>,
     /// Per stage, what it recomputes (empty without recomputation).
     pub recompute: Vec<StageRecompute>,
+    /// The schedule's name (for a searched schedule, what the search chose).
+    pub schedule_name: String,
+    /// Under `auto`: every schedule simulated, on every layout and candidate partition.
+    pub search: Vec<SearchTrial>,
+    /// Under `auto`: the layouts that gave no plan, and why.
+    pub search_failures: Vec<String>,
+}
+
+/// One schedule the automatic search simulated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchTrial {
+    /// The layout's search ([`ScheduleSpec::name`]).
+    pub layout: String,
+    /// Which candidate partition of that layout (0: the partitioner's best estimate).
+    pub partition: usize,
+    pub trial: Trial,
 }
 
 /// Micro-batches of activations a stage of `schedule` keeps at most (for the partitioner's
@@ -133,6 +177,12 @@ fn stash_estimate(schedule: &ScheduleSpec, ranks: usize, m: usize) -> f64 {
             _ => m.min(ranks),
         },
         ScheduleSpec::Custom(_) => m,
+        ScheduleSpec::Auto
+        | ScheduleSpec::Search {
+            chunks: 1,
+            v: false,
+        } => m.min(ranks),
+        ScheduleSpec::Search { .. } => m.min(2 * ranks),
     };
     n.max(1) as f64
 }
@@ -161,13 +211,36 @@ fn shape(o: &PlannerOptions) -> Result<(usize, Option<Layout>), PassError> {
             "zb-v" | "dualpipe-v" => (2 * p, Some(Layout::VShape { ranks: p })),
             _ => (p, None),
         }),
+        ScheduleSpec::Search { v: true, .. } => Ok((2 * p, Some(Layout::VShape { ranks: p }))),
+        ScheduleSpec::Search { chunks, .. } if *chunks > 1 => Ok((
+            p * chunks,
+            Some(Layout::Interleaved {
+                ranks: p,
+                chunks: *chunks,
+            }),
+        )),
+        ScheduleSpec::Search { .. } => Ok((p, None)),
+        ScheduleSpec::Auto => Err(fail("internal error: `auto` searches layout by layout")),
     }
 }
 
 /// Plan `function` of `m`; see the module docs.
 pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
+    plan_with(m, o, &mut PartitionCache::default())
+}
+
+/// [`plan`], reusing the partitioner's work in `cache` (see [`PartitionCache`]: the same
+/// module and profile; e.g. a plan and its sequential baseline).
+pub fn plan_with(
+    m: &ppir::Module,
+    o: &PlannerOptions,
+    cache: &mut PartitionCache,
+) -> Result<Plan, PassError> {
     if o.ranks == 0 || o.microbatches == 0 {
         return Err(fail("stages and micro-batches must be at least 1"));
+    }
+    if o.schedule == ScheduleSpec::Auto {
+        return plan_auto(m, o, cache);
     }
     let (k, fixed_layout) = shape(o)?;
     if o.partition == PartitionKind::Graph && fixed_layout.is_some() {
@@ -213,7 +286,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     // With recomputation most of the stash can go: partitions whose weights, gradients
     // and optimizer state fit are candidates too, and recomputation then fits their
     // activations into what is left (or the candidate is dropped).
-    let strict = match partition(m, &popts) {
+    let strict = match partition_with(m, &popts, cache) {
         Ok(c) => c,
         Err(_) if o.recompute != RecomputeMode::Off => vec![],
         Err(PassError::Failed { pass, message }) if message.contains("memory limit") => {
@@ -233,6 +306,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
     let (mut best_analyzed, mut least_over_analyzed) = (false, false);
     let mut first_error = None;
     let mut seen: Vec<Vec<u32>> = vec![];
+    let mut trials: Vec<SearchTrial> = vec![];
     let mut round = 0;
     let mut queue = strict;
     loop {
@@ -246,7 +320,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             round += 1;
             let mut relaxed = popts.clone();
             relaxed.memory.stash = 0.0;
-            match partition(m, &relaxed) {
+            match partition_with(m, &relaxed, cache) {
                 Ok(more) => queue = more,
                 Err(e) if best.is_none() && least_over.is_none() => return Err(explain(e)),
                 Err(_) => break,
@@ -268,6 +342,7 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             None => Layout::chain(k),
         };
         let mut costs = cost_table(&part, &o.profile, o.optimizer_state);
+        let mut schedule_name = o.schedule.name();
         let schedule = match &o.schedule {
             // ZB-V's weight gradients fill the time its order leaves idle at these costs.
             ScheduleSpec::Builtin(name)
@@ -278,6 +353,28 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             ScheduleSpec::Builtin(name) => builtin_on(name, &layout, o.microbatches, o.chunks)
                 .map_err(|e| fail(e.to_string()))?,
             ScheduleSpec::Custom(s) => s.clone(),
+            ScheduleSpec::Search { .. } => match search(&layout, o.microbatches, &costs, limit) {
+                Some((s, name, tried)) => {
+                    let layout_name = o.schedule.name();
+                    trials.extend(tried.into_iter().map(|trial| SearchTrial {
+                        layout: layout_name.clone(),
+                        partition: seen.len() - 1,
+                        trial,
+                    }));
+                    schedule_name = name;
+                    s
+                }
+                None => {
+                    first_error.get_or_insert(format!(
+                        "no schedule could be simulated on {}",
+                        o.schedule.name()
+                    ));
+                    continue;
+                }
+            },
+            ScheduleSpec::Auto => {
+                return Err(fail("internal error: `auto` searches layout by layout"))
+            }
         };
         let schedule = insert_communication(&schedule);
         if let Err(e) = validate(&schedule) {
@@ -318,6 +415,9 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
             costs,
             report,
             candidates: vec![],
+            schedule_name,
+            search: vec![],
+            search_failures: vec![],
         };
         if over > 0.0 {
             let closer = least_over.as_ref().is_none_or(|b| {
@@ -371,7 +471,165 @@ pub fn plan(m: &ppir::Module, o: &PlannerOptions) -> Result<Plan, PassError> {
         });
     };
     plan.candidates = simulated;
+    plan.search = trials;
     Ok(plan)
+}
+
+/// The most virtual stages `auto` partitions for an interleaved chain of more than 2 chunks.
+pub const AUTO_MAX_STAGES: usize = 16;
+
+/// `--schedule auto`: plan each layout's search ([`ScheduleSpec::Search`]) and keep the
+/// fastest plan (all of them fit the memory limit). Layouts with several stages per device
+/// use the sequential partitioner (the uniform one when asked for); one stage per device
+/// uses `o.partition`.
+fn plan_auto(
+    m: &ppir::Module,
+    o: &PlannerOptions,
+    cache: &mut PartitionCache,
+) -> Result<Plan, PassError> {
+    let p = o.ranks;
+    let several = if o.partition == PartitionKind::Uniform {
+        PartitionKind::Uniform
+    } else {
+        PartitionKind::Sequential
+    };
+    let mut layouts = vec![
+        (
+            ScheduleSpec::Search {
+                chunks: 1,
+                v: false,
+            },
+            o.partition,
+            1,
+        ),
+        (ScheduleSpec::Search { chunks: 2, v: true }, several, 2),
+    ];
+    // Interleaved chains of 3 and 4 chunks only up to 16 stages: the partitioner's time
+    // grows with the cube of the stage count.
+    if o.microbatches.is_multiple_of(p) {
+        for chunks in (2..=4).filter(|&c| c == 2 || p * c <= AUTO_MAX_STAGES) {
+            layouts.push((ScheduleSpec::Search { chunks, v: false }, several, chunks));
+        }
+    }
+    let mut best: Option<Plan> = None;
+    let mut trials = vec![];
+    let mut failures = vec![];
+    for (spec, partition, chunks) in layouts {
+        let lo = PlannerOptions {
+            schedule: spec.clone(),
+            partition,
+            chunks,
+            ..o.clone()
+        };
+        match plan_with(m, &lo, cache) {
+            Ok(pl) => {
+                trials.extend(pl.search.iter().cloned());
+                if best
+                    .as_ref()
+                    .is_none_or(|b| pl.report.makespan < b.report.makespan * (1.0 - 1e-12))
+                {
+                    best = Some(pl);
+                }
+            }
+            Err(e) => failures.push(format!("{}: {e}", spec.name())),
+        }
+    }
+    let Some(mut plan) = best else {
+        return Err(fail(format!(
+            "no layout gave a plan: {}",
+            failures.join("; ")
+        )));
+    };
+    plan.search = trials;
+    plan.search_failures = failures;
+    Ok(plan)
+}
+
+/// What `auto` tried and why it chose its plan: per layout and schedule, the best
+/// iteration over the candidate partitions and its peak memory, fastest first, and a
+/// closing line naming the choice.
+pub fn search_report(plan: &Plan, memory_limit: f64) -> String {
+    use std::fmt::Write;
+    // (layout, schedule) → best trial over the partitions.
+    let mut rows: Vec<&SearchTrial> = vec![];
+    for t in &plan.search {
+        match rows
+            .iter_mut()
+            .find(|r| r.layout == t.layout && r.trial.name == t.trial.name)
+        {
+            Some(r) => {
+                let better = (t.trial.fits && !r.trial.fits)
+                    || (t.trial.fits == r.trial.fits && t.trial.makespan < r.trial.makespan);
+                if better {
+                    *r = t;
+                }
+            }
+            None => rows.push(t),
+        }
+    }
+    rows.sort_by(|a, b| {
+        b.trial
+            .fits
+            .cmp(&a.trial.fits)
+            .then(a.trial.makespan.total_cmp(&b.trial.makespan))
+    });
+    let lb = plan.lower_bound;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "schedule search: {} schedules simulated ({} distinct), memory limit {}",
+        plan.search.len(),
+        rows.len(),
+        human_bytes(memory_limit)
+    );
+    let _ = writeln!(
+        out,
+        "| layout | schedule | iteration (ms) | lower bound / iteration | peak memory (estimate) | fits |"
+    );
+    let _ = writeln!(out, "|---|---|---:|---:|---:|---|");
+    for r in &rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.3} | {:.3} | {} | {} |",
+            r.layout,
+            r.trial.name,
+            r.trial.makespan * 1e3,
+            if r.trial.makespan > 0.0 {
+                lb / r.trial.makespan
+            } else {
+                0.0
+            },
+            human_bytes(r.trial.peak_memory),
+            if r.trial.fits { "yes" } else { "no" }
+        );
+    }
+    for f in &plan.search_failures {
+        let _ = writeln!(out, "not planned: {f}");
+    }
+    let peak = plan.report.peak_memory.iter().copied().fold(0.0, f64::max);
+    let faster_over = rows
+        .iter()
+        .find(|r| !r.trial.fits && r.trial.makespan < plan.report.makespan);
+    let _ = write!(
+        out,
+        "chose {} on {}: the shortest predicted iteration ({:.3} ms, {:.3} of the lower bound) of the schedules that fit (peak {} of {})",
+        plan.schedule_name,
+        ScheduleSpec::search_for(&plan.layout).name(),
+        plan.report.makespan * 1e3,
+        if plan.report.makespan > 0.0 { lb / plan.report.makespan } else { 0.0 },
+        human_bytes(peak),
+        human_bytes(memory_limit),
+    );
+    if let Some(r) = faster_over {
+        let _ = write!(
+            out,
+            "; {} would take {:.3} ms but needs {}",
+            r.trial.name,
+            r.trial.makespan * 1e3,
+            human_bytes(r.trial.peak_memory)
+        );
+    }
+    out
 }
 
 /// Under `auto`, a candidate whose estimated peak is at most this share of the limit is

@@ -122,10 +122,6 @@ impl Front {
         self.len -= 1;
     }
 
-    /// Insert (`t`, `l`, `tree`), kept to [`FRONT`] points by the scalar objective: past
-    /// that, the worst goes (the last one of equal worst, as `max_by` picks). The outcome is
-    /// decided with a few comparisons: most candidates of the DP are dominated, or would be
-    /// the worst of a full front and leave again at once.
     /// Whether a point of the front makes (`t`, `l`) not worth keeping (up to rounding).
     /// Monotone: it then holds for every point at least as large in both.
     fn dominates(&self, t: f64, l: f64) -> bool {
@@ -135,27 +131,39 @@ impl Front {
             .any(|q| q.t <= t * (1.0 + EPS) && q.l <= l * (1.0 + EPS))
     }
 
+    /// Insert (`t`, `l`, `tree`), kept to [`FRONT`] points by the scalar objective: past
+    /// that, the worst goes (the last one of equal worst, as `max_by` picks). The outcome is
+    /// decided in one pass over the front: most candidates of the DP are dominated, or would
+    /// be the worst of a full front and leave again at once.
     fn insert(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
-        if self.dominates(t, l) {
-            return;
-        }
+        const EPS: f64 = 1e-12;
         let obj = |q: &Point| (m - 1.0) * q.t + q.l;
-        let worst = |pts: &[Point]| {
-            pts.iter()
-                .enumerate()
-                .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
-                .map(|(i, _)| i)
-                .unwrap_or(0)
-        };
-        let removes_any = self.points().iter().any(|q| t <= q.t && l <= q.l);
+        // One pass: whether a point dominates the new one ([`Front::dominates`]), whether
+        // the new one removes any, and the worst point by the objective (the last of equal
+        // worst, as `max_by` picks).
+        let (te, le) = (t * (1.0 + EPS), l * (1.0 + EPS));
+        let mut removes_any = false;
+        let mut worst = 0;
+        let mut worst_obj = f64::NEG_INFINITY;
+        for (i, q) in self.points().iter().enumerate() {
+            if q.t <= te && q.l <= le {
+                return;
+            }
+            removes_any |= t <= q.t && l <= q.l;
+            let o = obj(q);
+            if i == 0 || o.total_cmp(&worst_obj) != std::cmp::Ordering::Less {
+                worst = i;
+                worst_obj = o;
+            }
+        }
+        let new = Point { t, l, tree };
         if !removes_any && self.len >= FRONT {
-            // One over after the push: nothing changes when the new point is the worst.
-            let mut all = self.pts;
-            all[self.len] = Point { t, l, tree };
-            let w = worst(&all[..=self.len]);
-            if w < self.len {
-                self.remove(w);
-                self.push(Point { t, l, tree });
+            // One over after the push: nothing changes when the new point is the worst (on
+            // a tie too: of equal worst, the last one goes, and the new point would be
+            // last). Decided without copying the front.
+            if obj(&new).total_cmp(&worst_obj) == std::cmp::Ordering::Less {
+                self.remove(worst);
+                self.push(new);
             }
             return;
         }
@@ -170,9 +178,15 @@ impl Front {
             }
             self.len = kept;
         }
-        self.push(Point { t, l, tree });
+        self.push(new);
         if self.len > FRONT {
-            let w = worst(self.points());
+            let w = self
+                .points()
+                .iter()
+                .enumerate()
+                .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
+                .map(|(i, _)| i)
+                .unwrap_or(0);
             self.remove(w);
         }
     }
@@ -302,6 +316,8 @@ pub struct Solver<'a> {
     pub root: usize,
     /// Forbid parallel branches on their own devices (the sequential partitioner).
     pub chain_only: bool,
+    /// The most stages any subtree has been asked for: the width of the DP tables.
+    kmax: usize,
     memo: HashMap<(usize, usize), Rc<[Point]>>,
     trees: Vec<Tree>,
 }
@@ -322,6 +338,7 @@ impl<'a> Solver<'a> {
             pinned: vec![],
             root,
             chain_only: false,
+            kmax: 0,
             memo: HashMap::new(),
             trees: vec![Tree::Empty],
         }
@@ -385,47 +402,84 @@ impl<'a> Solver<'a> {
     }
 
     /// The Pareto front of plans of subtree `id` on exactly `k` stages.
+    ///
+    /// A series or parallel subtree's DP table holds its plans on every number of stages
+    /// at once (row `j`: plans on `j` stages), so the table is filled once, as wide as the
+    /// most stages any subtree is asked for, and every row is kept: the DP asks a child
+    /// for many stage counts. The rows are those a table for each count alone would give
+    /// (an entry of row `j` depends only on rows below it, which are filled in the same
+    /// order with the same candidates).
     pub fn best(&mut self, id: usize, k: usize) -> Rc<[Point]> {
+        self.kmax = self.kmax.max(k);
         if let Some(r) = self.memo.get(&(id, k)) {
             return r.clone();
         }
         let a = self.arena;
-        let r: Vec<Point> = if k == 0 || a.leaves[id].len() < k {
-            vec![]
-        } else if k == 1 {
-            if self.memory.fits(&a.cost[id]) {
+        if k == 0 || a.leaves[id].len() < k {
+            let r: Rc<[Point]> = Rc::from(vec![]);
+            self.memo.insert((id, k), r.clone());
+            return r;
+        }
+        if k == 1 {
+            let r: Vec<Point> = if self.memory.fits(&a.cost[id]) {
                 let t = a.cost[id].time();
                 let tree = TreeRef::Built(self.tree(Tree::Stage(vec![id])));
                 vec![Point { t, l: t, tree }]
             } else {
                 vec![]
+            };
+            let r: Rc<[Point]> = r.into();
+            self.memo.insert((id, k), r.clone());
+            return r;
+        }
+        let width = self.kmax.min(a.leaves[id].len());
+        match a.kind[id] {
+            Kind::Leaf(_) => {
+                self.memo.insert((id, k), Rc::from(vec![]));
             }
-        } else {
-            match a.kind[id] {
-                Kind::Leaf(_) => vec![],
-                Kind::Series | Kind::Linear(_) => self.series(id, k),
-                Kind::Parallel => {
+            // The root is asked for one count only: its table skips the entries that
+            // cannot reach `k` stages.
+            Kind::Series if id == self.root => {
+                let mut rows = self.series(id, k, true);
+                let row = rows.pop().unwrap_or_default();
+                self.memo.insert((id, k), row.into());
+            }
+            Kind::Series | Kind::Linear(_) => {
+                let rows = self.series(id, width, false);
+                for (j, row) in rows.into_iter().enumerate().skip(2) {
+                    self.memo.insert((id, j), row.into());
+                }
+            }
+            Kind::Parallel => {
+                let rows = if self.chain_only {
+                    vec![vec![]; width + 1]
+                } else {
+                    self.parallel(id, width)
+                };
+                for (j, row) in rows.into_iter().enumerate().skip(2) {
                     let mut front = Front::default();
-                    if !self.chain_only {
-                        for p in self.parallel(id, k) {
-                            front.push(p);
-                        }
+                    for p in row {
+                        front.push(p);
                     }
                     if let Some(lin) = a.linear[id] {
-                        for p in self.best(lin, k).iter() {
+                        for p in self.best(lin, j).iter() {
                             front.insert(p.t, p.l, p.tree, self.m);
                         }
                     }
-                    front.points().to_vec()
+                    self.memo.insert((id, j), front.points().into());
                 }
             }
-        };
-        let r: Rc<[Point]> = r.into();
-        self.memo.insert((id, k), r.clone());
-        r
+        }
+        self.memo
+            .get(&(id, k))
+            .cloned()
+            .unwrap_or_else(|| Rc::from(vec![]))
     }
 
-    fn series(&mut self, id: usize, k: usize) -> Vec<Point> {
+    /// The final row of each stage count `0..=k` of series subtree `id`'s table; with
+    /// `only_k`, the entries that cannot reach `k` stages stay empty (so only row `k` is
+    /// complete).
+    fn series(&mut self, id: usize, k: usize, only_k: bool) -> Vec<Vec<Point>> {
         let a = self.arena;
         let ch = &a.children[id];
         let n = ch.len();
@@ -434,6 +488,7 @@ impl<'a> Solver<'a> {
         for i in (0..n).rev() {
             rest[i] = rest[i + 1] + a.leaves[ch[i]].len();
         }
+        let short = |i: usize, stages_left: usize| only_k && rest[i] < stages_left;
         let pinned: Vec<bool> = (0..n)
             .map(|i| id == self.root && self.pinned.contains(&i))
             .collect();
@@ -470,7 +525,7 @@ impl<'a> Solver<'a> {
                         break;
                     }
                     acc += a.cost[ch[i2 - 1]];
-                    if !self.memory.fits(&acc) || rest[i2] < k - j - 1 {
+                    if !self.memory.fits(&acc) || short(i2, k - j - 1) {
                         break;
                     }
                     let t = acc.time();
@@ -492,7 +547,7 @@ impl<'a> Solver<'a> {
                 // One child on several stages.
                 if !matches!(a.kind[ch[i]], Kind::Leaf(_)) {
                     for j2 in 2..=k - j {
-                        if rest[i + 1] < k - j - j2 {
+                        if short(i + 1, k - j - j2) {
                             continue;
                         }
                         let sub = self.best(ch[i], j2);
@@ -511,19 +566,24 @@ impl<'a> Solver<'a> {
                 }
             }
         }
-        let mut last = dp[n * w + k];
-        self.build_front(&mut last);
-        last.points().to_vec()
+        self.final_rows(&mut dp[n * w..])
     }
 
-    fn parallel(&mut self, id: usize, k: usize) -> Vec<Point> {
+    /// Build the trees of a table's last row and return it, one front per stage count.
+    fn final_rows(&mut self, row: &mut [Front]) -> Vec<Vec<Point>> {
+        row.iter_mut()
+            .map(|f| {
+                self.build_front(f);
+                f.points().to_vec()
+            })
+            .collect()
+    }
+
+    /// The final row of each stage count `0..=k` of parallel subtree `id`'s table.
+    fn parallel(&mut self, id: usize, k: usize) -> Vec<Vec<Point>> {
         let a = self.arena;
         let br = self.branches(id);
         let n = br.len();
-        let mut rest = vec![0usize; n + 1];
-        for i in (0..n).rev() {
-            rest[i] = rest[i + 1] + a.leaves[br[i]].len();
-        }
         let w = k + 1;
         let mut dp = vec![Front::default(); (n + 1) * w];
         dp[0].push(Point {
@@ -543,7 +603,7 @@ impl<'a> Solver<'a> {
                 let mut acc = Cost::default();
                 for i2 in i + 1..=n {
                     acc += a.cost[br[i2 - 1]];
-                    if !self.memory.fits(&acc) || rest[i2] < k - j - 1 {
+                    if !self.memory.fits(&acc) {
                         break;
                     }
                     let t = acc.time();
@@ -561,9 +621,6 @@ impl<'a> Solver<'a> {
                 }
                 if !matches!(a.kind[br[i]], Kind::Leaf(_)) {
                     for j2 in 2..=k - j {
-                        if rest[i + 1] < k - j - j2 {
-                            continue;
-                        }
                         let sub = self.best(br[i], j2);
                         let target = &mut dp[(i + 1) * w + j + j2];
                         for p in pts {
@@ -580,9 +637,7 @@ impl<'a> Solver<'a> {
                 }
             }
         }
-        let mut last = dp[n * w + k];
-        self.build_front(&mut last);
-        last.points().to_vec()
+        self.final_rows(&mut dp[n * w..])
     }
 
     /// The stages of a plan, each as its graph nodes.

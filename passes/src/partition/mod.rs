@@ -190,8 +190,35 @@ impl Partition {
     }
 }
 
+/// Work that partitioning the same function again can reuse: the ops' costs (from the
+/// training program autodiff builds) and the chain dynamic program's plans. Valid for one
+/// module, function, profile, autodiff options and op timer — the planner plans a graph
+/// partition and then its sequential baseline with one; the stage count, kind, memory
+/// model, micro-batches and pinned cuts may differ between calls (they key the plans).
+#[derive(Default)]
+pub struct PartitionCache {
+    costs: Option<Vec<Cost>>,
+    chains: Vec<(ChainKey, Vec<ChainPlan>)>,
+}
+
+/// A chain plan: its estimate and its stages' nodes.
+type ChainPlan = (f64, Vec<Vec<usize>>);
+
+/// Stages, pinned ops, memory model (limit, stash, optimizer state) and micro-batches, as
+/// bits.
+type ChainKey = (usize, Vec<usize>, [u64; 3], u64);
+
 /// The candidate partitions, best estimate first.
 pub fn partition(m: &Module, opts: &PartitionOptions) -> Result<Vec<Partition>, PassError> {
+    partition_with(m, opts, &mut PartitionCache::default())
+}
+
+/// [`partition`], reusing (and filling) `cache`.
+pub fn partition_with(
+    m: &Module,
+    opts: &PartitionOptions,
+    cache: &mut PartitionCache,
+) -> Result<Vec<Partition>, PassError> {
     let f = m
         .function(&opts.function)
         .ok_or_else(|| fail(format!("the module has no @{}", opts.function)))?;
@@ -202,13 +229,20 @@ pub fn partition(m: &Module, opts: &PartitionOptions) -> Result<Vec<Partition>, 
     if f.ops().is_empty() {
         return Err(fail(format!("@{} has no ops to partition", f.name)));
     }
-    let costs = graph::attribute_costs(
-        m,
-        &opts.function,
-        &opts.autodiff,
-        &opts.profile,
-        opts.op_timer.as_ref(),
-    )?;
+    let costs = match &cache.costs {
+        Some(c) if c.len() == f.ops().len() => c.clone(),
+        _ => {
+            let c = graph::attribute_costs(
+                m,
+                &opts.function,
+                &opts.autodiff,
+                &opts.profile,
+                opts.op_timer.as_ref(),
+            )?;
+            cache.costs = Some(c.clone());
+            c
+        }
+    };
     let pinned_ops = pinned_positions(f, &opts.pinned)?;
     if opts.kind == PartitionKind::Uniform && !pinned_ops.is_empty() {
         return Err(fail(
@@ -260,8 +294,25 @@ pub fn partition(m: &Module, opts: &PartitionOptions) -> Result<Vec<Partition>, 
             // sequential one on its estimate.
             // The best few DAG plans are kept too, so the planner can report how the best
             // DAG compares when a chain wins.
-            let run = |memory: MemoryModel| -> Vec<Vec<Vec<usize>>> {
-                let mut all = solve(memory, true);
+            let run = |memory: MemoryModel, cache: &mut PartitionCache| -> Vec<Vec<Vec<usize>>> {
+                let key: ChainKey = (
+                    k,
+                    pinned_ops.clone(),
+                    [
+                        memory.limit.to_bits(),
+                        memory.stash.to_bits(),
+                        memory.optimizer_state.to_bits(),
+                    ],
+                    mf.to_bits(),
+                );
+                let mut all = match cache.chains.iter().find(|c| c.0 == key) {
+                    Some((_, plans)) => plans.clone(),
+                    None => {
+                        let plans = solve(memory, true);
+                        cache.chains.push((key, plans.clone()));
+                        plans
+                    }
+                };
                 let mut graph_only = vec![];
                 if opts.kind == PartitionKind::Graph {
                     graph_only = solve(memory, false);
@@ -282,13 +333,13 @@ pub fn partition(m: &Module, opts: &PartitionOptions) -> Result<Vec<Partition>, 
                 }
                 out
             };
-            let found = run(opts.memory);
+            let found = run(opts.memory, cache);
             if found.is_empty() {
                 let unlimited = MemoryModel {
                     limit: f64::INFINITY,
                     ..opts.memory
                 };
-                let any = run(unlimited);
+                let any = run(unlimited, cache);
                 return Err(match any.first() {
                     Some(stages) => over_memory(&g, stages, &opts.memory),
                     None => fail(format!(

@@ -163,7 +163,7 @@ fn describe_layout(layout: &Layout) -> String {
 /// The height of every stage of a layout with one stage per rank (a plain chain: `p−s−1`;
 /// a DAG: the longest path from `s` to a sink), after checking the layout has that shape and,
 /// for a DAG, that its edges are between distinct existing stages and form no cycle.
-fn stage_heights(layout: &Layout) -> Result<Vec<usize>, ScheduleError> {
+pub(crate) fn stage_heights(layout: &Layout) -> Result<Vec<usize>, ScheduleError> {
     let (ranks, rank_of, edges) = match layout {
         Layout::Interleaved { ranks, chunks: 1 } => return Ok(chain_heights(*ranks)),
         Layout::Dag {
@@ -319,7 +319,7 @@ pub fn interleaved_1f1b(
 /// `k − h(s)` of a blocked `F` of micro-batch `k` and `j + warmup(s) − h(s)` of a blocked
 /// `B` of micro-batch `j` never grows, and drops at every step but `B`-to-`B` ones, which
 /// go strictly down the DAG, so the chain cannot close.
-fn zb_on(
+pub(crate) fn zb_on(
     layout: Layout,
     microbatches: usize,
     warmup: impl Fn(usize) -> usize,

@@ -9,10 +9,13 @@
 //!   builds GPipe, 1F1B, ZB-H1 and ZB-H2 on a stage DAG with one stage per rank — and
 //!   [`insert_communication`], which adds `SEND_*`/`RECV_*` actions for cross-rank edges.
 //! - [`validate()`]: counts, dependency order and deadlock freedom, before anything runs.
+//! - [`search`]: the automatic search of `--schedule auto` (built-ins, their parameters,
+//!   greedy weight-gradient placement, local search), simulated under a memory limit.
 //! - [`csv`]: torch.distributed.pipelining's CSV action format (`0F1`, `1I0`, `2W3`, `1B2`).
 
 pub mod csv;
 pub mod generators;
+pub mod search;
 pub(crate) mod validate;
 
 pub use generators::{

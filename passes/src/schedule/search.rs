@@ -1,0 +1,308 @@
+//! Automatic schedule search (`--schedule auto`): for one partition (its layout and stage
+//! costs), every built-in schedule that runs on the layout, with its parameters swept,
+//! each also with its weight gradients placed greedily into idle time, and a local search
+//! over per-stage warm-up depth and weight-gradient deferral — all simulated, the fastest
+//! that fits the memory limit kept.
+//!
+//! What is tried on each layout:
+//! - one stage per device (a chain or a stage DAG): GPipe, 1F1B, ZB-H1, ZB-H2 and the
+//!   zero-bubble family between them ([`zb_family`], named `zb (α a)`: `h(s)+1+⌊α·h(s)⌉`
+//!   warm-up forwards and `(1+α)(H−h(s))` deferred `W`s, α ∈ {¼, ½, ¾}; α = 0 is ZB-H1,
+//!   α = 1 ZB-H2; `h(s)` is the stage's height, `H` the largest), then from
+//!   the best of those that fit, hill climbing on each stage's warm-up count and `W`
+//!   deferral ([`local_search`]);
+//! - the V (two chunks per device): ZB-V and DualPipeV;
+//! - an interleaved chain of `v` chunks: interleaved 1F1B.
+//!
+//! Each of these is also tried with its fused backwards split into `I` then `W` and the
+//! `W`s placed greedily where the costs leave a device idle, never stashing more
+//! micro-batches on a device than the schedule itself does ([`fill_weight_gradients`]: the
+//! greedy zero-bubble heuristic).
+
+use super::generators::{fill_weight_gradients, stage_heights, zb_on};
+use super::{builtin_on, insert_communication, ActionKind, Layout, Schedule};
+use crate::simulate::{simulate, CostTable};
+
+/// One schedule the search simulated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trial {
+    /// What it is: a built-in name with its parameters, `+fill` when its weight gradients
+    /// were placed greedily.
+    pub name: String,
+    /// Predicted iteration time (seconds, or the cost table's unit).
+    pub makespan: f64,
+    /// The largest per-device peak memory.
+    pub peak_memory: f64,
+    /// Whether that peak is within the limit.
+    pub fits: bool,
+}
+
+/// Per-stage extra warm-up and deferral, with their (makespan, peak).
+type Params = (Vec<usize>, Vec<usize>, (f64, f64));
+
+/// Evaluations the local search may spend per partition.
+pub const LOCAL_SEARCH_EVALUATIONS: usize = 96;
+
+/// Whether `layout` has one stage per rank (a chain, or a DAG with stage `s` on rank `s`).
+fn one_stage_per_rank(layout: &Layout) -> bool {
+    match layout {
+        Layout::Interleaved { chunks, .. } => *chunks == 1,
+        Layout::VShape { .. } => false,
+        Layout::Dag { rank_of, ranks, .. } => {
+            rank_of.len() == *ranks && rank_of.iter().enumerate().all(|(s, &r)| r == s)
+        }
+    }
+}
+
+/// The zero-bubble schedule with warm-up `h(s)+1+extra[s]` forwards and `lag[s]` deferred
+/// weight gradients per stage (`extra` non-decreasing in `h` keeps it deadlock-free, see
+/// the zero-bubble generators).
+pub fn zb_family(
+    layout: &Layout,
+    m: usize,
+    h: &[usize],
+    extra: &[usize],
+    lag: &[usize],
+) -> Schedule {
+    zb_on(layout.clone(), m, |s| h[s] + 1 + extra[s], |s| lag[s])
+}
+
+/// `α`'s extra warm-up and deferral per stage: `⌊α·h(s)⌉` and `(H−h(s)) + ⌊α(H−h(s))⌉`.
+fn alpha_params(h: &[usize], alpha: f64) -> (Vec<usize>, Vec<usize>) {
+    let top = h.iter().copied().max().unwrap_or(0);
+    let extra = h
+        .iter()
+        .map(|&x| (alpha * x as f64).round() as usize)
+        .collect();
+    let lag = h
+        .iter()
+        .map(|&x| (top - x) + (alpha * (top - x) as f64).round() as usize)
+        .collect();
+    (extra, lag)
+}
+
+/// `s` with every fused backward split into its input gradient followed by its weight
+/// gradient, the weight gradients then placed greedily into idle time at `costs` with no
+/// more stashed micro-batches per rank than `s` has; `None` when that cannot be built.
+pub fn split_and_fill(s: &Schedule, costs: &CostTable) -> Option<Schedule> {
+    let mut split = s.clone();
+    for list in &mut split.per_rank {
+        let mut out = Vec::with_capacity(list.len() * 2);
+        for a in list.iter().filter(|a| a.kind.is_compute()) {
+            if a.kind == ActionKind::FullBackward {
+                let mut i = *a;
+                i.kind = ActionKind::BackwardInput;
+                let mut w = *a;
+                w.kind = ActionKind::BackwardWeight;
+                out.push(i);
+                out.push(w);
+            } else {
+                out.push(*a);
+            }
+        }
+        *list = out;
+    }
+    fill_weight_gradients(&split, costs, 0)
+}
+
+/// The base schedules (compute actions only) to try on `layout`, by name.
+pub fn base_schedules(layout: &Layout, m: usize) -> Vec<(String, Schedule)> {
+    let mut out = vec![];
+    let mut add = |name: String, s: Result<Schedule, super::ScheduleError>| {
+        if let Ok(s) = s {
+            out.push((name, s));
+        }
+    };
+    match layout {
+        Layout::VShape { .. } => {
+            for name in ["zb-v", "dualpipe-v"] {
+                add(name.into(), builtin_on(name, layout, m, 2));
+            }
+        }
+        Layout::Interleaved { chunks, .. } if *chunks > 1 => {
+            add(
+                format!("interleaved-1f1b (chunks {chunks})"),
+                builtin_on("interleaved-1f1b", layout, m, *chunks),
+            );
+        }
+        _ if one_stage_per_rank(layout) => {
+            for name in ["gpipe", "1f1b", "zb-h1", "zb-h2"] {
+                add(name.into(), builtin_on(name, layout, m, 1));
+            }
+            if let Ok(h) = stage_heights(layout) {
+                for alpha in [0.25, 0.5, 0.75] {
+                    let (extra, lag) = alpha_params(&h, alpha);
+                    add(
+                        format!("zb (α {alpha})"),
+                        Ok(zb_family(layout, m, &h, &extra, &lag)),
+                    );
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// Simulate a compute schedule (with its communication): (makespan, largest peak memory).
+pub fn evaluate(s: &Schedule, costs: &CostTable) -> Option<(f64, f64)> {
+    let r = simulate(&insert_communication(s), costs).ok()?;
+    let peak = r.peak_memory.iter().copied().fold(0.0, f64::max);
+    Some((r.makespan, peak))
+}
+
+/// Whether (makespan, peak) `a` beats `b` under `limit`: fitting beats not fitting; among
+/// fitting, the shorter iteration; among not fitting, the smaller peak.
+fn better(a: (f64, f64), b: (f64, f64), limit: f64) -> bool {
+    match (a.1 <= limit, b.1 <= limit) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => a.0 < b.0 * (1.0 - 1e-12),
+        (false, false) => a.1 < b.1,
+    }
+}
+
+/// Hill climbing from (`extra`, `lag`) on a layout with one stage per rank: each round
+/// tries one more or one less warm-up forward and deferred `W` on each stage, and takes
+/// the best move that shortens the iteration within `limit`, until none does or
+/// `evaluations` run out. Returns the parameters and their (makespan, peak).
+pub fn local_search(
+    layout: &Layout,
+    m: usize,
+    costs: &CostTable,
+    limit: f64,
+    start: (Vec<usize>, Vec<usize>),
+    evaluations: usize,
+) -> Option<Params> {
+    let h = stage_heights(layout).ok()?;
+    let n = h.len();
+    let (mut extra, mut lag) = start;
+    let mut cur = evaluate(&zb_family(layout, m, &h, &extra, &lag), costs)?;
+    if cur.1 > limit {
+        return None;
+    }
+    let mut left = evaluations;
+    loop {
+        let mut best_move: Option<Params> = None;
+        for s in 0..n {
+            for (which, delta) in [(0, 1isize), (0, -1), (1, 1), (1, -1)] {
+                if left == 0 {
+                    break;
+                }
+                let (mut e, mut l) = (extra.clone(), lag.clone());
+                let v = if which == 0 { &mut e[s] } else { &mut l[s] };
+                let Some(nv) = v.checked_add_signed(delta) else {
+                    continue;
+                };
+                if which == 0 && h[s] + 1 + nv > m {
+                    continue;
+                }
+                if which == 1 && nv > m {
+                    continue;
+                }
+                *v = nv;
+                left -= 1;
+                let Some(r) = evaluate(&zb_family(layout, m, &h, &e, &l), costs) else {
+                    continue;
+                };
+                let target = best_move.as_ref().map_or(cur, |b| b.2);
+                if r.1 <= limit && r.0 < target.0 * (1.0 - 1e-12) {
+                    best_move = Some((e, l, r));
+                }
+            }
+        }
+        match best_move {
+            Some((e, l, r)) => {
+                extra = e;
+                lag = l;
+                cur = r;
+            }
+            None => return Some((extra, lag, cur)),
+        }
+        if left == 0 {
+            return Some((extra, lag, cur));
+        }
+    }
+}
+
+/// Search the schedules for `layout` at `costs` under `limit` (see the module docs):
+/// the chosen compute schedule, its name, and every trial.
+pub fn search(
+    layout: &Layout,
+    m: usize,
+    costs: &CostTable,
+    limit: f64,
+) -> Option<(Schedule, String, Vec<Trial>)> {
+    let mut trials = vec![];
+    let mut best: Option<(Schedule, String, (f64, f64))> = None;
+    let mut consider = |name: String, s: Schedule, trials: &mut Vec<Trial>| {
+        let Some(r) = evaluate(&s, costs) else {
+            return;
+        };
+        trials.push(Trial {
+            name: name.clone(),
+            makespan: r.0,
+            peak_memory: r.1,
+            fits: r.1 <= limit,
+        });
+        if best.as_ref().is_none_or(|b| better(r, b.2, limit)) {
+            best = Some((s, name, r));
+        }
+    };
+    for (name, s) in base_schedules(layout, m) {
+        let filled = split_and_fill(&s, costs);
+        // The built-in `zb-v` lets each rank fill up to 2p chunk activations.
+        let filled_2p = match layout {
+            Layout::VShape { ranks } if name == "zb-v" => {
+                fill_weight_gradients(&s, costs, 2 * ranks)
+            }
+            _ => None,
+        };
+        consider(name.clone(), s, &mut trials);
+        if let Some(f) = filled {
+            consider(format!("{name} +fill"), f, &mut trials);
+        }
+        if let Some(f) = filled_2p {
+            consider(format!("{name} +fill (2p)"), f, &mut trials);
+        }
+    }
+    // Local search from the best fitting member of the zero-bubble family.
+    if one_stage_per_rank(layout) {
+        if let Ok(h) = stage_heights(layout) {
+            let start = [0.0, 0.25, 0.5, 0.75, 1.0]
+                .into_iter()
+                .filter_map(|a| {
+                    let (e, l) = alpha_params(&h, a);
+                    let r = evaluate(&zb_family(layout, m, &h, &e, &l), costs)?;
+                    (r.1 <= limit).then_some((a, e, l, r))
+                })
+                .min_by(|a, b| a.3 .0.total_cmp(&b.3 .0));
+            if let Some((alpha, e, l, _)) = start {
+                if let Some((e, l, _)) =
+                    local_search(layout, m, costs, limit, (e, l), LOCAL_SEARCH_EVALUATIONS)
+                {
+                    let s = zb_family(layout, m, &h, &e, &l);
+                    let name = format!(
+                        "zb (local search from α {alpha}: extra warm-up {}, W deferral {})",
+                        compact(&e),
+                        compact(&l)
+                    );
+                    let filled = split_and_fill(&s, costs);
+                    consider(name.clone(), s, &mut trials);
+                    if let Some(f) = filled {
+                        consider(format!("{name} +fill"), f, &mut trials);
+                    }
+                }
+            }
+        }
+    }
+    best.map(|(s, name, _)| (s, name, trials))
+}
+
+/// Per-stage counts, short: `a,b,c`.
+fn compact(v: &[usize]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
