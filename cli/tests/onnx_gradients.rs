@@ -278,3 +278,83 @@ fn decomposed_elementwise_and_resampling_ops_differentiate_like_finite_differenc
         &["P", "gs", "gb", "cw", "cb"],
     );
 }
+
+/// The sampling, signal, attention and reordering ops the importer decomposes: GridSample
+/// (three modes and paddings; gradients of the input and of the grid), AffineGrid, Col2Im,
+/// DFT, LinearAttention (gated delta rule), TensorScatter, ReverseSequence, CenterCropPad and
+/// training-mode BatchNormalization, each entering the loss through `ReduceSum(Softplus(y))`.
+const SAMPLING_MODEL: &str = r#"
+import sys, numpy as np, onnx
+from onnx import helper as h, numpy_helper as nh, TensorProto as T
+rng = np.random.default_rng(3)
+params = [
+    nh.from_array((rng.normal(size=(2, 4, 5)) * 0.6).astype(np.float32), "P"),
+    nh.from_array(rng.uniform(-1.1, 1.1, size=(2, 6, 1)).astype(np.float32), "G"),
+    nh.from_array((rng.normal(size=(2, 2, 3)) * 0.5).astype(np.float32), "theta"),
+    nh.from_array((1 + 0.2 * rng.normal(size=(4,))).astype(np.float32), "bs"),
+    nh.from_array((0.2 * rng.normal(size=(4,))).astype(np.float32), "bb"),
+]
+def c(name, v, dt=np.float32):
+    return h.make_node("Constant", [], [name], value=nh.from_array(np.array(v, dt)))
+nodes = [
+    h.make_node("Add", ["x", "P"], ["h"]),
+    c("size", [2, 1, 3, 4], np.int64), c("img", [6], np.int64), c("blk", [2], np.int64),
+    c("ax3", [3], np.int64), c("one", 1, np.int64), c("wi", [1, 3], np.int64),
+    c("lens", [3, 4], np.int64), c("crop", [3, 6], np.int64),
+    c("decay", -0.3 * np.ones((2, 4, 1))), c("beta", 0.6 * np.ones((2, 4, 1))),
+    c("mean", np.zeros(4)), c("var", np.ones(4)),
+    c("st0", [0], np.int64), c("st2", [2], np.int64), c("st1", [1], np.int64),
+    h.make_node("Unsqueeze", ["h", "ax3"], ["h4"]),
+    h.make_node("Slice", ["h", "st0", "st2", "st1"], ["upd"]),
+]
+outs = []
+def op(kind, ins, n_out=1, **kw):
+    names = [f"y{len(outs) + i}" for i in range(n_out)]
+    nodes.append(h.make_node(kind, ins, names, **kw))
+    outs.extend(names)
+op("GridSample", ["h", "G"], mode="linear", padding_mode="zeros")
+op("GridSample", ["h", "G"], mode="cubic", padding_mode="reflection", align_corners=1)
+op("GridSample", ["h", "G"], mode="nearest", padding_mode="border")
+op("AffineGrid", ["theta", "size"], align_corners=0)
+op("Col2Im", ["h", "img", "blk"])
+op("DFT", ["h4", "", "one"], onesided=1)
+op("LinearAttention", ["h", "h", "h", "", "decay", "beta"], n_out=2, q_num_heads=1,
+   kv_num_heads=1, update_rule="gated_delta")
+op("TensorScatter", ["h", "upd", "wi"], mode="circular")
+op("ReverseSequence", ["h", "lens"], batch_axis=0, time_axis=1)
+op("CenterCropPad", ["h", "crop"], axes=[1, 2])
+op("BatchNormalization", ["h", "bs", "bb", "mean", "var"], n_out=3, training_mode=1)
+terms = []
+for i, o in enumerate(outs):
+    nodes.append(h.make_node("Softplus", [o], [f"s{i}"]))
+    nodes.append(h.make_node("ReduceSum", [f"s{i}"], [f"r{i}"], keepdims=0))
+    terms.append(f"r{i}")
+nodes.append(h.make_node("Sum", terms, ["loss"]))
+g = h.make_graph(
+    nodes, "grads",
+    [h.make_tensor_value_info("x", T.FLOAT, [2, 4, 5])],
+    [h.make_tensor_value_info("loss", T.FLOAT, [])],
+    params)
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 28)]), sys.argv[1])
+"#;
+
+#[test]
+fn decomposed_sampling_and_sequence_ops_differentiate_like_finite_differences() {
+    let Some(python) = python_with_onnx() else {
+        return;
+    };
+    let x: Vec<f64> = (0..40)
+        .map(|i| ((i * 5) % 11) as f64 * 0.17 - 0.8)
+        .collect();
+    let inputs = HashMap::from([(
+        "x".to_string(),
+        Tensor::from_f64(DType::F32, vec![2, 4, 5], x),
+    )]);
+    check_gradients(
+        &python,
+        SAMPLING_MODEL,
+        "sampling",
+        &inputs,
+        &["P", "G", "theta", "bs", "bb"],
+    );
+}

@@ -132,7 +132,8 @@ impl Importer<'_> {
             shape: vec![n as i64, points as i64, k as i64],
         };
         let g = self.op(K::Reshape, flat.to_attrs(), &[g])?;
-        let mut axis_taps: Vec<Vec<(Val, Val)>> = vec![]; // per axis: (index, weight) [N, P]
+        // Per axis: (index, weight or none for 1) of each tap, as [N, P].
+        let mut axis_taps: Vec<Vec<(Val, Option<Val>)>> = vec![];
         for (j, &len) in lens.iter().enumerate() {
             let l = len as f64;
             let comp = (k - 1 - j) as i64;
@@ -218,15 +219,7 @@ impl Importer<'_> {
                 let idx = self.op(K::Cast, CastAttrs { to: DType::I64 }.to_attrs(), &[idx])?;
                 resolved.push((idx, w));
             }
-            axis_taps.push(
-                resolved
-                    .into_iter()
-                    .map(|(i, w)| {
-                        let w = w.unwrap_or_else(|| self.cst(dt, 1.0));
-                        (i, w)
-                    })
-                    .collect(),
-            );
+            axis_taps.push(resolved);
         }
         // X as rows [N·spatial, C].
         let mut perm = vec![0i64];
@@ -258,22 +251,26 @@ impl Importer<'_> {
                 let stride = Val::konst(Tensor::from_i64(DType::I64, vec![], vec![strides[j]]));
                 let scaled = self.binop(K::Mul, idx.clone(), stride)?;
                 flat_idx = self.binop(K::Add, flat_idx, scaled)?;
-                weight = Some(match weight {
-                    Some(acc_w) => self.binop(K::Mul, acc_w, w.clone())?,
-                    None => w.clone(),
-                });
+                weight = match (weight, w) {
+                    (Some(acc_w), Some(w)) => Some(self.binop(K::Mul, acc_w, w.clone())?),
+                    (acc_w, w) => acc_w.or_else(|| w.clone()),
+                };
             }
             let picked = self.op(
                 K::Gather,
                 GatherAttrs { axis: 0 }.to_attrs(),
                 &[xr.clone(), flat_idx],
             )?;
-            let w = weight.unwrap_or_else(|| self.cst(dt, 1.0));
-            let w3 = ShapeAttrs {
-                shape: vec![n as i64, points as i64, 1],
+            let term = match weight {
+                Some(w) => {
+                    let w3 = ShapeAttrs {
+                        shape: vec![n as i64, points as i64, 1],
+                    };
+                    let w = self.op(K::Reshape, w3.to_attrs(), &[w])?;
+                    self.binop(K::Mul, picked, w)?
+                }
+                None => picked,
             };
-            let w = self.op(K::Reshape, w3.to_attrs(), &[w])?;
-            let term = self.binop(K::Mul, picked, w)?;
             acc = Some(match acc {
                 Some(s) => self.binop(K::Add, s, term)?,
                 None => term,

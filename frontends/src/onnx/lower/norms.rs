@@ -253,6 +253,31 @@ impl Importer<'_> {
         let kept: Vec<usize> = (0..rank).filter(|i| !axes.contains(i)).collect();
         let mut perm: Vec<i64> = kept.iter().map(|&i| i as i64).collect();
         perm.extend(axes.iter().map(|&i| i as i64));
+        let out: Vec<i64> = if keepdims {
+            (0..rank)
+                .map(|i| {
+                    if axes.contains(&i) {
+                        1
+                    } else {
+                        sizes[i] as i64
+                    }
+                })
+                .collect()
+        } else {
+            kept.iter().map(|&i| sizes[i] as i64).collect()
+        };
+        if sizes.contains(&0) {
+            // An empty input: the empty product, ones (or an empty result), known now
+            // (ppir has no reshapes to zero-size shapes).
+            let dt = self.ty(&x)?.dtype;
+            let shape: Vec<usize> = out.iter().map(|&d| d as usize).collect();
+            let count = shape.iter().product();
+            return Ok(Val::konst(if dt.is_float() {
+                Tensor::from_f64(dt, shape, vec![1.0; count])
+            } else {
+                Tensor::from_i64(dt, shape, vec![1; count])
+            }));
+        }
         let mut y = if perm.iter().enumerate().all(|(i, &p)| i as i64 == p) {
             x
         } else {
@@ -271,21 +296,6 @@ impl Importer<'_> {
             &[y],
         )?;
         let last = flat.len() as i64 - 1;
-        if n == 0 {
-            // The empty product.
-            let pads = {
-                let mut p = vec![0i64; 2 * flat.len()];
-                p[2 * flat.len() - 1] = 1;
-                p
-            };
-            let attrs = PadAttrs {
-                pads,
-                mode: "constant".into(),
-                value: 1.0,
-            };
-            y = self.op(K::Pad, attrs.to_attrs(), &[y])?;
-            n = 1;
-        }
         while n > 1 {
             if n % 2 == 1 {
                 let mut pads = vec![0i64; 2 * flat.len()];
@@ -303,19 +313,6 @@ impl Importer<'_> {
             y = self.binop(K::Mul, lo, hi)?;
             n /= 2;
         }
-        let out: Vec<i64> = if keepdims {
-            (0..rank)
-                .map(|i| {
-                    if axes.contains(&i) {
-                        1
-                    } else {
-                        sizes[i] as i64
-                    }
-                })
-                .collect()
-        } else {
-            kept.iter().map(|&i| sizes[i] as i64).collect()
-        };
         self.op(K::Reshape, ShapeAttrs { shape: out }.to_attrs(), &[y])
     }
 
