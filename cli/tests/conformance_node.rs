@@ -16,11 +16,20 @@
 //! into `target/onnx-node-data/<onnx version>/`. `PPCC_CONFORM_TARGETS=interp` (a comma
 //! list) limits the targets; `PPCC_CONFORM_CPU_EVERY=N` runs only every N-th case by sorted
 //! name with `--target cpu` (the whole list takes about 20 s on 2 cores, so CI runs all).
+//!
+//! Every case is also put in one category of [`CATEGORIES`], decided from its model alone
+//! (graph input/output element types, op types and domains of its nodes); the test prints
+//! the passed count per category and target, and the pass rate of the "float,
+//! training-relevant" cases, the ones issue 20's goal counts (README, "ONNX node
+//! conformance", lists the categories with their counts).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+
+use ppcc_frontends::onnx::proto::{data_type as dt, GraphProto, ModelProto, NodeProto, TypeValue};
+use prost::Message;
 
 const TARGETS: [&str; 2] = ["interp", "cpu"];
 const STATUSES: [&str; 5] = ["passed", "failed", "unsupported", "error", "crashed"];
@@ -155,6 +164,179 @@ fn write_expected(
     std::fs::write(expected_path(), text)
 }
 
+/// The category of the cases the issue's goal counts ("float, training-relevant").
+const TRAINING: &str = "float, training-relevant";
+
+/// The categories, in the order they are tested (the first that applies wins) and printed.
+/// Each is decided from the case's model alone: its graph's input/output element types and
+/// the op types and domains of its nodes (subgraphs included).
+const CATEGORIES: [(&str, &str); 9] = [
+    (
+        "sequence/optional",
+        "a graph input/output that is a sequence, optional or map, or a Sequence*/Optional*/SplitToSequence/ConcatFromSequence node",
+    ),
+    ("string", "a STRING graph input/output, or a String*/RegexFullMatch node"),
+    (
+        "float8/6/4/2-bit",
+        "a graph input/output of a FLOAT8*, FLOAT6*, FLOAT4E2M1, (U)INT4 or (U)INT2 type",
+    ),
+    (
+        "quantization",
+        "a (Dynamic)QuantizeLinear, DequantizeLinear, QLinear*, ConvInteger or MatMulInteger node",
+    ),
+    ("image decoding", "an ImageDecoder node"),
+    (
+        "classical ML",
+        "a node of the ai.onnx.ml domain (tree ensembles, label encoders, ...)",
+    ),
+    (
+        "random values",
+        "a Bernoulli, Random*, Multinomial node, or a Dropout given `training_mode` (its mask is numpy's random draw)",
+    ),
+    (
+        "no float data",
+        "no graph input/output of a float type (f16, bf16, f32, f64): integer, bool and unsigned-only cases",
+    ),
+    (TRAINING, "every other case"),
+];
+
+fn collect_nodes<'a>(g: &'a GraphProto, out: &mut Vec<&'a NodeProto>) {
+    for n in &g.node {
+        out.push(n);
+        for a in &n.attribute {
+            if let Some(sub) = &a.g {
+                collect_nodes(sub, out);
+            }
+            for sub in &a.graphs {
+                collect_nodes(sub, out);
+            }
+        }
+    }
+}
+
+/// The category (a name of [`CATEGORIES`]) of the case whose model is at `path`.
+fn classify(path: &Path) -> &'static str {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let model =
+        ModelProto::decode(bytes.as_slice()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let Some(graph) = model.graph.as_ref() else {
+        return "no float data";
+    };
+    let mut nodes = vec![];
+    collect_nodes(graph, &mut nodes);
+    let has_op = |f: &dyn Fn(&str) -> bool| {
+        nodes
+            .iter()
+            .any(|n| (n.domain.is_empty() || n.domain == "ai.onnx") && f(&n.op_type))
+    };
+    // Element types of the graph's inputs and outputs; `None` for non-tensor types.
+    let types: Vec<Option<i32>> = graph
+        .input
+        .iter()
+        .chain(&graph.output)
+        .map(|v| match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(TypeValue::TensorType(t)) => Some(t.elem_type),
+            _ => None,
+        })
+        .collect();
+    if types.iter().any(Option::is_none)
+        || has_op(&|o| {
+            o.starts_with("Sequence")
+                || o.starts_with("Optional")
+                || o == "SplitToSequence"
+                || o == "ConcatFromSequence"
+        })
+    {
+        return "sequence/optional";
+    }
+    let types: Vec<i32> = types.into_iter().flatten().collect();
+    if types.contains(&dt::STRING) || has_op(&|o| o.starts_with("String") || o == "RegexFullMatch")
+    {
+        return "string";
+    }
+    if types.iter().any(|t| (17..=28).contains(t)) {
+        return "float8/6/4/2-bit";
+    }
+    if has_op(&|o| {
+        matches!(
+            o,
+            "QuantizeLinear"
+                | "DequantizeLinear"
+                | "DynamicQuantizeLinear"
+                | "QLinearConv"
+                | "QLinearMatMul"
+                | "ConvInteger"
+                | "MatMulInteger"
+        )
+    }) {
+        return "quantization";
+    }
+    if has_op(&|o| o == "ImageDecoder") {
+        return "image decoding";
+    }
+    if nodes.iter().any(|n| n.domain == "ai.onnx.ml") {
+        return "classical ML";
+    }
+    let training_dropout = nodes
+        .iter()
+        .any(|n| n.op_type == "Dropout" && n.input.get(2).is_some_and(|i| !i.is_empty()));
+    if training_dropout
+        || has_op(&|o| o == "Bernoulli" || o == "Multinomial" || o.starts_with("Random"))
+    {
+        return "random values";
+    }
+    let float = [dt::FLOAT, dt::DOUBLE, dt::FLOAT16, dt::BFLOAT16];
+    if !types.iter().any(|t| float.contains(t)) {
+        return "no float data";
+    }
+    TRAINING
+}
+
+/// Per category and target: (passed, cases); prints the table and the goal's pass rate.
+fn report_categories(
+    cases: &[PathBuf],
+    actual: &BTreeMap<String, BTreeMap<String, String>>,
+    targets: &[String],
+) {
+    let mut counts: BTreeMap<&str, (usize, BTreeMap<&str, usize>)> = BTreeMap::new();
+    for case in cases {
+        let name = case.file_name().unwrap().to_string_lossy().to_string();
+        let cat = classify(&case.join("model.onnx"));
+        let e = counts.entry(cat).or_default();
+        e.0 += 1;
+        for t in targets {
+            let passed = actual
+                .get(&name)
+                .and_then(|per| per.get(t))
+                .is_some_and(|s| s == "passed");
+            *e.1.entry(t.as_str()).or_default() += usize::from(passed);
+        }
+    }
+    eprintln!(
+        "category                    cases  passed per target ({})",
+        targets.join(", ")
+    );
+    for (cat, _) in CATEGORIES {
+        let Some((n, per)) = counts.get(cat) else {
+            continue;
+        };
+        let passed: Vec<String> = targets
+            .iter()
+            .map(|t| per.get(t.as_str()).copied().unwrap_or(0).to_string())
+            .collect();
+        eprintln!("{cat:<26}  {n:>5}  {}", passed.join("  "));
+    }
+    if let Some((n, per)) = counts.get(TRAINING) {
+        for t in targets {
+            let p = per.get(t.as_str()).copied().unwrap_or(0);
+            eprintln!(
+                "--target {t}: {p} of {n} float, training-relevant cases pass ({:.1}%)",
+                100.0 * p as f64 / (*n).max(1) as f64
+            );
+        }
+    }
+}
+
 fn targets() -> Vec<String> {
     match std::env::var("PPCC_CONFORM_TARGETS") {
         Ok(t) => t.split(',').map(|s| s.trim().to_string()).collect(),
@@ -225,6 +407,8 @@ fn node_cases_match_the_expectation_list() {
                 .insert(target.clone(), status);
         }
     }
+
+    report_categories(&cases, &actual, &targets());
 
     let mut regressions = vec![];
     let mut improved = vec![];

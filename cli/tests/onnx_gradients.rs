@@ -75,8 +75,8 @@ fn floats(t: &Tensor) -> Vec<f64> {
     t.to_f64_vec()
 }
 
-#[test]
-fn decomposed_onnx_ops_differentiate_like_finite_differences() {
+/// The onnx package's Python, or `None` (the tests are then skipped).
+fn python_with_onnx() -> Option<PathBuf> {
     let python = std::env::var("PPCC_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|_| repo().join(".venv/bin/python"));
@@ -86,13 +86,26 @@ fn decomposed_onnx_ops_differentiate_like_finite_differences() {
         .is_ok_and(|o| o.status.success());
     if !has_onnx {
         eprintln!("skipping: no onnx/numpy at {}", python.display());
-        return;
+        return None;
     }
-    let dir = std::env::temp_dir().join(format!("ppcc-onnx-grads-{}", std::process::id()));
+    Some(python)
+}
+
+/// Writes the model of `script` (which saves it to `sys.argv[1]`), imports it, builds its
+/// gradient function with the model's first output as the loss, and checks every
+/// parameter's gradient against central finite differences (relative error < 1e-6).
+fn check_gradients(
+    python: &Path,
+    script: &str,
+    tag: &str,
+    inputs: &HashMap<String, Tensor>,
+    params: &[&str],
+) {
+    let dir = std::env::temp_dir().join(format!("ppcc-onnx-grads-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("grads.onnx");
-    let o = Command::new(&python)
-        .args(["-c", MODEL, path.to_str().unwrap()])
+    let o = Command::new(python)
+        .args(["-c", script, path.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -104,19 +117,8 @@ fn decomposed_onnx_ops_differentiate_like_finite_differences() {
         ..AutodiffOptions::default()
     };
     let info = build_gradient_function(&mut m, &opts).unwrap();
-    assert_eq!(info.params, vec!["W".to_string(), "g".to_string()]);
-    let x: Vec<f64> = (0..24).map(|i| ((i * 7) % 11) as f64 * 0.2 - 1.0).collect();
-    let inputs = HashMap::from([
-        (
-            "x".to_string(),
-            Tensor::from_f64(DType::F32, vec![2, 3, 4], x),
-        ),
-        (
-            "y".to_string(),
-            Tensor::from_i64(DType::I64, vec![2, 4], vec![0, 1, 2, 0, 2, 2, 1, 0]),
-        ),
-    ]);
-    let outs = loss_of(&m, &inputs);
+    assert_eq!(info.params, params);
+    let outs = loss_of(&m, inputs);
     assert!(floats(&outs[0])[0].is_finite());
     let h = 1e-4;
     for (k, p) in info.params.iter().enumerate() {
@@ -130,7 +132,7 @@ fn decomposed_onnx_ops_differentiate_like_finite_differences() {
                     v[i] += d;
                 }
                 m.weights.insert(p.clone(), w);
-                floats(&loss_of(&m, &inputs)[0])[0]
+                floats(&loss_of(&m, inputs)[0])[0]
             };
             let (p1, m1, p2, m2) = (at(h), at(-h), at(2.0 * h), at(-2.0 * h));
             fd.push((8.0 * (p1 - m1) - (p2 - m2)) / (12.0 * h));
@@ -145,10 +147,214 @@ fn decomposed_onnx_ops_differentiate_like_finite_differences() {
             .zip(&fd)
             .fold(0.0f64, |a, (x, y)| a.max((x - y).abs()))
             / scale;
-        eprintln!("grad.{p}: largest |g| {scale:.3e}, relative error {err:.2e}");
+        eprintln!("{tag} grad.{p}: largest |g| {scale:.3e}, relative error {err:.2e}");
         assert!(
             err < 1e-6,
-            "grad.{p}: relative error {err:e}\n analytic {analytic:?}\n finite differences {fd:?}"
+            "{tag} grad.{p}: relative error {err:e}\n analytic {analytic:?}\n finite differences {fd:?}"
         );
     }
+}
+
+#[test]
+fn decomposed_onnx_ops_differentiate_like_finite_differences() {
+    let Some(python) = python_with_onnx() else {
+        return;
+    };
+    let x: Vec<f64> = (0..24).map(|i| ((i * 7) % 11) as f64 * 0.2 - 1.0).collect();
+    let inputs = HashMap::from([
+        (
+            "x".to_string(),
+            Tensor::from_f64(DType::F32, vec![2, 3, 4], x),
+        ),
+        (
+            "y".to_string(),
+            Tensor::from_i64(DType::I64, vec![2, 4], vec![0, 1, 2, 0, 2, 2, 1, 0]),
+        ),
+    ]);
+    check_gradients(&python, MODEL, "mixed", &inputs, &["W", "g"]);
+}
+
+/// The elementwise, normalisation, pooling and resampling ops the importer decomposes
+/// (onnx opset 28): each reads `h = x + P` (P the parameter), each result enters the loss
+/// through `ReduceSum(Softplus(result))` (not invariant under the normalisations), and the
+/// gradient of P (and of GroupNormalization's and CausalConvWithState's weights) is checked.
+const ELEMENTWISE_MODEL: &str = r#"
+import sys, numpy as np, onnx
+from onnx import helper as h, numpy_helper as nh, TensorProto as T
+rng = np.random.default_rng(2)
+params = [
+    nh.from_array((rng.normal(size=(2, 4, 5)) * 0.6).astype(np.float32), "P"),
+    nh.from_array((1 + 0.2 * rng.normal(size=(4,))).astype(np.float32), "gs"),
+    nh.from_array((0.2 * rng.normal(size=(4,))).astype(np.float32), "gb"),
+    nh.from_array((0.5 * rng.normal(size=(4, 1, 3))).astype(np.float32), "cw"),
+    nh.from_array((0.2 * rng.normal(size=(4,))).astype(np.float32), "cb"),
+]
+def c(name, v, dt=np.float32):
+    return h.make_node("Constant", [], [name], value=nh.from_array(np.array(v, dt)))
+nodes = [
+    h.make_node("Add", ["x", "P"], ["h"]),
+    h.make_node("Tanh", ["h"], ["t"]),
+    c("k09", 0.9), c("k3", 3.0), c("k2", 2.0),
+    h.make_node("Mul", ["t", "k09"], ["t9"]),
+    h.make_node("Mul", ["h", "k3"], ["h3"]),
+    h.make_node("Mul", ["h", "h"], ["hh"]),
+    h.make_node("Add", ["hh", "k2"], ["h2p"]),
+    c("axis2", 2, np.int64), c("axes2", [2], np.int64),
+    c("roi", [], np.float32), c("up", [1.0, 1.0, 1.6], np.float32),
+    c("down", [2, 4, 3], np.int64),
+]
+outs = []
+def op(kind, ins, **kw):
+    name = f"y{len(outs)}"
+    nodes.append(h.make_node(kind, ins, [name], **kw))
+    outs.append(name)
+op("Celu", ["h"], alpha=0.7)
+op("ThresholdedRelu", ["h"], alpha=0.3)
+op("Swish", ["h"], alpha=1.3)
+op("SwiGLU", ["h", "t"], alpha=0.8)
+op("Tan", ["h"])
+op("Sinh", ["h"])
+op("Cosh", ["h"])
+op("Asin", ["t9"])
+op("Acos", ["t9"])
+op("Atan", ["h3"])
+op("Asinh", ["h3"])
+op("Acosh", ["h2p"])
+op("Atanh", ["t9"])
+op("Round", ["h3"])
+op("LpNormalization", ["h"], axis=-1, p=2)
+op("LpNormalization", ["h"], axis=1, p=1)
+op("MeanVarianceNormalization", ["h"], axes=[0, 2])
+op("GroupNormalization", ["h", "gs", "gb"], num_groups=2, epsilon=1e-3)
+op("LpPool", ["h"], kernel_shape=[2], p=3, pads=[1, 0], strides=[2], ceil_mode=1)
+op("ReduceProd", ["h", "axes2"], keepdims=0)
+op("CumProd", ["h", "axis2"], exclusive=1)
+op("CumProd", ["h", "axis2"], reverse=1)
+op("Resize", ["h", "roi", "up"], mode="linear")
+op("Resize", ["h", "roi", "up"], mode="nearest", coordinate_transformation_mode="asymmetric")
+op("Resize", ["h", "", "", "down"], mode="cubic", antialias=1)
+nodes.append(h.make_node("CausalConvWithState", ["h", "cw", "cb", "past"], ["cy", "state"],
+                         activation="silu"))
+outs += ["cy", "state"]
+terms = []
+for i, o in enumerate(outs):
+    nodes.append(h.make_node("Softplus", [o], [f"s{i}"]))
+    nodes.append(h.make_node("ReduceSum", [f"s{i}"], [f"r{i}"], keepdims=0))
+    terms.append(f"r{i}")
+nodes.append(h.make_node("Sum", terms, ["loss"]))
+g = h.make_graph(
+    nodes, "grads",
+    [h.make_tensor_value_info("x", T.FLOAT, [2, 4, 5]),
+     h.make_tensor_value_info("past", T.FLOAT, [2, 4, 2])],
+    [h.make_tensor_value_info("loss", T.FLOAT, [])],
+    params)
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 28)]), sys.argv[1])
+"#;
+
+#[test]
+fn decomposed_elementwise_and_resampling_ops_differentiate_like_finite_differences() {
+    let Some(python) = python_with_onnx() else {
+        return;
+    };
+    let x: Vec<f64> = (0..40)
+        .map(|i| ((i * 7) % 13) as f64 * 0.15 - 0.9)
+        .collect();
+    let past: Vec<f64> = (0..16).map(|i| ((i * 5) % 7) as f64 * 0.2 - 0.6).collect();
+    let inputs = HashMap::from([
+        (
+            "x".to_string(),
+            Tensor::from_f64(DType::F32, vec![2, 4, 5], x),
+        ),
+        (
+            "past".to_string(),
+            Tensor::from_f64(DType::F32, vec![2, 4, 2], past),
+        ),
+    ]);
+    check_gradients(
+        &python,
+        ELEMENTWISE_MODEL,
+        "elementwise",
+        &inputs,
+        &["P", "gs", "gb", "cw", "cb"],
+    );
+}
+
+/// The sampling, signal, attention and reordering ops the importer decomposes: GridSample
+/// (three modes and paddings; gradients of the input and of the grid), AffineGrid, Col2Im,
+/// DFT, LinearAttention (gated delta rule), TensorScatter, ReverseSequence, CenterCropPad and
+/// training-mode BatchNormalization, each entering the loss through `ReduceSum(Softplus(y))`.
+const SAMPLING_MODEL: &str = r#"
+import sys, numpy as np, onnx
+from onnx import helper as h, numpy_helper as nh, TensorProto as T
+rng = np.random.default_rng(3)
+params = [
+    nh.from_array((rng.normal(size=(2, 4, 5)) * 0.6).astype(np.float32), "P"),
+    nh.from_array(rng.uniform(-1.1, 1.1, size=(2, 6, 1)).astype(np.float32), "G"),
+    nh.from_array((rng.normal(size=(2, 2, 3)) * 0.5).astype(np.float32), "theta"),
+    nh.from_array((1 + 0.2 * rng.normal(size=(4,))).astype(np.float32), "bs"),
+    nh.from_array((0.2 * rng.normal(size=(4,))).astype(np.float32), "bb"),
+]
+def c(name, v, dt=np.float32):
+    return h.make_node("Constant", [], [name], value=nh.from_array(np.array(v, dt)))
+nodes = [
+    h.make_node("Add", ["x", "P"], ["h"]),
+    c("size", [2, 1, 3, 4], np.int64), c("img", [6], np.int64), c("blk", [2], np.int64),
+    c("ax3", [3], np.int64), c("one", 1, np.int64), c("wi", [1, 3], np.int64),
+    c("lens", [3, 4], np.int64), c("crop", [3, 6], np.int64),
+    c("decay", -0.3 * np.ones((2, 4, 1))), c("beta", 0.6 * np.ones((2, 4, 1))),
+    c("mean", np.zeros(4)), c("var", np.ones(4)),
+    c("st0", [0], np.int64), c("st2", [2], np.int64), c("st1", [1], np.int64),
+    h.make_node("Unsqueeze", ["h", "ax3"], ["h4"]),
+    h.make_node("Slice", ["h", "st0", "st2", "st1"], ["upd"]),
+]
+outs = []
+def op(kind, ins, n_out=1, **kw):
+    names = [f"y{len(outs) + i}" for i in range(n_out)]
+    nodes.append(h.make_node(kind, ins, names, **kw))
+    outs.extend(names)
+op("GridSample", ["h", "G"], mode="linear", padding_mode="zeros")
+op("GridSample", ["h", "G"], mode="cubic", padding_mode="reflection", align_corners=1)
+op("GridSample", ["h", "G"], mode="nearest", padding_mode="border")
+op("AffineGrid", ["theta", "size"], align_corners=0)
+op("Col2Im", ["h", "img", "blk"])
+op("DFT", ["h4", "", "one"], onesided=1)
+op("LinearAttention", ["h", "h", "h", "", "decay", "beta"], n_out=2, q_num_heads=1,
+   kv_num_heads=1, update_rule="gated_delta")
+op("TensorScatter", ["h", "upd", "wi"], mode="circular")
+op("ReverseSequence", ["h", "lens"], batch_axis=0, time_axis=1)
+op("CenterCropPad", ["h", "crop"], axes=[1, 2])
+op("BatchNormalization", ["h", "bs", "bb", "mean", "var"], n_out=3, training_mode=1)
+terms = []
+for i, o in enumerate(outs):
+    nodes.append(h.make_node("Softplus", [o], [f"s{i}"]))
+    nodes.append(h.make_node("ReduceSum", [f"s{i}"], [f"r{i}"], keepdims=0))
+    terms.append(f"r{i}")
+nodes.append(h.make_node("Sum", terms, ["loss"]))
+g = h.make_graph(
+    nodes, "grads",
+    [h.make_tensor_value_info("x", T.FLOAT, [2, 4, 5])],
+    [h.make_tensor_value_info("loss", T.FLOAT, [])],
+    params)
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 28)]), sys.argv[1])
+"#;
+
+#[test]
+fn decomposed_sampling_and_sequence_ops_differentiate_like_finite_differences() {
+    let Some(python) = python_with_onnx() else {
+        return;
+    };
+    let x: Vec<f64> = (0..40)
+        .map(|i| ((i * 5) % 11) as f64 * 0.17 - 0.8)
+        .collect();
+    let inputs = HashMap::from([(
+        "x".to_string(),
+        Tensor::from_f64(DType::F32, vec![2, 4, 5], x),
+    )]);
+    check_gradients(
+        &python,
+        SAMPLING_MODEL,
+        "sampling",
+        &inputs,
+        &["P", "G", "theta", "bs", "bb"],
+    );
 }

@@ -771,17 +771,35 @@ fn run_case_inner(case: &Case, opts: &ConformOptions) -> Outcome {
             Err(first) => {
                 // Inputs that only feed shapes or parameters (an Expand target, a Range's
                 // bounds, a training Dropout's ratio...) can be folded when their values are
-                // known, as they are here: integer tensors and float scalars.
+                // known, as they are here: integer tensors and float scalars first.
                 let ints: HashMap<String, Tensor> = inputs
                     .iter()
                     .filter(|(_, t)| !t.dtype.is_float() || t.num_elements() == 1)
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
-                if ints.is_empty() || !first.is_unsupported() {
+                if !first.is_unsupported()
+                    || (ints.is_empty() && first.input_value_needed().is_none())
+                {
                     return classify(&first);
                 }
                 iopts.input_values = ints;
-                match import_model(&model, &iopts) {
+                // Then, one at a time, any other input a node needs at import time (a
+                // Resize's float scales or roi) and only that input.
+                let mut attempt = import_model(&model, &iopts);
+                while let Err(e) = &attempt {
+                    let Some(name) = e.input_value_needed() else {
+                        break;
+                    };
+                    let Some(t) = inputs.get(name) else {
+                        break;
+                    };
+                    if iopts.input_values.contains_key(name) {
+                        break;
+                    }
+                    iopts.input_values.insert(name.to_string(), t.clone());
+                    attempt = import_model(&model, &iopts);
+                }
+                match attempt {
                     Ok(m) => m,
                     Err(_) => return classify(&first),
                 }

@@ -61,6 +61,19 @@ pub enum OnnxError {
         message: String,
     },
 
+    /// A graph input that a node needs at import time (a shape, scales, axes...) and that
+    /// is computed at run time; importing with its value given
+    /// (`ImportOptions::input_values`) folds it.
+    #[error("node {node:?} ({op_type}, opset {opset}): unsupported: {message}")]
+    InputValueNeeded {
+        node: String,
+        op_type: String,
+        opset: i64,
+        /// The graph input's name.
+        input: String,
+        message: String,
+    },
+
     /// A node attribute of the wrong kind (or unreadable).
     #[error("node {node:?} ({op_type}, opset {opset}): {source}")]
     Attribute {
@@ -150,8 +163,17 @@ impl OnnxError {
                 | OnnxError::UnsupportedOp { .. }
                 | OnnxError::UnsupportedOpVersion { .. }
                 | OnnxError::Unsupported { .. }
+                | OnnxError::InputValueNeeded { .. }
                 | OnnxError::UnsupportedValue { .. }
         )
+    }
+
+    /// The graph input whose value the import needs, if that is what went wrong.
+    pub fn input_value_needed(&self) -> Option<&str> {
+        match self {
+            OnnxError::InputValueNeeded { input, .. } => Some(input),
+            _ => None,
+        }
     }
 
     /// A one-line reason without the long list of supported ops (for tables).

@@ -105,6 +105,11 @@ pub(super) enum SymInt {
 pub(super) enum Fail {
     Invalid(String),
     Unsupported(String),
+    /// Unsupported unless the value of this graph input is given at import time.
+    NeedsValue {
+        input: String,
+        message: String,
+    },
     /// An attribute of the node cannot be read.
     Attr(NodeAttrError),
     Onnx(OnnxError),
@@ -876,6 +881,13 @@ impl<'a> Importer<'a> {
                         opset,
                         message,
                     },
+                    Fail::NeedsValue { input, message } => OnnxError::InputValueNeeded {
+                        node: node_name,
+                        op_type,
+                        opset,
+                        input,
+                        message,
+                    },
                     Fail::Attr(source) => OnnxError::Attribute {
                         node: node_name,
                         op_type,
@@ -1346,11 +1358,13 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
             Fail::Onnx(e) => e,
             Fail::Invalid(m) => OnnxError::Invalid(format!("graph output `{}`: {m}", vi.name)),
             Fail::Attr(e) => OnnxError::Invalid(format!("graph output `{}`: {e}", vi.name)),
-            Fail::Unsupported(m) => OnnxError::UnsupportedValue {
-                what: "graph output",
-                name: vi.name.clone(),
-                message: m,
-            },
+            Fail::Unsupported(m) | Fail::NeedsValue { message: m, .. } => {
+                OnnxError::UnsupportedValue {
+                    what: "graph output",
+                    name: vi.name.clone(),
+                    message: m,
+                }
+            }
         })?;
         if let Some(TypeProto {
             value: Some(TypeValue::TensorType(tt)),

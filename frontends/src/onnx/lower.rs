@@ -25,8 +25,16 @@ use super::proto::NodeProto;
 use super::tensor::{dtype_from_onnx, element_count, tensor_from_proto};
 
 mod einsum;
+mod generate;
+mod grid_sample;
+mod linear_attention;
 mod losses;
+mod math;
+mod norms;
+mod reorder;
+mod resize;
 mod scan;
+mod signal;
 
 /// Oldest opset of the default domain ppcc imports. Opset 6 is what the onnx package's
 /// PyTorch-converted test models use; older opsets differ in too many details.
@@ -56,7 +64,8 @@ pub const VERSIONS_AFTER_25: &[(&str, i64, NewVersion)] = &[
     ("BitShift", 28, NewVersion::Refused),
     // Adds the FLOAT6 types only, which ppcc has no dtype for (refused as any unknown type).
     ("Cast", 28, NewVersion::Followed),
-    ("Celu", 28, NewVersion::Refused),
+    // Adds types only.
+    ("Celu", 28, NewVersion::Followed),
     ("Compress", 28, NewVersion::Refused),
     // Adds types only.
     ("DepthToSpace", 28, NewVersion::Followed),
@@ -76,7 +85,8 @@ pub const VERSIONS_AFTER_25: &[(&str, i64, NewVersion)] = &[
     // Drop the integer types; the float semantics are unchanged.
     ("ReduceLogSum", 28, NewVersion::Followed),
     ("ReduceLogSumExp", 28, NewVersion::Followed),
-    ("ReverseSequence", 28, NewVersion::Refused),
+    // Adds bfloat16 only.
+    ("ReverseSequence", 28, NewVersion::Followed),
     // Adds `mode` (DCR or CRD), which its arm follows.
     ("SpaceToDepth", 28, NewVersion::Followed),
     ("Unique", 28, NewVersion::Refused),
@@ -96,17 +106,29 @@ const MAX_SEQUENCE: usize = 4096;
 /// ONNX op types ppcc maps (default domain).
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs",
+    "Acos",
+    "Acosh",
     "Add",
+    "AffineGrid",
     "And",
     "ArgMax",
     "ArgMin",
+    "Asin",
+    "Asinh",
+    "Atan",
+    "Atanh",
     "Attention",
     "AveragePool",
     "BatchNormalization",
+    "BlackmanWindow",
     "Cast",
     "CastLike",
+    "CausalConvWithState",
     "Ceil",
+    "Celu",
+    "CenterCropPad",
     "Clip",
+    "Col2Im",
     "Concat",
     "ConcatFromSequence",
     "Constant",
@@ -114,7 +136,10 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Conv",
     "ConvTranspose",
     "Cos",
+    "Cosh",
+    "CumProd",
     "CumSum",
+    "DFT",
     "DepthToSpace",
     "Div",
     "Dropout",
@@ -124,6 +149,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Erf",
     "Exp",
     "Expand",
+    "EyeLike",
     "Flatten",
     "Floor",
     "Gather",
@@ -135,22 +161,32 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GlobalMaxPool",
     "Greater",
     "GreaterOrEqual",
+    "GridSample",
+    "GroupNormalization",
+    "HammingWindow",
+    "HannWindow",
     "HardSigmoid",
     "HardSwish",
     "Hardmax",
     "Identity",
     "InstanceNormalization",
+    "IsInf",
+    "IsNaN",
     "LRN",
     "LayerNormalization",
     "LeakyRelu",
     "Less",
     "LessOrEqual",
+    "LinearAttention",
     "Log",
     "LogSoftmax",
+    "LpNormalization",
+    "LpPool",
     "MatMul",
     "Max",
     "MaxPool",
     "Mean",
+    "MeanVarianceNormalization",
     "Min",
     "Mish",
     "Mod",
@@ -173,11 +209,15 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceMax",
     "ReduceMean",
     "ReduceMin",
+    "ReduceProd",
     "ReduceSum",
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "Resize",
+    "ReverseSequence",
     "RotaryEmbedding",
+    "Round",
     "Scatter",
     "ScatterElements",
     "ScatterND",
@@ -193,6 +233,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Sigmoid",
     "Sign",
     "Sin",
+    "Sinh",
     "Size",
     "Slice",
     "Softmax",
@@ -206,12 +247,18 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Squeeze",
     "Sub",
     "Sum",
+    "SwiGLU",
+    "Swish",
+    "Tan",
     "Tanh",
+    "TensorScatter",
+    "ThresholdedRelu",
     "Tile",
     "TopK",
     "Transpose",
     "Trilu",
     "Unsqueeze",
+    "Upsample",
     "Where",
 ];
 
@@ -306,13 +353,16 @@ impl Importer<'_> {
 
     fn runtime_input_error(&self, node: &NodeProto, i: usize, what: &str) -> Fail {
         let name = &node.input[i];
-        let origin = if self.is_graph_input(name) {
-            format!(" (it is the graph input `{name}`; ppcc can fold it when its value is given at import time)")
-        } else {
-            format!(" (`{name}` is computed at run time)")
-        };
+        if self.is_graph_input(name) {
+            return Fail::NeedsValue {
+                input: name.clone(),
+                message: format!(
+                    "{what} (input {i}) must be known at import time (it is the graph input `{name}`; ppcc can fold it when its value is given at import time)"
+                ),
+            };
+        }
         Fail::Unsupported(format!(
-            "{what} (input {i}) must be known at import time{origin}"
+            "{what} (input {i}) must be known at import time (`{name}` is computed at run time)"
         ))
     }
 
@@ -447,6 +497,9 @@ impl Importer<'_> {
         if let Some(kind) = binary {
             return Ok(vec![self.lower_binary(node, &a, kind)?]);
         }
+        if let Some(y) = self.lower_math(node, &a)? {
+            return Ok(vec![y]);
+        }
         let out = match op {
             "Identity" => self.req(node, 0)?,
             "LeakyRelu" => {
@@ -574,6 +627,9 @@ impl Importer<'_> {
                 let x = self.req(node, 0)?;
                 self.op(K::GlobalMaxPool, Attrs::new(), &[x])?
             }
+            "BatchNormalization" if opset >= 14 && a.int_or("training_mode", 0).inv()? != 0 => {
+                return self.lower_batch_norm_training(node, &a)
+            }
             "BatchNormalization" => self.lower_batch_norm(node, &a)?,
             "InstanceNormalization" => {
                 let (x, s, b) = (self.req(node, 0)?, self.req(node, 1)?, self.req(node, 2)?);
@@ -586,7 +642,29 @@ impl Importer<'_> {
             "NegativeLogLikelihoodLoss" => return self.lower_loss(node, &a, false),
             "Einsum" => self.lower_einsum(node, &a)?,
             "ArgMax" | "ArgMin" => self.lower_arg_extreme(node, &a, op == "ArgMax")?,
-            "CumSum" => self.lower_cumsum(node, &a)?,
+            "CumSum" => self.lower_cumsum(node, &a, false)?,
+            "CumProd" => self.lower_cumsum(node, &a, true)?,
+            "LpNormalization" => self.lower_lp_normalization(node, &a)?,
+            "MeanVarianceNormalization" => self.lower_mvn(node, &a)?,
+            "GroupNormalization" => {
+                if opset < 18 {
+                    return Err(self.unsupported_op(node));
+                }
+                self.lower_group_norm(node, &a)?
+            }
+            "LpPool" => self.lower_lp_pool(node, &a)?,
+            "CausalConvWithState" => return self.lower_causal_conv(node, &a),
+            "Resize" | "Upsample" => self.lower_resize(node, &a)?,
+            "EyeLike" => self.lower_eye_like(node, &a)?,
+            "HannWindow" | "HammingWindow" | "BlackmanWindow" => self.lower_window(node, &a)?,
+            "AffineGrid" => self.lower_affine_grid(node, &a)?,
+            "CenterCropPad" => self.lower_center_crop_pad(node, &a)?,
+            "DFT" => self.lower_dft(node, &a)?,
+            "TensorScatter" => self.lower_tensor_scatter(node, &a)?,
+            "ReverseSequence" => self.lower_reverse_sequence(node, &a)?,
+            "Col2Im" => self.lower_col2im(node, &a)?,
+            "GridSample" => self.lower_grid_sample(node, &a)?,
+            "LinearAttention" => return self.lower_linear_attention(node, &a),
             "GatherElements" => self.lower_gather_elements(node, &a)?,
             "GatherND" => self.lower_gather_nd(node, &a)?,
             "RMSNormalization" => self.lower_rms_norm(node, &a)?,
@@ -630,7 +708,7 @@ impl Importer<'_> {
                 self.lower_softmax(node, &a, k)?
             }
             "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2"
-            | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
+            | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceProd" => {
                 self.lower_reduce(node, &a, op)?
             }
             "Reshape" => self.lower_reshape(node, &a)?,
@@ -1283,9 +1361,6 @@ impl Importer<'_> {
     }
 
     fn lower_batch_norm(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
-        if self.opset >= 14 && a.int_or("training_mode", 0).inv()? != 0 {
-            unsupported!("training-mode BatchNormalization (training_mode = 1)");
-        }
         if self.opset < 7
             && a.int_or("is_test", 0).inv()? == 0
             && node.output.iter().skip(1).any(|o| !o.is_empty())
@@ -1494,6 +1569,7 @@ impl Importer<'_> {
                 let s = self.op(k, attrs, &[x])?;
                 self.op(OpKind::Log, Attrs::new(), &[s])?
             }
+            "ReduceProd" => self.lower_reduce_prod(x, reduce.axes, reduce.keepdims)?,
             _ => self.op(OpKind::ReduceLogSumExp, attrs, &[x])?,
         })
     }

@@ -7,6 +7,8 @@
 //! - `CumSum`: a Hillis–Steele scan, `y += shift(y, k)` for k = 1, 2, 4.. < n, a shift being
 //!   a `pad` with zeros in front and the same count cut off the end; `exclusive` shifts by
 //!   one first, `reverse` shifts the other way. Differentiable through `pad` and `add`.
+//!   `CumProd` is the same scan with `y *= shift(y, k)`, the shifts filling in ones (exact
+//!   products, zeros included, and their gradients through `mul`).
 //! - `GatherElements`: a `gather` from the flattened data at computed flat indices.
 //! - `GatherND`: a `gather` of rows of the data reshaped to [rows, slice] at computed row
 //!   numbers (folded to constants when the indices are, as exporters' indexing emits them).
@@ -70,8 +72,17 @@ impl Importer<'_> {
     }
 
     /// `CumSum(x, axis)` with `exclusive` and `reverse`; `axis` must be known at import time.
-    pub(super) fn lower_cumsum(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
+    /// `CumProd` (`prod`) is the same scan with `mul` and shifts that fill in ones.
+    pub(super) fn lower_cumsum(&mut self, node: &NodeProto, a: &NodeAttrs, prod: bool) -> R<Val> {
         let x = self.req(node, 0)?;
+        if prod && self.opset < 26 {
+            return Err(self.unsupported_op(node));
+        }
+        let (combine, fill) = if prod {
+            (OpKind::Mul, 1.0)
+        } else {
+            (OpKind::Add, 0.0)
+        };
         let Some(axis) = self.static_ints(node, 1, "axis")? else {
             invalid!("input 1 (axis) is missing")
         };
@@ -92,20 +103,28 @@ impl Importer<'_> {
         };
         let mut y = x;
         if exclusive && n > 0 {
-            y = self.shift_along(y, axis, rank, 1, reverse)?;
+            y = self.shift_along(y, axis, rank, 1, reverse, fill)?;
         }
         let mut k = 1;
         while k < n {
-            let s = self.shift_along(y.clone(), axis, rank, k, reverse)?;
-            y = self.op(OpKind::Add, Attrs::new(), &[y, s])?;
+            let s = self.shift_along(y.clone(), axis, rank, k, reverse, fill)?;
+            y = self.op(combine, Attrs::new(), &[y, s])?;
             k *= 2;
         }
         Ok(y)
     }
 
-    /// Element i takes element i - k along `axis` (i + k when `reverse`), zero where there
+    /// Element i takes element i - k along `axis` (i + k when `reverse`), `fill` where there
     /// is none.
-    fn shift_along(&mut self, v: Val, axis: usize, rank: usize, k: i64, reverse: bool) -> R<Val> {
+    fn shift_along(
+        &mut self,
+        v: Val,
+        axis: usize,
+        rank: usize,
+        k: i64,
+        reverse: bool,
+        fill: f64,
+    ) -> R<Val> {
         let mut pads = vec![0i64; 2 * rank];
         let (front, back) = if reverse { (-k, k) } else { (k, -k) };
         pads[axis] = front;
@@ -113,7 +132,7 @@ impl Importer<'_> {
         let attrs = PadAttrs {
             pads,
             mode: "constant".into(),
-            value: 0.0,
+            value: fill,
         };
         self.op(OpKind::Pad, attrs.to_attrs(), &[v])
     }
