@@ -10,9 +10,11 @@
 //!   [`insert_communication`], which adds `SEND_*`/`RECV_*` actions for cross-rank edges.
 //! - [`validate()`]: counts, dependency order and deadlock freedom, before anything runs.
 //! - [`csv`]: torch.distributed.pipelining's CSV action format (`0F1`, `1I0`, `2W3`, `1B2`).
+//! - [`pps`]: ppcc's schedule language (`.pps` programs per rank) and its printer.
 
 pub mod csv;
 pub mod generators;
+pub mod pps;
 pub(crate) mod validate;
 
 pub use generators::{
