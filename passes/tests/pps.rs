@@ -231,6 +231,21 @@ fn malformed_files_get_line_and_column() {
             (3, 8),
             "integer literal out of range",
         ),
+        (
+            "layout chain\nrank r {\n  defer",
+            (3, 8),
+            "expected an action",
+        ),
+        (
+            "layout chain\nrank r { overlap {",
+            (2, 19),
+            "expected an action",
+        ),
+        (
+            "layout chain\nrank r { flush 1 x }",
+            (2, 18),
+            "expected a statement",
+        ),
     ];
     for (text, at, message) in cases {
         let e = error(text);

@@ -646,15 +646,15 @@ impl Parser {
     }
 
     fn action(&mut self) -> Result<Act, PpsError> {
-        let (tok, pos) = self.bump();
-        let kind = match &tok {
+        let pos = self.pos();
+        let kind = match self.peek() {
             Tok::Ident(w) => action_kind(w),
             _ => None,
         };
         let Some(kind) = kind else {
-            self.at -= 1;
             return self.expected("an action (F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B, OPT)");
         };
+        self.bump();
         self.expect_sym("(")?;
         let chunk = self.expr()?;
         let micro_batch = if self.eat_sym(",") {
