@@ -24,7 +24,7 @@ Writes DIR/plan.json (stages, devices, the stage DAG with bytes per edge, send/r
 channels, the schedule, predicted iteration time, bubble and memory per device, and the
 same predictions for the sequential partition as a baseline), DIR/stage<i>/stage.ppir
 (stage i's fwd, bwd_input, bwd_weight and optim functions with explicit send/recv),
-DIR/stage<i>/params.npz (initial weights), DIR/schedule.csv, DIR/timeline.svg and
+DIR/stage<i>/params.npz (initial weights), DIR/schedule.csv, DIR/schedule.pps, DIR/timeline.svg and
 DIR/trace.json; prints a short table.
 
 Examples:
@@ -32,6 +32,7 @@ Examples:
   ppcc examples/gpt.onnx -o build/ --stages 2 --microbatches 1 --schedule zb-h1
   ppcc model.onnx -o build/ --stages 4 --microbatches 8 --schedule interleaved-1f1b --chunks 2
   ppcc model.onnx -o build/ --stages 4 --schedule my_schedule.csv --partition sequential
+  ppcc model.onnx -o build/ --stages 4 --microbatches 8 --schedule examples/schedules/zb-v.pps
   ppcc model.onnx -o build/ --stages 4 --stage-layout block3/Add,block6/Add,block9/Add
   ppcc model.mlir --params params.npz -o build/ --stages 2 --microbatches 1")]
 pub struct CompileArgs {
@@ -75,9 +76,15 @@ pub struct CompileArgs {
     pub microbatches: Option<Microbatches>,
     /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v),
     /// `auto` (search the built-ins, their parameters and orderings in the simulator and
-    /// keep the fastest within the memory limit; prints what it tried) or a torch CSV file
-    /// (one row per device, cells like 0F1, 1I0, 2W3, 1B2).
-    #[arg(long, value_name = "NAME|auto|FILE.csv", default_value = "1f1b")]
+    /// keep the fastest within the memory limit; prints what it tried), a program in
+    /// ppcc's schedule language (FILE.pps, docs/schedules.md: p = --stages,
+    /// m = --microbatches, v = --chunks) or a torch CSV file (one row per device, cells like
+    /// 0F1, 1I0, 2W3, 1B2).
+    #[arg(
+        long,
+        value_name = "NAME|auto|FILE.pps|FILE.csv",
+        default_value = "1f1b"
+    )]
     pub schedule: String,
     /// The partitioner.
     #[arg(long, value_enum, default_value_t = PartitionChoice::Auto)]
@@ -118,7 +125,7 @@ pub struct CompileArgs {
     /// `off`: keep every activation the backward reads.
     #[arg(long, value_name = "auto|all|off", default_value = "auto", value_parser = ["auto", "all", "off"])]
     pub recompute: String,
-    /// Write only the plan (plan.json, schedule.csv, timeline.svg, trace.json), not the
+    /// Write only the plan (plan.json, schedule.csv/.pps, timeline.svg, trace.json), not the
     /// per-stage programs: for exploring plans quickly.
     #[arg(long)]
     pub plan_only: bool,

@@ -1,4 +1,5 @@
-//! `ppcc simulate`: simulate a built-in or CSV schedule on synthetic uniform stage costs.
+//! `ppcc simulate`: simulate a built-in, `.pps` or CSV schedule on synthetic uniform stage
+//! costs.
 //!
 //! Standard output: `makespan <t> bubble <fraction>`, then one line per rank,
 //! `rank <r> peak_activations <n>` (stashed stage activations, in micro-batches).
@@ -9,6 +10,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ppcc_passes::schedule::csv::{from_csv, to_csv};
+use ppcc_passes::schedule::pps::to_pps;
 use ppcc_passes::schedule::{builtin, validate, Layout, BUILTIN_NAMES};
 use ppcc_passes::simulate::{simulate, to_svg, to_trace_json, CostTable};
 
@@ -23,10 +25,11 @@ pub enum LayoutArg {
 
 #[derive(Args)]
 pub struct SimulateArgs {
-    /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v)
-    /// or a torch.distributed.pipelining CSV file (one row per rank, cells like 0F1, 1I0,
-    /// 2W3, 1B2).
-    #[arg(long)]
+    /// A built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v),
+    /// a schedule program in ppcc's schedule language (FILE.pps, see docs/schedules.md; p =
+    /// --stages, m = --microbatches, v = --chunks) or a torch.distributed.pipelining CSV file
+    /// (one row per rank, cells like 0F1, 1I0, 2W3, 1B2).
+    #[arg(long, value_name = "NAME|FILE.pps|FILE.csv")]
     schedule: String,
     /// Pipeline ranks (devices), P.
     #[arg(long)]
@@ -53,6 +56,9 @@ pub struct SimulateArgs {
     /// Write the schedule as torch CSV.
     #[arg(long, value_name = "OUT.csv")]
     export_csv: Option<PathBuf>,
+    /// Write the schedule in ppcc's schedule language (an explicit listing per rank).
+    #[arg(long, value_name = "OUT.pps")]
+    export_pps: Option<PathBuf>,
 }
 
 /// `F=1,B=2,W=1,comm=0.1` → (F, B, W, comm); keys are case-insensitive, missing ones are 1
@@ -102,6 +108,13 @@ pub fn simulate_cmd(a: SimulateArgs) -> Result<ExitCode> {
         };
         validate(&s).with_context(|| format!("built-in schedule `{}`", a.schedule))?;
         s
+    } else if a.schedule.ends_with(".pps") {
+        ppcc_driver::compile::read_pps_file(
+            std::path::Path::new(&a.schedule),
+            a.stages,
+            a.microbatches,
+            a.chunks,
+        )?
     } else if a.schedule.ends_with(".csv") || std::path::Path::new(&a.schedule).exists() {
         let text = std::fs::read_to_string(&a.schedule)
             .with_context(|| format!("cannot read {}", a.schedule))?;
@@ -125,7 +138,7 @@ pub fn simulate_cmd(a: SimulateArgs) -> Result<ExitCode> {
         s
     } else {
         bail!(
-            "unknown schedule `{}` (built-in: {}; or a .csv file)",
+            "unknown schedule `{}` (built-in: {}; or a .pps or .csv file)",
             a.schedule,
             BUILTIN_NAMES.join(", ")
         );
@@ -149,6 +162,10 @@ pub fn simulate_cmd(a: SimulateArgs) -> Result<ExitCode> {
     }
     if let Some(p) = &a.export_csv {
         std::fs::write(p, to_csv(&schedule))
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    if let Some(p) = &a.export_pps {
+        std::fs::write(p, to_pps(&schedule))
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
     Ok(ExitCode::SUCCESS)

@@ -416,7 +416,7 @@ fn unknown_schedule_lists_the_builtins() {
     let err = compile_err("mlp.onnx", "schedule", &["--schedule", "foo"]);
     assert!(
         err.contains(
-            "unknown schedule `foo` (built-in: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v; or a .csv file)"
+            "unknown schedule `foo` (built-in: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v; auto; or a .pps or .csv file)"
         ),
         "{err}"
     );
@@ -1001,4 +1001,76 @@ fn over_the_limit_with_and_without_recomputation() {
         err.contains("--recompute auto makes activations again"),
         "{err}"
     );
+}
+
+fn schedule_file(name: &str) -> String {
+    example(&format!("schedules/{name}.pps"))
+}
+
+/// A `.pps` program equal to a built-in gives the same plan as the built-in by name: the
+/// same stages, edges, prediction and schedule files.
+#[test]
+fn pps_schedule_plans_as_its_builtin() {
+    for (name, extra) in [
+        ("1f1b", vec![]),
+        ("interleaved-1f1b", vec!["--chunks", "2"]),
+    ] {
+        let mut base = vec![
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--partition",
+            "sequential",
+            "--plan-only",
+        ];
+        base.extend(extra.iter().copied());
+        let file = schedule_file(name);
+        let mut by_name = base.clone();
+        by_name.extend(["--schedule", name]);
+        let mut by_file = base.clone();
+        by_file.extend(["--schedule", file.as_str()]);
+        let (dir_a, a) = compile_ok("mlp.onnx", &format!("pps-{name}-builtin"), &by_name);
+        let (dir_b, b) = compile_ok("mlp.onnx", &format!("pps-{name}-file"), &by_file);
+        for key in ["stages", "edges", "devices", "prediction"] {
+            assert_eq!(a[key], b[key], "{name}: plan.json `{key}` differs");
+        }
+        for f in ["schedule.csv", "schedule.pps"] {
+            let (x, y) = (
+                std::fs::read_to_string(dir_a.join(f)).unwrap(),
+                std::fs::read_to_string(dir_b.join(f)).unwrap(),
+            );
+            assert_eq!(x, y, "{name}: {f} differs");
+        }
+        let _ = std::fs::remove_dir_all(&dir_a);
+        let _ = std::fs::remove_dir_all(&dir_b);
+    }
+}
+
+#[test]
+fn malformed_pps_schedule_names_file_line_and_column() {
+    let dir = out_dir("bad-pps-src");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.pps");
+    std::fs::write(
+        &bad,
+        "layout chain\nrank r {\n  repeat 2 { F(0) }\n  I(0, 0) W(0 1)\n}\n",
+    )
+    .unwrap();
+    let err = compile_err(
+        "mlp.onnx",
+        "bad-pps",
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "2",
+            "--plan-only",
+            "--schedule",
+            bad.to_str().unwrap(),
+        ],
+    );
+    let want = format!("{}:4:15: expected `)`, found `1`", bad.display());
+    assert!(err.contains(&want), "`{err}` lacks `{want}`");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -181,3 +181,138 @@ fn errors_exit_non_zero_with_a_message() {
         "{out}"
     );
 }
+
+fn example_schedule(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/schedules")
+        .join(format!("{name}.pps"))
+        .display()
+        .to_string()
+}
+
+/// Every built-in's `.pps` program simulates as the built-in does (unit costs), and writes
+/// the same CSV (ZB-V's built-in may move its W's for the costs; at unit costs it keeps its
+/// order only when that is no slower, so its CSV is not compared).
+#[test]
+fn pps_programs_simulate_as_their_builtins() {
+    for name in [
+        "gpipe",
+        "1f1b",
+        "interleaved-1f1b",
+        "zb-h1",
+        "zb-h2",
+        "zb-v",
+        "dualpipe-v",
+    ] {
+        for (p, m) in [(2, 4), (4, 8), (3, 9)] {
+            let (p, m, v) = (p.to_string(), m.to_string(), "2");
+            let file = example_schedule(name);
+            let csv_a = tmp(&format!("{name}-{p}-{m}-builtin.csv"));
+            let csv_b = tmp(&format!("{name}-{p}-{m}-pps.csv"));
+            let pps = tmp(&format!("{name}-{p}-{m}-export.pps"));
+            let chunks: &[&str] = if name == "interleaved-1f1b" {
+                &["--chunks", v]
+            } else {
+                &[]
+            };
+            let run = |schedule: &str, csv: &PathBuf, extra: &[&str]| {
+                let mut args = vec![
+                    "--schedule",
+                    schedule,
+                    "--stages",
+                    &p,
+                    "--microbatches",
+                    &m,
+                    "--export-csv",
+                    csv.to_str().unwrap(),
+                ];
+                args.extend_from_slice(chunks);
+                args.extend_from_slice(extra);
+                simulate(&args)
+            };
+            let (ok, want, err) = run(name, &csv_a, &[]);
+            assert!(ok, "{name}: {err}");
+            let (ok, got, err) = run(&file, &csv_b, &["--export-pps", pps.to_str().unwrap()]);
+            assert!(ok, "{file}: {err}");
+            assert_eq!(got, want, "{name} p={p} m={m}");
+            if name != "zb-v" {
+                assert_eq!(
+                    std::fs::read_to_string(&csv_a).unwrap(),
+                    std::fs::read_to_string(&csv_b).unwrap(),
+                    "{name} p={p} m={m}"
+                );
+            }
+            // The exported listing reads back to the same schedule.
+            let csv_c = tmp(&format!("{name}-{p}-{m}-listing.csv"));
+            let (ok, again, err) = run(pps.to_str().unwrap(), &csv_c, &[]);
+            assert!(ok, "{}: {err}", pps.display());
+            assert_eq!(again, got);
+            assert_eq!(
+                std::fs::read_to_string(&csv_b).unwrap(),
+                std::fs::read_to_string(&csv_c).unwrap()
+            );
+        }
+    }
+}
+
+#[test]
+fn malformed_pps_is_an_error_with_path_line_and_column() {
+    let bad = tmp("bad.pps");
+    std::fs::write(
+        &bad,
+        "layout chain\nrank r {\n  for i in 0..m { F(0, i) }\n  B(0, m)\n}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = simulate(&[
+        "--schedule",
+        bad.to_str().unwrap(),
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+    ]);
+    assert!(!ok);
+    assert!(out.is_empty(), "{out}");
+    let want = format!("{}:4:3: micro-batch 4 is out of range 0..4", bad.display());
+    assert!(err.contains(&want), "`{err}` lacks `{want}`");
+    // A syntax error.
+    std::fs::write(&bad, "layout chain\nrank r {\n  F(0 0)\n}\n").unwrap();
+    let (ok, _, err) = simulate(&[
+        "--schedule",
+        bad.to_str().unwrap(),
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+    ]);
+    assert!(!ok);
+    let want = format!("{}:3:7: expected `)`, found `0`", bad.display());
+    assert!(err.contains(&want), "`{err}` lacks `{want}`");
+    // A schedule that deadlocks is reported at an action's statement.
+    std::fs::write(
+        &bad,
+        "layout chain\nrank 0 {\n  for i in 0..m { F(0, i) }\n  for i in 0..m { B(0, i) }\n}\nrank 1 {\n  for i in 0..m { B(0, i) }\n  for i in 0..m { F(0, i) }\n}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = simulate(&[
+        "--schedule",
+        bad.to_str().unwrap(),
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+    ]);
+    assert!(!ok);
+    assert!(err.contains(&format!("{}:", bad.display())), "{err}");
+    // A missing file.
+    let (ok, _, err) = simulate(&[
+        "--schedule",
+        "nope.pps",
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("cannot read nope.pps"), "{err}");
+}

@@ -13,6 +13,7 @@
 //! DIR/stage<i>/params.npz  initial values of stage i's params and states
 //! DIR/stage<i>/module.so   stage i's native code (--target cpu)
 //! DIR/schedule.csv         the schedule in torch.distributed.pipelining's CSV format
+//! DIR/schedule.pps         the schedule in ppcc's schedule language (a listing per device)
 //! DIR/timeline.svg         the predicted timeline (one lane per device)
 //! DIR/trace.json           the predicted timeline as a Chrome/Perfetto trace
 //! ```
@@ -34,6 +35,7 @@ use ppcc_passes::partition::{apply, parse_bytes, PartitionCache, PartitionKind};
 use ppcc_passes::planner::{plan, plan_with, Plan, PlannerOptions, ScheduleSpec};
 pub use ppcc_passes::recompute::RecomputeMode;
 use ppcc_passes::schedule::csv::{from_csv, to_csv};
+use ppcc_passes::schedule::pps::{read_pps, to_pps, PpsParams};
 use ppcc_passes::schedule::{Layout, BUILTIN_NAMES};
 use ppcc_passes::simulate::{simulate, to_svg_seconds, to_trace_json_seconds};
 use ppcc_passes::split::{split_stages, SplitInfo, SplitOptions};
@@ -270,7 +272,7 @@ pub const STEPS: [Step; 8] = [
     },
     Step {
         name: "write-plan",
-        description: "DIR/plan.json, schedule.csv, timeline.svg, trace.json",
+        description: "DIR/plan.json, schedule.csv, schedule.pps, timeline.svg, trace.json",
         point: None,
         needs_program: false,
     },
@@ -866,6 +868,14 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         ScheduleSpec::Auto
     } else if is_builtin {
         ScheduleSpec::Builtin(a.schedule.clone())
+    } else if a.schedule.ends_with(".pps") {
+        let s = read_pps_file(
+            Path::new(&a.schedule),
+            a.stages,
+            microbatches as usize,
+            chunks,
+        )?;
+        ScheduleSpec::Custom(s)
     } else if a.schedule.ends_with(".csv") || Path::new(&a.schedule).exists() {
         let text = std::fs::read_to_string(&a.schedule)
             .with_context(|| format!("cannot read {}", a.schedule))?;
@@ -888,7 +898,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         ScheduleSpec::Custom(s)
     } else {
         bail!(
-            "unknown schedule `{}` (built-in: {}; auto; or a .csv file)",
+            "unknown schedule `{}` (built-in: {}; auto; or a .pps or .csv file)",
             a.schedule,
             BUILTIN_NAMES.join(", ")
         );
@@ -1234,9 +1244,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
     };
     write("schedule.csv", to_csv(&best.schedule))?;
-    // TODO(lead, issue 18): also write the schedule in ppcc's schedule language here,
-    // `write("schedule.pps", ppcc_passes::schedule::pps::to_pps(&best.schedule))?;`,
-    // once `schedule::pps` lands (the one call site for it).
+    write("schedule.pps", to_pps(&best.schedule))?;
     let title = format!(
         "{} · {} · {} partition · {} devices × {microbatches} micro-batches ({})",
         model
@@ -1340,7 +1348,8 @@ fn check_output_dir(dir: &Path, force: bool) -> Result<()> {
         for e in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
             let name = e?.file_name();
             let name = name.to_string_lossy();
-            let ours = ["schedule.csv", "timeline.svg", "trace.json"].contains(&name.as_ref())
+            let ours = ["schedule.csv", "schedule.pps", "timeline.svg", "trace.json"]
+                .contains(&name.as_ref())
                 || name
                     .strip_prefix("stage")
                     .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
@@ -1352,7 +1361,7 @@ fn check_output_dir(dir: &Path, force: bool) -> Result<()> {
     };
     if !has_plan && !only_ours()? {
         bail!(
-            "{} is not empty and is not a ppcc build directory (no plan.json written by ppcc): ppcc would write plan.json, schedule.csv, timeline.svg, trace.json and stage*/ among its files, replacing any of those names. Give a new or empty directory with -o, or pass --force to write there anyway",
+            "{} is not empty and is not a ppcc build directory (no plan.json written by ppcc): ppcc would write plan.json, schedule.csv, schedule.pps, timeline.svg, trace.json and stage*/ among its files, replacing any of those names. Give a new or empty directory with -o, or pass --force to write there anyway",
             dir.display()
         );
     }
@@ -1944,5 +1953,26 @@ fn rewrite_split(
         splits,
         report: report.to_string(),
         appended,
+    })
+}
+
+/// A `.pps` schedule for `ranks` devices, `microbatches` micro-batches and `chunks` (`v`);
+/// a malformed file is an error naming `path:line:col`.
+pub fn read_pps_file(
+    path: &Path,
+    ranks: usize,
+    microbatches: usize,
+    chunks: usize,
+) -> Result<ppcc_passes::schedule::Schedule> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let params = PpsParams {
+        ranks: Some(ranks),
+        microbatches: Some(microbatches),
+        chunks: Some(chunks),
+    };
+    read_pps(&text, params).map_err(|error| DriverError::Pps {
+        path: path.to_path_buf(),
+        error,
     })
 }

@@ -40,6 +40,12 @@ pub enum DriverError {
     Cost(#[from] ppcc_passes::cost::CostError),
     #[error(transparent)]
     Schedule(#[from] ppcc_passes::schedule::ScheduleError),
+    /// A `.pps` schedule file that does not compile: `path:line:col: what`.
+    #[error("{}:{error}", path.display())]
+    Pps {
+        path: std::path::PathBuf,
+        error: ppcc_passes::schedule::pps::PpsError,
+    },
     #[error(transparent)]
     Onnx(#[from] ppcc_frontends::onnx::OnnxError),
     #[error(transparent)]

@@ -13,7 +13,7 @@ use ppcc_fuzz::targets::{self, Env, Target};
 #[derive(Parser)]
 #[command(
     name = "ppcc-fuzz",
-    about = "Fuzz ppcc's readers (ONNX, npz, plan.json, CSV schedules) from a fixed seed",
+    about = "Fuzz ppcc's readers (ONNX, npz, plan.json, CSV and .pps schedules) from a fixed seed",
     after_help = "\
 Replays every saved finding (FINDINGS/<target>/*) first, then mutates seeds (examples/,
 a sample of $PPCC_ONNX_TESTDATA, plans compiled from examples/ with the ppcc binary) for the

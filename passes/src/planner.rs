@@ -35,7 +35,9 @@ use crate::recompute::{
 };
 use crate::schedule::generators::better_with_filled_w;
 use crate::schedule::search::{search, Trial};
-use crate::schedule::{builtin_on, insert_communication, validate, zb_v, Layout, Schedule};
+use crate::schedule::{
+    builtin_on, insert_communication, validate, zb_v, ActionKind, Layout, Schedule,
+};
 use crate::simulate::{simulate, CostTable, SimReport, StageCosts};
 use crate::PassError;
 
@@ -50,7 +52,8 @@ fn fail(message: impl Into<String>) -> PassError {
 pub enum ScheduleSpec {
     /// A built-in schedule by name.
     Builtin(String),
-    /// A user schedule (from torch CSV); its layout decides the virtual stages.
+    /// A user schedule (a `.pps` program or a torch CSV); its layout decides the virtual
+    /// stages.
     Custom(Schedule),
     /// `--schedule auto`: search the schedules of every layout ([`ScheduleSpec::Search`]
     /// with one stage per device, the V, interleaved chains of 2–4 chunks) and keep the
@@ -176,7 +179,27 @@ fn stash_estimate(schedule: &ScheduleSpec, ranks: usize, m: usize) -> f64 {
             "dualpipe-v" => m.min(2 * ranks + 1),
             _ => m.min(ranks),
         },
-        ScheduleSpec::Custom(_) => m,
+        // The schedule's own largest stash on a rank (F adds one, B or W frees one).
+        ScheduleSpec::Custom(s) => s
+            .per_rank
+            .iter()
+            .map(|list| {
+                let (mut n, mut peak) = (0usize, 0usize);
+                for a in list {
+                    match a.kind {
+                        ActionKind::Forward => n += 1,
+                        ActionKind::FullBackward | ActionKind::BackwardWeight => {
+                            n = n.saturating_sub(1)
+                        }
+                        _ => {}
+                    }
+                    peak = peak.max(n);
+                }
+                peak
+            })
+            .max()
+            .unwrap_or(m)
+            .min(m),
         ScheduleSpec::Auto
         | ScheduleSpec::Search {
             chunks: 1,

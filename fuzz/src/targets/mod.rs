@@ -2,14 +2,15 @@
 //!
 //! In-process targets call a reader's library entry point (the driver catches panics);
 //! `ppcc-*` targets run the `ppcc` binary on the mutated file and flag a death by signal, a
-//! panic, or a run past the time limit. To add a reader (e.g. a `.pps` schedule language),
-//! write a [`Target`] and list it in [`all`].
+//! panic, or a run past the time limit. To add a reader, write a [`Target`] and list it in
+//! [`all`].
 
 mod csv;
 mod npz;
 mod onnx;
 mod plan;
 mod ppcc;
+mod pps;
 mod stablehlo;
 
 use std::path::{Path, PathBuf};
@@ -83,6 +84,7 @@ pub fn all() -> Vec<Box<dyn Target>> {
         Box::new(npz::Npz),
         Box::new(plan::Plan),
         Box::new(csv::Csv),
+        Box::new(pps::Pps),
         Box::new(stablehlo::StableHlo),
         Box::new(ppcc::PpccImport),
         Box::new(ppcc::EVAL_INTERP),

@@ -60,7 +60,7 @@ const BYTES_PER_PAIR: u64 = 2048;
 /// Refuse a schedule of `stages` × `microbatches` that could not be held in memory (a
 /// typo such as `--microbatches 100000 --stages 100000` asks for 10^10 pairs), before
 /// any of it is built.
-fn check_size(stages: usize, microbatches: usize) -> Result<(), ScheduleError> {
+pub(crate) fn check_size(stages: usize, microbatches: usize) -> Result<(), ScheduleError> {
     let too_big = |why: String| {
         ScheduleError::Invalid(format!(
             "a schedule of {stages} stages × {microbatches} micro-batches is too large: {why}"

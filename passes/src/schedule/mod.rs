@@ -12,9 +12,11 @@
 //! - [`search`]: the automatic search of `--schedule auto` (built-ins, their parameters,
 //!   greedy weight-gradient placement, local search), simulated under a memory limit.
 //! - [`csv`]: torch.distributed.pipelining's CSV action format (`0F1`, `1I0`, `2W3`, `1B2`).
+//! - [`pps`]: ppcc's schedule language (`.pps` programs per rank) and its printer.
 
 pub mod csv;
 pub mod generators;
+pub mod pps;
 pub mod search;
 pub(crate) mod validate;
 
