@@ -275,7 +275,7 @@ pub fn compile(a: CompileArgs) -> Result<ExitCode> {
         None => String::new(),
     };
     eprintln!(
-        "wrote {0}/plan.json, {stages}{0}/schedule.csv, {0}/timeline.svg ({1:.1} s)",
+        "wrote {0}/plan.json, {stages}{0}/schedule.csv, {0}/schedule.pps, {0}/timeline.svg ({1:.1} s)",
         c.output.display(),
         c.seconds
     );
