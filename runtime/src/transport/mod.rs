@@ -232,27 +232,6 @@ pub trait Transport: Send {
         let mut stacked_dims = vec![n as u64];
         stacked_dims.extend(t.shape.iter().map(|&d| d as u64));
         let stacked_ty = TensorType::of(t.dtype, &stacked_dims);
-        let split = |s: Tensor| -> Result<Vec<Tensor>, TransportError> {
-            let shape = s.shape[1..].to_vec();
-            let k = shape.iter().product::<usize>();
-            Ok((0..n)
-                .map(|i| {
-                    let data = match &s.data {
-                        ppir::TensorData::Float(v) => {
-                            ppir::TensorData::Float(v[i * k..(i + 1) * k].to_vec())
-                        }
-                        ppir::TensorData::Int(v) => {
-                            ppir::TensorData::Int(v[i * k..(i + 1) * k].to_vec())
-                        }
-                    };
-                    Tensor {
-                        dtype: s.dtype,
-                        shape: shape.clone(),
-                        data,
-                    }
-                })
-                .collect())
-        };
         if me != root {
             self.send(root, collective_tag(channel, step, me, root), t)?;
             let s = self.recv(
@@ -261,39 +240,13 @@ pub trait Transport: Send {
                 &stacked_ty,
                 timeout,
             )?;
-            return split(s);
+            return Ok(unstack(&s));
         }
         let mut parts = vec![t];
         for &r in &ranks[1..] {
             parts.push(self.recv(r, collective_tag(channel, step, r, root), &ty, timeout)?);
         }
-        let data = match &parts[0].data {
-            ppir::TensorData::Float(_) => ppir::TensorData::Float(
-                parts
-                    .iter()
-                    .flat_map(|p| match &p.data {
-                        ppir::TensorData::Float(v) => v.clone(),
-                        ppir::TensorData::Int(_) => vec![],
-                    })
-                    .collect(),
-            ),
-            ppir::TensorData::Int(_) => ppir::TensorData::Int(
-                parts
-                    .iter()
-                    .flat_map(|p| match &p.data {
-                        ppir::TensorData::Int(v) => v.clone(),
-                        ppir::TensorData::Float(_) => vec![],
-                    })
-                    .collect(),
-            ),
-        };
-        let stacked = Tensor {
-            dtype: parts[0].dtype,
-            shape: std::iter::once(n)
-                .chain(parts[0].shape.iter().copied())
-                .collect(),
-            data,
-        };
+        let stacked = stack(&parts);
         for &r in &ranks[1..] {
             self.send(r, collective_tag(channel, step, root, r), stacked.clone())?;
         }
@@ -324,6 +277,60 @@ fn collective_tag(channel: i64, step: u64, from: usize, to: usize) -> Tag {
         micro_batch: COLLECTIVE,
         step,
     }
+}
+
+/// `parts` (same type) stacked along a new first axis.
+pub(crate) fn stack(parts: &[Tensor]) -> Tensor {
+    use ppir::TensorData;
+    let (dtype, shape) = parts
+        .first()
+        .map_or((ppir::DType::F32, vec![]), |p| (p.dtype, p.shape.clone()));
+    let data = match parts.first().map(|p| &p.data) {
+        Some(TensorData::Int(_)) => TensorData::Int(
+            parts
+                .iter()
+                .flat_map(|p| match &p.data {
+                    TensorData::Int(v) => v.clone(),
+                    TensorData::Float(_) => vec![],
+                })
+                .collect(),
+        ),
+        _ => TensorData::Float(
+            parts
+                .iter()
+                .flat_map(|p| match &p.data {
+                    TensorData::Float(v) => v.clone(),
+                    TensorData::Int(_) => vec![],
+                })
+                .collect(),
+        ),
+    };
+    Tensor {
+        dtype,
+        shape: std::iter::once(parts.len()).chain(shape).collect(),
+        data,
+    }
+}
+
+/// The tensors stacked along the first axis of `s` (the inverse of [`stack`]).
+pub(crate) fn unstack(s: &Tensor) -> Vec<Tensor> {
+    use ppir::TensorData;
+    let n = s.shape.first().copied().unwrap_or(0);
+    let shape = s.shape.get(1..).unwrap_or(&[]).to_vec();
+    let k = shape.iter().product::<usize>();
+    (0..n)
+        .map(|i| {
+            let data = match &s.data {
+                TensorData::Float(v) => TensorData::Float(v[i * k..(i + 1) * k].to_vec()),
+                TensorData::Int(v) => TensorData::Int(v[i * k..(i + 1) * k].to_vec()),
+            };
+            Tensor {
+                dtype: s.dtype,
+                shape: shape.clone(),
+                data,
+            }
+        })
+        .collect()
 }
 
 /// The micro-batch of a collective's messages (no pipeline message has it).

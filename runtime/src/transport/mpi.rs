@@ -781,23 +781,9 @@ impl Transport for MpiTransport {
         t: Tensor,
         timeout: Duration,
     ) -> Result<Vec<Tensor>, TransportError> {
-        let (dtype, shape) = (t.dtype, t.shape.clone());
         let p = self.collective_start(Op::AllGather, ranks, channel, step, t)?;
         let stacked = self.collective_finish(p, timeout)?;
-        let k = shape.iter().product::<usize>();
-        Ok((0..ranks.len().max(1))
-            .map(|i| {
-                let data = match &stacked.data {
-                    TensorData::Float(v) => TensorData::Float(v[i * k..(i + 1) * k].to_vec()),
-                    TensorData::Int(v) => TensorData::Int(v[i * k..(i + 1) * k].to_vec()),
-                };
-                Tensor {
-                    dtype,
-                    shape: shape.clone(),
-                    data,
-                }
-            })
-            .collect())
+        Ok(super::unstack(&stacked))
     }
 
     fn barrier(&mut self) -> Result<(), TransportError> {
