@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use ppcc_driver::compile::{
-    CompileOptions, Compiled, Compiler, CsvLayout, Event, PartitionChoice, Point,
+    CompileOptions, Compiled, Compiler, CsvFormat, CsvLayout, Event, PartitionChoice, Point,
 };
 use ppcc_driver::target::Target;
 use ppcc_passes::partition::{human_bytes, PartitionKind};
@@ -95,6 +95,11 @@ pub struct CompileArgs {
     /// Stage layout of a CSV schedule.
     #[arg(long, value_enum, default_value_t = CsvLayout::Interleaved)]
     pub csv_layout: CsvLayout,
+    /// What DIR/schedule.csv lists: compute actions only (torch.distributed.pipelining's
+    /// default `compute_only`, which its loader reads as it is) or with the sends and
+    /// receives (`compute_comms`).
+    #[arg(long, value_enum, default_value_t = CsvFormat::ComputeOnly)]
+    pub csv_format: CsvFormat,
     /// Device profile for the cost model: h100, a100, host (measured here once, cached)
     /// or a profile JSON file.
     #[arg(long, value_name = "NAME|FILE.json", default_value = "h100")]
@@ -205,6 +210,7 @@ impl CompileArgs {
             partition: self.partition,
             chunks: self.chunks,
             csv_layout: self.csv_layout,
+            csv_format: self.csv_format,
             device_profile: self.device_profile.clone(),
             memory_limit: self.memory_limit.clone(),
             stage_layout: self.stage_layout.clone(),

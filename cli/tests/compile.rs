@@ -1074,3 +1074,100 @@ fn malformed_pps_schedule_names_file_line_and_column() {
     assert!(err.contains(&want), "`{err}` lacks `{want}`");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// schedule.csv is torch.distributed.pipelining's `compute_only` form by default (no
+/// transfers: torch's default loader reads it as it is) and `compute_comms` with
+/// `--csv-format compute_comms`; a torch-style file with idle (empty) cells reads back and
+/// is written again with the same actions; a stage DAG gets a `#` comment line that
+/// ppcc's reader skips.
+#[test]
+fn schedule_csv_formats_round_trip() {
+    // 1F1B on 2 ranks and 4 micro-batches as torch writes it (idle slots empty).
+    let torch = "0F0,0F1,,0B0,0F2,0B1,0F3,0B2,0B3\n,1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n";
+    let src = out_dir("csv-src");
+    std::fs::create_dir_all(&src).unwrap();
+    let file = src.join("torch.csv");
+    std::fs::write(&file, torch).unwrap();
+    let (dir, plan) = compile_ok(
+        "mlp.onnx",
+        "csv-compute-only",
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--schedule",
+            file.to_str().unwrap(),
+            "--partition",
+            "sequential",
+        ],
+    );
+    let written = std::fs::read_to_string(dir.join("schedule.csv")).unwrap();
+    let cells = |t: &str| -> Vec<Vec<String>> {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| {
+                l.split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .collect()
+    };
+    assert_eq!(cells(&written), cells(torch), "{written}");
+    assert!(!written.contains("SEND") && !written.contains("RECV"), "{written}");
+    // plan.json's actions have the transfers.
+    let actions = plan["schedule"]["actions"].to_string();
+    assert!(actions.contains("SEND_F") && actions.contains("RECV_B"), "{actions}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // compute_comms lists the transfers; it reads back too.
+    let (dir, _) = compile_ok(
+        "mlp.onnx",
+        "csv-compute-comms",
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--csv-format",
+            "compute_comms",
+            "--partition",
+            "sequential",
+        ],
+    );
+    let comms = std::fs::read_to_string(dir.join("schedule.csv")).unwrap();
+    assert!(comms.contains("0SEND_F0") && comms.contains("1RECV_F0"), "{comms}");
+    let again = out_dir("csv-comms-again");
+    let csv = dir.join("schedule.csv");
+    let (ok, _, err) = compile(
+        "mlp.onnx",
+        &again,
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--schedule",
+            csv.to_str().unwrap(),
+            "--partition",
+            "sequential",
+        ],
+    );
+    assert!(ok, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&again);
+
+    // A stage DAG (two towers joined by a head) has its comment line.
+    let (dir, _) = compile_ok(
+        "two_tower.onnx",
+        "csv-dag",
+        &["--stages", "3", "--microbatches", "4", "--loss", "mse"],
+    );
+    let dag = std::fs::read_to_string(dir.join("schedule.csv")).unwrap();
+    assert!(dag.starts_with("# ppcc stage DAG"), "{dag}");
+    assert!(dag.lines().next().unwrap().contains("edges [0->2, 1->2]"), "{dag}");
+    assert_eq!(dag.lines().count(), 4, "{dag}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&src);
+}

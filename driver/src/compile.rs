@@ -34,7 +34,7 @@ use ppcc_passes::optim::OptimizerKind;
 use ppcc_passes::partition::{apply, parse_bytes, PartitionCache, PartitionKind};
 use ppcc_passes::planner::{plan, plan_with, Plan, PlannerOptions, ScheduleSpec};
 pub use ppcc_passes::recompute::RecomputeMode;
-use ppcc_passes::schedule::csv::{from_csv, to_csv};
+use ppcc_passes::schedule::csv::{from_csv, to_csv_as};
 use ppcc_passes::schedule::pps::{read_pps, to_pps, PpsParams};
 use ppcc_passes::schedule::{Layout, BUILTIN_NAMES};
 use ppcc_passes::simulate::{simulate, to_svg_seconds, to_trace_json_seconds};
@@ -61,6 +61,18 @@ pub enum PartitionChoice {
     Sequential,
     /// Equal numbers of layers with weights per stage.
     Uniform,
+}
+
+/// What `DIR/schedule.csv` lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum CsvFormat {
+    /// Compute actions only (torch.distributed.pipelining's default `compute_only`).
+    #[cfg_attr(feature = "clap", value(name = "compute_only"))]
+    ComputeOnly,
+    /// Compute actions and the sends/receives (`compute_comms`), plus ppcc's `OPT`.
+    #[cfg_attr(feature = "clap", value(name = "compute_comms"))]
+    ComputeComms,
 }
 
 /// How a CSV schedule's virtual stages map to devices.
@@ -102,6 +114,8 @@ pub struct CompileOptions {
     /// Stages per device for interleaved-1f1b (V).
     pub chunks: Option<usize>,
     pub csv_layout: CsvLayout,
+    /// What `DIR/schedule.csv` lists (compute actions only by default).
+    pub csv_format: CsvFormat,
     /// h100, a100, host, or a profile JSON file.
     pub device_profile: String,
     /// Memory per device (bytes; suffixes K, M, G, KiB, MiB, GiB). `None`: the profile's.
@@ -139,6 +153,7 @@ impl CompileOptions {
             partition: PartitionChoice::Auto,
             chunks: None,
             csv_layout: CsvLayout::Interleaved,
+            csv_format: CsvFormat::ComputeOnly,
             device_profile: "h100".into(),
             memory_limit: None,
             stage_layout: None,
@@ -1243,7 +1258,16 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         let p = output.join(name);
         std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
     };
-    write("schedule.csv", to_csv(&best.schedule))?;
+    write(
+        "schedule.csv",
+        to_csv_as(
+            &best.schedule,
+            match a.csv_format {
+                CsvFormat::ComputeOnly => ppcc_passes::schedule::csv::CsvFormat::ComputeOnly,
+                CsvFormat::ComputeComms => ppcc_passes::schedule::csv::CsvFormat::ComputeComms,
+            },
+        ),
+    )?;
     write("schedule.pps", to_pps(&best.schedule))?;
     let title = format!(
         "{} · {} · {} partition · {} devices × {microbatches} micro-batches ({})",

@@ -6,11 +6,64 @@
 use super::{parse_action, validate, Action, ActionKind, Layout, Schedule, ScheduleError};
 use ppir::schedule::ActionParseError;
 
-/// The schedule as CSV, one line per rank, no header, no idle cells.
+/// The schedule as CSV, one line per rank, no header, no idle cells: every action,
+/// transfers and ppcc's `OPT` included (torch's `compute_comms` form, plus `OPT`).
 pub fn to_csv(schedule: &Schedule) -> String {
+    to_csv_as(schedule, CsvFormat::ComputeComms)
+}
+
+/// Which actions a CSV file lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CsvFormat {
+    /// Compute actions only (`F`, `I`, `W`, `B`): torch's default `compute_only` form,
+    /// which its loader reads as it is; the transfers follow from the stage layout.
+    ComputeOnly,
+    /// Every action, `SEND_*`/`RECV_*` (torch's `compute_comms`) and ppcc's `OPT` included.
+    ComputeComms,
+}
+
+/// The schedule as CSV in `format`. A stage DAG, which torch's layouts cannot express,
+/// starts with a `#` comment line giving its edges and stage-to-rank map (ppcc's reader
+/// skips `#` lines).
+pub fn to_csv_as(schedule: &Schedule, format: CsvFormat) -> String {
     let mut out = String::new();
+    if let Layout::Dag { rank_of, edges, .. } = &schedule.layout {
+        // A chain with stage s on rank s is torch's plain layout: no comment.
+        let chain = rank_of.iter().enumerate().all(|(s, &r)| s == r)
+            && edges.len() + 1 == rank_of.len()
+            && edges
+                .iter()
+                .enumerate()
+                .all(|(i, &(a, b))| a == i && b == i + 1);
+        if chain {
+            return to_rows(schedule, format, out);
+        }
+        let e: Vec<String> = edges.iter().map(|(a, b)| format!("{a}->{b}")).collect();
+        out.push_str(&format!(
+            "# ppcc stage DAG (not a torch layout): stage ranks {rank_of:?}, edges [{}]\n",
+            e.join(", ")
+        ));
+    }
+    to_rows(schedule, format, out)
+}
+
+/// `out` followed by one CSV row per rank.
+fn to_rows(schedule: &Schedule, format: CsvFormat, mut out: String) -> String {
     for list in &schedule.per_rank {
-        let cells: Vec<String> = list.iter().map(|a| a.to_string()).collect();
+        let cells: Vec<String> = list
+            .iter()
+            .filter(|a| {
+                format == CsvFormat::ComputeComms
+                    || matches!(
+                        a.kind,
+                        ActionKind::Forward
+                            | ActionKind::BackwardInput
+                            | ActionKind::BackwardWeight
+                            | ActionKind::FullBackward
+                    )
+            })
+            .map(|a| a.to_string())
+            .collect();
         out.push_str(&cells.join(","));
         out.push('\n');
     }
@@ -48,7 +101,10 @@ fn parse_cell(cell: &str, layout: &Layout) -> Result<Action, CellError> {
 pub fn from_csv(text: &str, layout: Layout) -> Result<Schedule, ScheduleError> {
     let mut schedule = Schedule::empty(layout.clone(), 0);
     let mut columns: Vec<Vec<(usize, String)>> = vec![];
-    let rows: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .collect();
     if rows.len() != layout.num_ranks() {
         return Err(ScheduleError::Invalid(format!(
             "the CSV has {} rows, one per rank was expected ({} ranks)",
