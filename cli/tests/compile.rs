@@ -1115,10 +1115,16 @@ fn schedule_csv_formats_round_trip() {
             .collect()
     };
     assert_eq!(cells(&written), cells(torch), "{written}");
-    assert!(!written.contains("SEND") && !written.contains("RECV"), "{written}");
+    assert!(
+        !written.contains("SEND") && !written.contains("RECV"),
+        "{written}"
+    );
     // plan.json's actions have the transfers.
     let actions = plan["schedule"]["actions"].to_string();
-    assert!(actions.contains("SEND_F") && actions.contains("RECV_B"), "{actions}");
+    assert!(
+        actions.contains("SEND_F") && actions.contains("RECV_B"),
+        "{actions}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 
     // compute_comms lists the transfers; it reads back too.
@@ -1137,7 +1143,10 @@ fn schedule_csv_formats_round_trip() {
         ],
     );
     let comms = std::fs::read_to_string(dir.join("schedule.csv")).unwrap();
-    assert!(comms.contains("0SEND_F0") && comms.contains("1RECV_F0"), "{comms}");
+    assert!(
+        comms.contains("0SEND_F0") && comms.contains("1RECV_F0"),
+        "{comms}"
+    );
     let again = out_dir("csv-comms-again");
     let csv = dir.join("schedule.csv");
     let (ok, _, err) = compile(
@@ -1166,7 +1175,10 @@ fn schedule_csv_formats_round_trip() {
     );
     let dag = std::fs::read_to_string(dir.join("schedule.csv")).unwrap();
     assert!(dag.starts_with("# ppcc stage DAG"), "{dag}");
-    assert!(dag.lines().next().unwrap().contains("edges [0->2, 1->2]"), "{dag}");
+    assert!(
+        dag.lines().next().unwrap().contains("edges [0->2, 1->2]"),
+        "{dag}"
+    );
     assert_eq!(dag.lines().count(), 4, "{dag}");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&src);

@@ -2,6 +2,10 @@
 //! (`{stage}{code}{micro}`: `0F1` forward, `1I0` input gradient, `2W3` weight gradient,
 //! `1B2` fused backward, `0SEND_F1`, `1RECV_B2`, …; ppcc adds `3OPT`); an empty cell is an
 //! idle slot. Stage numbers are virtual stages of the [`Layout`] given on import.
+//! torch's other cells: `(0F3;3B1)OVERLAP_F_B` (an overlapped pair) becomes its actions
+//! in order, `{stage}REDUCE_GRAD` is dropped (ppcc all-reduces a stage's gradients after
+//! its last weight gradient by itself), `UNSHARD`/`RESHARD` (FSDP) are refused naming the
+//! cell. Lines starting with `#` are comments.
 
 use super::{parse_action, validate, Action, ActionKind, Layout, Schedule, ScheduleError};
 use ppir::schedule::ActionParseError;
@@ -77,6 +81,69 @@ pub enum CellError {
     Parse(#[from] ActionParseError),
     #[error("stage {stage} does not exist (the layout has {stages} stages)")]
     NoStage { stage: usize, stages: usize },
+    /// torch's FSDP actions inside the pipeline.
+    #[error("{kind} (FSDP inside the pipeline: gather or free a sharded stage's weights) has no counterpart in ppcc yet; remove the cell, or export the schedule without FSDP")]
+    Fsdp { kind: &'static str },
+    #[error(
+        "an OVERLAP_F_B cell is `(ACTION;ACTION...)OVERLAP_F_B` with compute actions inside: {0}"
+    )]
+    Overlap(String),
+}
+
+/// The actions of one torch cell: one action; the sub-actions of an overlapped pair
+/// `(0F3;3B1)OVERLAP_F_B`, in order (torch runs them one after the other); none for
+/// `{stage}REDUCE_GRAD` (ppcc reduces a stage's gradients itself after its last weight
+/// gradient). `UNSHARD`/`RESHARD` (FSDP) are refused.
+fn parse_cell_actions(cell: &str, layout: &Layout) -> Result<Vec<Action>, CellError> {
+    if let Some(inner) = cell
+        .strip_suffix("OVERLAP_F_B")
+        .and_then(|c| c.strip_prefix('('))
+        .and_then(|c| c.strip_suffix(')'))
+    {
+        let subs: Vec<&str> = inner.split(';').map(str::trim).collect();
+        if subs.len() < 2 || subs.iter().any(|s| s.is_empty()) {
+            return Err(CellError::Overlap("fewer than two actions".into()));
+        }
+        let mut out = vec![];
+        for s in subs {
+            let a = parse_cell(s, layout)?;
+            if !matches!(
+                a.kind,
+                ActionKind::Forward
+                    | ActionKind::BackwardInput
+                    | ActionKind::BackwardWeight
+                    | ActionKind::FullBackward
+            ) {
+                return Err(CellError::Overlap(format!("`{s}` is not a compute action")));
+            }
+            out.push(a);
+        }
+        return Ok(out);
+    }
+    let digits = cell.bytes().take_while(u8::is_ascii_digit).count();
+    let (stage, rest) = cell.split_at(digits);
+    let fsdp = match rest {
+        "UNSHARD" => Some("UNSHARD"),
+        "RESHARD" => Some("RESHARD"),
+        _ => None,
+    };
+    if let Some(kind) = fsdp {
+        return Err(CellError::Fsdp { kind });
+    }
+    if rest == "REDUCE_GRAD" && digits > 0 {
+        let stage: usize = stage.parse().map_err(|_| CellError::NoStage {
+            stage: usize::MAX,
+            stages: layout.num_virtual_stages(),
+        })?;
+        if stage >= layout.num_virtual_stages() {
+            return Err(CellError::NoStage {
+                stage,
+                stages: layout.num_virtual_stages(),
+            });
+        }
+        return Ok(vec![]);
+    }
+    Ok(vec![parse_cell(cell, layout)?])
 }
 
 fn parse_cell(cell: &str, layout: &Layout) -> Result<Action, CellError> {
@@ -120,29 +187,32 @@ pub fn from_csv(text: &str, layout: Layout) -> Result<Schedule, ScheduleError> {
             if cell.is_empty() {
                 continue;
             }
-            let a = parse_cell(cell, &layout).map_err(|source| ScheduleError::CsvCell {
-                row: row + 1,
-                col: col + 1,
-                cell: cell.to_string(),
-                source,
-            })?;
-            if layout.rank_of(a.stage) != row {
-                return Err(ScheduleError::Csv {
+            let actions =
+                parse_cell_actions(cell, &layout).map_err(|source| ScheduleError::CsvCell {
                     row: row + 1,
                     col: col + 1,
                     cell: cell.to_string(),
-                    message: format!(
-                        "stage {} runs on rank {}, this row is rank {row}",
-                        a.stage,
-                        layout.rank_of(a.stage)
-                    ),
-                });
+                    source,
+                })?;
+            for a in actions {
+                if layout.rank_of(a.stage) != row {
+                    return Err(ScheduleError::Csv {
+                        row: row + 1,
+                        col: col + 1,
+                        cell: cell.to_string(),
+                        message: format!(
+                            "stage {} runs on rank {}, this row is rank {row}",
+                            a.stage,
+                            layout.rank_of(a.stage)
+                        ),
+                    });
+                }
+                if a.kind != ActionKind::OptimizerStep {
+                    max_micro = max_micro.max(Some(a.micro_batch));
+                }
+                schedule.per_rank[row].push(a);
+                cols.push((col + 1, cell.to_string()));
             }
-            if a.kind != ActionKind::OptimizerStep {
-                max_micro = max_micro.max(Some(a.micro_batch));
-            }
-            schedule.per_rank[row].push(a);
-            cols.push((col + 1, cell.to_string()));
         }
         columns.push(cols);
     }
@@ -169,5 +239,75 @@ pub fn from_csv(text: &str, layout: Layout) -> Result<Schedule, ScheduleError> {
             Err(at(b.rank, b.position, all))
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cells as torch writes them for DualPipeV-style and FSDP schedules.
+    #[test]
+    fn torch_cells_overlap_reduce_grad_and_fsdp() {
+        let v = Layout::VShape { ranks: 2 };
+        // 2 ranks, V layout (stages 0,3 on rank 0; 1,2 on rank 1), 2 micro-batches:
+        // rank 0 pairs the second forward of stage 0 with stage 3's first backward.
+        let text = "0F0,3F0,3B0,(0F1;3F1)OVERLAP_F_B,3B1,0B0,0B1,0REDUCE_GRAD,3REDUCE_GRAD\n\
+                    1F0,2F0,1F1,2F1,2B0,1B0,2B1,1B1\n";
+        // The pair is two compute actions in order; REDUCE_GRAD cells add nothing.
+        let s = from_csv(text, v.clone()).unwrap();
+        let rank0: Vec<String> = s.per_rank[0].iter().map(|a| a.to_string()).collect();
+        assert_eq!(
+            rank0,
+            ["0F0", "3F0", "3B0", "0F1", "3F1", "3B1", "0B0", "0B1"]
+        );
+        assert_eq!(s.num_microbatches, 2);
+        // FSDP cells are refused, naming the cell.
+        let e = from_csv(&text.replace("0REDUCE_GRAD", "0UNSHARD"), v.clone()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("0UNSHARD") && msg.contains("no counterpart in ppcc"),
+            "{msg}"
+        );
+        let e = from_csv(&text.replace("3REDUCE_GRAD", "3RESHARD"), v.clone()).unwrap_err();
+        assert!(e.to_string().contains("RESHARD"), "{e}");
+        // Malformed pairs and unknown stages.
+        for bad in [
+            "(0F1)OVERLAP_F_B",
+            "(0F1;)OVERLAP_F_B",
+            "(0F1;3SEND_B1)OVERLAP_F_B",
+        ] {
+            let e = from_csv(&text.replace("(0F1;3F1)OVERLAP_F_B", bad), v.clone()).unwrap_err();
+            assert!(e.to_string().contains("OVERLAP_F_B"), "{bad}: {e}");
+        }
+        let e = from_csv(&text.replace("3REDUCE_GRAD", "9REDUCE_GRAD"), v.clone()).unwrap_err();
+        assert!(e.to_string().contains("stage 9 does not exist"), "{e}");
+        // Comment lines are skipped.
+        assert_eq!(from_csv(&format!("# a comment\n{text}"), v).unwrap(), s);
+    }
+
+    #[test]
+    fn compute_only_leaves_out_transfers() {
+        let s = crate::schedule::insert_communication(&crate::schedule::one_f_one_b(2, 2));
+        let only = to_csv_as(&s, CsvFormat::ComputeOnly);
+        assert!(!only.contains("SEND") && !only.contains("RECV"), "{only}");
+        assert!(to_csv(&s).contains("0SEND_F0"));
+        // Both read back to schedules with the same compute actions.
+        let a = from_csv(&only, Layout::chain(2)).unwrap();
+        let b = from_csv(&to_csv(&s), Layout::chain(2)).unwrap();
+        let compute = |s: &Schedule| -> Vec<Vec<String>> {
+            s.per_rank
+                .iter()
+                .map(|l| {
+                    l.iter()
+                        .filter(|a| {
+                            !a.to_string().contains("SEND") && !a.to_string().contains("RECV")
+                        })
+                        .map(|a| a.to_string())
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(compute(&a), compute(&b));
     }
 }
