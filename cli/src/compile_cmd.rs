@@ -92,8 +92,9 @@ pub struct CompileArgs {
     /// Stages per device for interleaved-1f1b (V).
     #[arg(long, value_name = "V")]
     pub chunks: Option<usize>,
-    /// Stage layout of a CSV schedule.
-    #[arg(long, value_enum, default_value_t = CsvLayout::Interleaved)]
+    /// Stage layout of a CSV schedule: `auto` infers it from the cells as torch does (the
+    /// row a stage appears in is its device: an interleaved chain or a V).
+    #[arg(long, value_enum, default_value_t = CsvLayout::Auto)]
     pub csv_layout: CsvLayout,
     /// What DIR/schedule.csv lists: compute actions only (torch.distributed.pipelining's
     /// default `compute_only`, which its loader reads as it is) or with the sends and

@@ -176,7 +176,9 @@ fn two_tower_graph_partition_beats_the_sequential_baseline() {
     assert_eq!(m.functions.len(), 12);
 
     let csv = std::fs::read_to_string(dir.join("schedule.csv")).unwrap();
-    let rows: Vec<&str> = csv.lines().collect();
+    // A stage DAG's CSV starts with a comment line (its edges and ranks).
+    assert!(csv.starts_with("# ppcc stage DAG"), "{csv}");
+    let rows: Vec<&str> = csv.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(rows.len(), 3, "{csv}");
     for (r, row) in rows.iter().enumerate() {
         // Every rank runs F and B of each of the 4 micro-batches of its stage.
@@ -1164,6 +1166,45 @@ fn schedule_csv_formats_round_trip() {
         ],
     );
     assert!(ok, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&again);
+
+    // A V schedule's CSV (ZB-V) reads back without --csv-layout: the layout is inferred
+    // from the rows, as torch does.
+    let (dir, plan) = compile_ok(
+        "gpt.onnx",
+        "csv-zbv",
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--batch",
+            "16",
+            "--schedule",
+            "zb-v",
+        ],
+    );
+    let again = out_dir("csv-zbv-again");
+    let csv = dir.join("schedule.csv");
+    let (ok, _, err) = compile(
+        "gpt.onnx",
+        &again,
+        &[
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--batch",
+            "16",
+            "--schedule",
+            csv.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let replan: Value =
+        serde_json::from_str(&std::fs::read_to_string(again.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(replan["schedule"]["actions"], plan["schedule"]["actions"]);
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&again);
 

@@ -79,6 +79,9 @@ pub enum CsvFormat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum CsvLayout {
+    /// From the cells, as torch does: the row a stage appears in is its device (an
+    /// interleaved chain or a V; see `ppcc_passes::schedule::csv::infer_layout`).
+    Auto,
     /// Virtual stage c·P + r on device r (`--chunks 1`: a plain chain).
     Interleaved,
     /// Two chunks in a V (ZB-V).
@@ -152,7 +155,7 @@ impl CompileOptions {
             schedule: "1f1b".into(),
             partition: PartitionChoice::Auto,
             chunks: None,
-            csv_layout: CsvLayout::Interleaved,
+            csv_layout: CsvLayout::Auto,
             csv_format: CsvFormat::ComputeOnly,
             device_profile: "h100".into(),
             memory_limit: None,
@@ -895,6 +898,8 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         let text = std::fs::read_to_string(&a.schedule)
             .with_context(|| format!("cannot read {}", a.schedule))?;
         let layout = match a.csv_layout {
+            CsvLayout::Auto => ppcc_passes::schedule::csv::infer_layout(&text, a.stages)
+                .with_context(|| format!("invalid schedule {}", a.schedule))?,
             CsvLayout::Interleaved => Layout::Interleaved {
                 ranks: a.stages,
                 chunks,

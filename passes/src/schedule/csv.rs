@@ -162,6 +162,70 @@ fn parse_cell(cell: &str, layout: &Layout) -> Result<Action, CellError> {
     ))
 }
 
+/// The layout a CSV file's cells imply, as torch infers it: the row each stage appears in
+/// is its rank. Stage `s` on row `s mod ranks` for every stage is an interleaved chain of
+/// `stages / ranks` chunks (one chunk: the plain chain); stages `s` and `2·ranks − 1 − s`
+/// on row `s` is the V shape. Anything else is an error naming a stage that fits neither.
+pub fn infer_layout(text: &str, ranks: usize) -> Result<Layout, ScheduleError> {
+    let mut row_of: std::collections::BTreeMap<usize, usize> = Default::default();
+    let rows = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+    for (row, line) in rows.enumerate() {
+        for cell in line.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+            let inner = cell
+                .strip_suffix("OVERLAP_F_B")
+                .and_then(|c| c.strip_prefix('('))
+                .and_then(|c| c.strip_suffix(')'));
+            let parts: Vec<&str> = match inner {
+                Some(i) => i.split(';').map(str::trim).collect(),
+                None => vec![cell],
+            };
+            for p in parts {
+                let digits = p.bytes().take_while(u8::is_ascii_digit).count();
+                // Cells without a stage are the reader's to report.
+                let Ok(stage) = p[..digits].parse::<usize>() else {
+                    continue;
+                };
+                if let Some(&other) = row_of.get(&stage) {
+                    if other != row {
+                        return Err(ScheduleError::Invalid(format!(
+                            "stage {stage} appears on rows {} and {}: a stage runs on one rank",
+                            other + 1,
+                            row + 1
+                        )));
+                    }
+                }
+                row_of.insert(stage, row);
+            }
+        }
+    }
+    let stages = row_of.keys().next_back().map_or(0, |&s| s + 1);
+    if ranks == 0 || stages == 0 {
+        return Ok(Layout::chain(ranks));
+    }
+    let interleaved = stages.is_multiple_of(ranks) && row_of.iter().all(|(&s, &r)| r == s % ranks);
+    if interleaved {
+        return Ok(Layout::Interleaved {
+            ranks,
+            chunks: stages / ranks,
+        });
+    }
+    let v = Layout::VShape { ranks };
+    if stages == 2 * ranks && row_of.iter().all(|(&s, &r)| r == v.rank_of(s)) {
+        return Ok(v);
+    }
+    let (s, r) = row_of
+        .iter()
+        .find(|(&s, &r)| r != s % ranks)
+        .map_or((0, 0), |(&s, &r)| (s, r));
+    Err(ScheduleError::Invalid(format!(
+        "the CSV's stage-to-rank layout is neither an interleaved chain (stage s on row s mod {ranks}) nor a V (stages s and {} − s on row s): stage {s} is on row {}",
+        2 * ranks - 1,
+        r + 1
+    )))
+}
+
 /// Read a CSV schedule over `layout`, then [`validate`] it; errors name the row and column
 /// (both from 1) and the cell's text. The number of micro-batches is one more than the
 /// largest micro-batch number.
@@ -309,5 +373,27 @@ mod tests {
                 .collect()
         };
         assert_eq!(compute(&a), compute(&b));
+    }
+
+    #[test]
+    fn layouts_are_inferred_from_the_rows() {
+        use crate::schedule::{interleaved_1f1b, one_f_one_b, zb_v};
+        let chain = to_csv(&one_f_one_b(3, 4));
+        assert_eq!(infer_layout(&chain, 3).unwrap(), Layout::chain(3));
+        let inter = to_csv(&interleaved_1f1b(2, 4, 2).unwrap());
+        assert_eq!(
+            infer_layout(&inter, 2).unwrap(),
+            Layout::Interleaved {
+                ranks: 2,
+                chunks: 2
+            }
+        );
+        let v = to_csv(&zb_v(2, 4));
+        assert_eq!(infer_layout(&v, 2).unwrap(), Layout::VShape { ranks: 2 });
+        // Stage 1 on row 1 and stage 2 on row 1 of 3 rows: neither layout.
+        let e = infer_layout("0F0\n1F0,2F0\n\n", 3).unwrap_err();
+        assert!(e.to_string().contains("stage 2 is on row 2"), "{e}");
+        let e = infer_layout("0F0\n0F1\n", 2).unwrap_err();
+        assert!(e.to_string().contains("rows 1 and 2"), "{e}");
     }
 }
