@@ -17,6 +17,9 @@ use ppcc_passes::simulate::{simulate, to_svg, to_trace_json, CostTable};
 /// How a CSV schedule's virtual stages map to ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LayoutArg {
+    /// From the cells, as torch does: the row a stage appears in is its rank (an
+    /// interleaved chain or a V).
+    Auto,
     /// Virtual stage c·P + r on rank r (`--chunks 1`: a plain chain).
     Interleaved,
     /// Two chunks in a V: stages 0..P down the ranks, P..2P back up (ZB-V).
@@ -40,8 +43,8 @@ pub struct SimulateArgs {
     /// Virtual stages (chunks) per rank, V: interleaved-1f1b and CSV files.
     #[arg(long, default_value_t = 1)]
     chunks: usize,
-    /// Stage layout of a CSV file.
-    #[arg(long, value_enum, default_value_t = LayoutArg::Interleaved)]
+    /// Stage layout of a CSV file (`auto`: inferred from the rows, as torch does).
+    #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
     /// Per virtual stage and micro-batch: F (forward), B (input gradient), W (weight
     /// gradient) times, and comm (time of one cross-rank transfer).
@@ -119,6 +122,8 @@ pub fn simulate_cmd(a: SimulateArgs) -> Result<ExitCode> {
         let text = std::fs::read_to_string(&a.schedule)
             .with_context(|| format!("cannot read {}", a.schedule))?;
         let layout = match a.layout {
+            LayoutArg::Auto => ppcc_passes::schedule::csv::infer_layout(&text, a.stages)
+                .with_context(|| format!("invalid schedule {}", a.schedule))?,
             LayoutArg::Interleaved => Layout::Interleaved {
                 ranks: a.stages,
                 chunks: a.chunks,

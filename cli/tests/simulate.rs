@@ -316,3 +316,39 @@ fn malformed_pps_is_an_error_with_path_line_and_column() {
     assert!(!ok);
     assert!(err.contains("cannot read nope.pps"), "{err}");
 }
+
+/// A CSV's layout is inferred from its rows: an exported ZB-V (a V) and interleaved 1F1B
+/// (2 chunks) simulate like their built-ins without `--layout` or `--chunks`.
+#[test]
+fn csv_layout_is_inferred_from_the_rows() {
+    for (name, chunks) in [("zb-v", "1"), ("interleaved-1f1b", "2")] {
+        let csv = tmp(&format!("{name}-inferred.csv"));
+        let (ok, first, err) = simulate(&[
+            "--schedule",
+            name,
+            "--stages",
+            "3",
+            "--microbatches",
+            "6",
+            "--chunks",
+            chunks,
+            "--export-csv",
+            csv.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+        let (ok, again, err) = simulate(&[
+            "--schedule",
+            csv.to_str().unwrap(),
+            "--stages",
+            "3",
+            "--microbatches",
+            "6",
+        ]);
+        assert!(ok, "{name}: {err}");
+        assert_eq!(
+            again.lines().next().unwrap(),
+            first.lines().next().unwrap(),
+            "{name}"
+        );
+    }
+}
