@@ -738,3 +738,94 @@ fn write_kernels(dir: &Path, kernels: &[crate::gpu::Kernel]) -> Result<(), Compi
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use melior::ir::block::BlockLike;
+    use melior::ir::operation::{OperationLike, OperationRef};
+    use melior::ir::RegionLike;
+
+    /// `(op name, location)` of every op nested in `op`.
+    fn locations(op: OperationRef, out: &mut Vec<(String, String)>) {
+        for region in op.regions() {
+            let mut block = region.first_block();
+            while let Some(b) = block {
+                let mut next = b.first_operation();
+                while let Some(o) = next {
+                    out.push((
+                        o.name().as_string_ref().as_str().unwrap_or("?").to_string(),
+                        o.location().to_string(),
+                    ));
+                    locations(o, out);
+                    next = o.next_in_block();
+                }
+                block = b.next_in_region();
+            }
+        }
+    }
+
+    /// Every op of the lowered MLIR carries the location of the ppir op (the ONNX node) it
+    /// came from, or its function's name: none is left with a position in the generated
+    /// text, so MLIR's diagnostics name the node.
+    #[test]
+    fn every_mlir_op_carries_its_node_name() {
+        let src = r#"module {
+  func @main(%x: tensor<4x8xf32>, %w: tensor<16x8xf32>, %b: tensor<16xf32>) -> (tensor<4x16xf32>, tensor<4x16xf32>) {
+    %g = "pp.gemm"(%x, %w, %b) {alpha = 1.0, beta = 1.0, trans_a = 0, trans_b = 1} : (tensor<4x8xf32>, tensor<16x8xf32>, tensor<16xf32>) -> tensor<4x16xf32> loc("fc/Gemm")
+    %r = "pp.relu"(%g) : (tensor<4x16xf32>) -> tensor<4x16xf32> loc("act \"1\"\\x")
+    %s = "pp.softmax"(%r) {axis = -1} : (tensor<4x16xf32>) -> tensor<4x16xf32> loc("head/Softmax")
+    %t = "pp.relu"(%s) : (tensor<4x16xf32>) -> tensor<4x16xf32>
+    return %s, %t : tensor<4x16xf32>, tensor<4x16xf32>
+  }
+}
+"#;
+        let m = ppir::text::parse_module(src).unwrap();
+        for library_calls in [true, false] {
+            let opts = crate::lower::LowerOptions {
+                profile_ops: false,
+                library_calls,
+            };
+            let f = &m.functions[0];
+            let (text, _) = crate::lower::lower_functions_with(&[f], &opts).unwrap();
+            let (context, sink) = new_context();
+            let module = Module::parse(&context, &text)
+                .unwrap_or_else(|| panic!("{}\n{text}", drain(&sink)));
+            let mut locs = Vec::new();
+            locations(module.as_operation(), &mut locs);
+            assert!(locs.len() > 10, "{locs:?}");
+            let allowed = [
+                "loc(\"fc/Gemm\")",
+                "loc(\"head/Softmax\")",
+                "loc(\"main: %t\")",
+                "loc(\"main\")",
+                "loc(\"ppcc runtime support\")",
+            ];
+            for (name, loc) in &locs {
+                // The implicit bodies of named ops (`linalg.fill`) are built by MLIR.
+                let implicit = name == "linalg.yield" && loc == "loc(unknown)";
+                let ok = allowed.contains(&loc.as_str())
+                    || implicit
+                    || (loc.starts_with("loc(\"act ") && loc.contains('1'));
+                assert!(
+                    ok,
+                    "{name} at {loc} (library calls: {library_calls})\n{text}"
+                );
+            }
+            for want in &allowed[..4] {
+                assert!(
+                    locs.iter().any(|(_, l)| l == want),
+                    "no op at {want}: {locs:?}"
+                );
+            }
+        }
+    }
+
+    /// A failing pipeline's diagnostic names the node of the op it failed on.
+    #[test]
+    fn pipeline_diagnostics_name_the_node() {
+        let text = "module {\n  func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n    %0 = func.call @nowhere(%a) : (tensor<4xf32>) -> tensor<4xf32> loc(\"blocks.3/mlp/Gelu\")\n    return %0 : tensor<4xf32> loc(\"f\")\n  } loc(\"f\")\n}\n";
+        let e = lower_to_llvm_dialect(text, &CompileOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("blocks.3/mlp/Gelu"), "{e}");
+    }
+}

@@ -111,15 +111,23 @@ func.func(gpu-map-parallel-loops),",
     )
 }
 
+/// [`gpu_loops_passes`], then the mapped loops become `gpu.launch` regions, outlined into
+/// `gpu.func` kernels of a `gpu.module`: the start of [`cuda_pipeline`], before NVVM. What
+/// `ppcc-opt --pass lower-to-mlir{target=cuda-kernels}` prints (the lit tests of each op
+/// family's kernels). Ends with a comma.
+pub fn kernel_outlining_passes() -> String {
+    format!(
+        "{}convert-parallel-loops-to-gpu,lower-affine,gpu-kernel-outlining,",
+        gpu_loops_passes()
+    )
+}
+
 /// The MLIR pass pipeline of the CUDA target: bufferization as on the CPU (caller-provided
 /// results, every temporary freed), then loops → kernels → PTX with ppcc's math library
 /// `math_lib` linked into every kernel module, and the host code to the LLVM dialect.
 pub fn cuda_pipeline(opts: &CudaOptions, math_lib: &Path) -> String {
     format!(
-        "builtin.module({loops}\
-convert-parallel-loops-to-gpu,\
-lower-affine,\
-gpu-kernel-outlining,\
+        "builtin.module({outlined}\
 convert-vector-to-scf,\
 convert-scf-to-cf,\
 convert-nvvm-to-llvm,\
@@ -140,7 +148,7 @@ convert-to-llvm,\
 canonicalize,\
 cse,\
 reconcile-unrealized-casts)",
-        loops = gpu_loops_passes(),
+        outlined = kernel_outlining_passes(),
         chip = opts.arch,
         features = opts.ptx_features(),
         lib = math_lib.display(),

@@ -103,20 +103,19 @@ pub fn build_module(
     })
 }
 
-/// The ppir function whose MLIR text holds the first `:<line>:<col>` location of an MLIR
-/// diagnostic (locations refer to lines of the text we generated).
+/// The ppir function whose MLIR text holds the first location of an MLIR diagnostic: a
+/// `loc("node")` the lowering put on the op (the first line that carries it), else a
+/// `:<line>:<col>` of the text we generated.
 fn function_at_diagnostic(mlir: &str, diag: &str, fs: &[&Function]) -> Option<String> {
-    let line = diag
-        .split(':')
-        .zip(diag.split(':').skip(1))
-        .find_map(|(a, b)| {
-            let a = a.rsplit(|c: char| !c.is_ascii_digit()).next()?;
-            if a.is_empty() || !a.chars().all(|c| c.is_ascii_digit()) {
-                return None;
-            }
-            let b: String = b.chars().take_while(|c| c.is_ascii_digit()).collect();
-            (!b.is_empty()).then(|| a.parse::<usize>().ok()).flatten()
-        })?;
+    let named = diag.find("loc(\"").and_then(|start| {
+        let end = diag[start..].find("\")")? + start + 2;
+        let loc = &diag[start..end];
+        mlir.lines().position(|l| l.contains(loc)).map(|i| i + 1)
+    });
+    let line = match named {
+        Some(l) => Some(l),
+        None => line_of(diag),
+    }?;
     let mut current = None;
     for (i, l) in mlir.lines().enumerate() {
         if let Some(rest) = l.trim_start().strip_prefix("func.func @") {
@@ -134,4 +133,18 @@ fn function_at_diagnostic(mlir: &str, diag: &str, fs: &[&Function]) -> Option<St
         }
     }
     None
+}
+
+/// The line of the first `:<line>:<col>` in a diagnostic.
+fn line_of(diag: &str) -> Option<usize> {
+    diag.split(':')
+        .zip(diag.split(':').skip(1))
+        .find_map(|(a, b)| {
+            let a = a.rsplit(|c: char| !c.is_ascii_digit()).next()?;
+            if a.is_empty() || !a.chars().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            let b: String = b.chars().take_while(|c| c.is_ascii_digit()).collect();
+            (!b.is_empty()).then(|| a.parse::<usize>().ok()).flatten()
+        })
 }

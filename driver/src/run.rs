@@ -841,6 +841,7 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
     let mut trace: Vec<(u64, f64, Timed)> = vec![];
     let mut peak_stash = vec![0u64; ranks.len()];
     let mut peak_temporary: Vec<Option<u64>> = vec![None; ranks.len()];
+    let mut gpu_memory: Vec<Vec<ppcc_runtime::pipeline::GpuMemory>> = vec![Vec::new(); ranks.len()];
     let mut busy = vec![0.0f64; ranks.len()];
     let run_start = Instant::now();
     let end_step = start_step
@@ -869,6 +870,9 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
             peak_stash[i] = peak_stash[i].max(rep.peak_stash_bytes);
             if let Some(t) = rep.peak_temporary_bytes {
                 peak_temporary[i] = Some(peak_temporary[i].unwrap_or(0).max(t));
+            }
+            if !rep.gpu_memory.is_empty() {
+                gpu_memory[i] = rep.gpu_memory.clone();
             }
             busy[i] += rep
                 .actions
@@ -953,8 +957,20 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
                 ),
                 None => String::new(),
             };
+            // Allocations on the GPU (managed memory), counted by the runtime; a GPU that
+            // several devices' stages share shows everything on it.
+            let gpus: String = gpu_memory[i]
+                .iter()
+                .map(|g| {
+                    format!(
+                        ", GPU {} peak allocated {}",
+                        g.device,
+                        mib(g.peak_bytes as f64)
+                    )
+                })
+                .collect();
             events(RunEvent::Note(format!(
-                "device {r} ({}stage {}): busy {} per step, peak memory {} (weights and optimizer state {}, gradients {}, stash {}{temporaries}), predicted {}",
+                "device {r} ({}stage {}): busy {} per step, peak memory {} (weights and optimizer state {}, gradients {}, stash {}{temporaries}){gpus}, predicted {}",
                 if plan.replicas > 1 {
                     format!("replica {}, ", w.config.replica)
                 } else {

@@ -1122,6 +1122,14 @@ impl crate::pipeline::StageExecutable for NativeStage {
     fn take_temporary_peak(&mut self) -> Option<u64> {
         self.native.take_temporary_peak()
     }
+
+    fn gpu_memory(&self) -> Option<crate::pipeline::GpuMemory> {
+        let g = self.native.gpu()?;
+        Some(crate::pipeline::GpuMemory {
+            device: format!("{} ({})", g.ordinal, g.name),
+            peak_bytes: g.memory().1,
+        })
+    }
 }
 
 /// Native code as the single-device trainer's [`crate::Executor`].

@@ -79,11 +79,20 @@ enum OptError {
     Parse { file: String, error: ParseError },
     #[error("error: --pass {LOWER_TO_MLIR} must be the last pass")]
     LowerNotLast,
+    #[error(
+        "error: --pass {spec}: expected {LOWER_TO_MLIR} or {LOWER_TO_MLIR}{{target=cpu|cuda}}"
+    )]
+    LowerOptions { spec: String },
     /// An unknown pass, or bad pass options.
     #[error("error: {0}")]
     Pass(PassError),
     #[error("{file}: error: {error}")]
     Run { file: String, error: PassError },
+    #[error("{file}: error: {error}")]
+    Kernels {
+        file: String,
+        error: Box<ppcc_codegen::CompileError>,
+    },
     #[error("{file}: error: {error}")]
     Lower {
         file: String,
@@ -126,7 +135,7 @@ fn run(args: Args) -> Result<(), OptError> {
             }
         }
         println!(
-            "{:<16} lower every function to MLIR (func/linalg/tensor/arith/math) and print it; must be the last pass",
+            "{:<16} lower every function to MLIR (func/linalg/tensor/arith/math) and print it; must be the last pass; {{target=cuda}}: every op kept in linalg on tensors (no support-library calls), the form the CUDA target turns into kernels; {{target=cuda-kernels}}: that form bufferized, tiled and outlined into gpu.func kernels (before NVVM)",
             LOWER_TO_MLIR
         );
         return Ok(());
@@ -153,13 +162,25 @@ fn run(args: Args) -> Result<(), OptError> {
 
     let mut pm = PassManager::new();
     pm.verify_each(!args.no_verify);
-    let mut to_mlir = false;
+    let mut to_mlir = None;
     for (i, spec) in args.passes.iter().enumerate() {
-        if spec == LOWER_TO_MLIR {
+        if let Some(options) = spec.strip_prefix(LOWER_TO_MLIR) {
+            let (library_calls, kernels) = match options {
+                "" | "{target=cpu}" => (true, false),
+                "{target=cuda}" => (false, false),
+                "{target=cuda-kernels}" => (false, true),
+                _ => return Err(OptError::LowerOptions { spec: spec.clone() }),
+            };
             if i + 1 != args.passes.len() {
                 return Err(OptError::LowerNotLast);
             }
-            to_mlir = true;
+            to_mlir = Some((
+                ppcc_codegen::lower::LowerOptions {
+                    profile_ops: false,
+                    library_calls,
+                },
+                kernels,
+            ));
             continue;
         }
         pm.add(registry.create(spec).map_err(OptError::Pass)?);
@@ -171,14 +192,32 @@ fn run(args: Args) -> Result<(), OptError> {
     if args.verify_only {
         return Ok(());
     }
-    let text = if to_mlir {
+    let text = if let Some((opts, kernels)) = &to_mlir {
         let fs: Vec<&ppir::Function> = module.functions.iter().collect();
-        ppcc_codegen::lower_functions(&fs)
+        let text = ppcc_codegen::lower::lower_functions_with(&fs, opts)
             .map_err(|error| OptError::Lower {
                 file: file(),
                 error: Box::new(error),
             })?
-            .0
+            .0;
+        if *kernels {
+            let copts = ppcc_codegen::CompileOptions {
+                pipeline: format!(
+                    "builtin.module({})",
+                    ppcc_codegen::gpu::kernel_outlining_passes().trim_end_matches(',')
+                ),
+                cuda: Some(ppcc_codegen::CudaOptions::default()),
+                ..Default::default()
+            };
+            ppcc_codegen::compile::lower_to_llvm_dialect(&text, &copts).map_err(|error| {
+                OptError::Kernels {
+                    file: file(),
+                    error: Box::new(error),
+                }
+            })?
+        } else {
+            text
+        }
     } else {
         print_module(
             &module,

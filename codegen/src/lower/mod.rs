@@ -158,7 +158,7 @@ pub fn lower_functions_with(
     for d in &decls {
         text.push_str("  ");
         text.push_str(d);
-        text.push('\n');
+        text.push_str(" loc(\"ppcc runtime support\")\n");
     }
     text.push_str(&bodies);
     text.push_str("}\n");
@@ -334,6 +334,92 @@ pub struct Emitter<'f> {
     profile_ops: bool,
     /// [`LowerOptions::library_calls`].
     pub library_calls: bool,
+    /// The MLIR location (`loc("node")`, [`mlir_loc`]) of the op being lowered, appended to
+    /// every line that ends an operation, so that MLIR's diagnostics name the ONNX node.
+    loc: Option<String>,
+}
+
+/// The MLIR location of `op` in `f`: its source location (the ONNX node name, which
+/// autodiff and the stage split carry over to the ops they derive), else the function and
+/// its first result (`stage0.optim: %new.w`) for ops that no node produced.
+pub fn mlir_loc(f: &Function, op: &OpData) -> String {
+    let name = match (&op.loc, op.results().first()) {
+        (Some(l), _) => l.clone(),
+        (None, Some(&r)) => format!("{}: %{}", f.name, f.value(r).name),
+        (None, None) => f.name.clone(),
+    };
+    format!("loc({})", mlir_string(&name))
+}
+
+/// The location of the code emitted for op `root`: [`mlir_loc`], or, when the op computes
+/// others too (elementwise producers fused into its generic, the matrix product its bias
+/// add absorbed), `loc(fused["producer", ..., "root"])` of every distinct node among them.
+fn fused_loc(f: &Function, root: OpId, absorbed: Option<OpId>, plan: &fuse::Plan) -> String {
+    fn walk(f: &Function, op: OpId, plan: &fuse::Plan, out: &mut Vec<OpId>) {
+        for &v in f.op(op).operands() {
+            if let Some(p) = plan.inlined_producer(f, v) {
+                if !out.contains(&p) {
+                    walk(f, p, plan, out);
+                    out.push(p);
+                }
+            }
+        }
+    }
+    let mut ops = Vec::new();
+    if let Some(mm) = absorbed {
+        walk(f, mm, plan, &mut ops);
+        ops.push(mm);
+    }
+    walk(f, root, plan, &mut ops);
+    ops.push(root);
+    let mut names: Vec<String> = Vec::new();
+    for id in ops {
+        let l = mlir_loc(f, f.op(id));
+        if !names.contains(&l) {
+            names.push(l);
+        }
+    }
+    match names.len() {
+        0 | 1 => mlir_loc(f, f.op(root)),
+        _ => {
+            let inner: Vec<&str> = names
+                .iter()
+                .map(|l| {
+                    l.strip_prefix("loc(")
+                        .and_then(|x| x.strip_suffix(')'))
+                        .unwrap_or(l)
+                })
+                .collect();
+            format!("loc(fused[{}])", inner.join(", "))
+        }
+    }
+}
+
+/// `s` as an MLIR string literal: quotes and backslashes escaped, other control characters
+/// as `\XX` hex escapes.
+pub fn mlir_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                write!(out, "\\{:02X}", c as u32).unwrap();
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Whether a line of emitted MLIR is the last line of an operation (so a trailing
+/// location may follow it): not a line that opens a region (`... {`, `} else {`,
+/// `} do {`) or a block label (`^bb0(...):`).
+fn ends_op(line: &str) -> bool {
+    let t = line.trim_end();
+    !(t.is_empty() || t.ends_with('{') || t.ends_with(':') || t.trim_start().starts_with('^'))
 }
 
 impl<'f> Emitter<'f> {
@@ -347,6 +433,7 @@ impl<'f> Emitter<'f> {
             decls: Vec::new(),
             profile_ops: false,
             library_calls: true,
+            loc: None,
         }
     }
 
@@ -366,8 +453,13 @@ impl<'f> Emitter<'f> {
 
     /// Emit one line of the function body.
     pub fn line(&mut self, s: impl AsRef<str>) {
+        let s = s.as_ref();
         self.out.push_str("    ");
-        self.out.push_str(s.as_ref());
+        self.out.push_str(s);
+        if let Some(loc) = self.loc.as_deref().filter(|_| ends_op(s)) {
+            self.out.push(' ');
+            self.out.push_str(loc);
+        }
         self.out.push('\n');
     }
 
@@ -712,8 +804,9 @@ fn lower_func_op(
             continue;
         }
         let op = f.op(op_id);
-        let view = elementwise::op_view(&e, op_id)?;
         let bias_mm = plan.bias_matmul(op_id);
+        e.loc = Some(fused_loc(f, op_id, bias_mm, &plan));
+        let view = elementwise::op_view(&e, op_id)?;
         let lower_here = |e: &mut Emitter| {
             if let Some(mm) = bias_mm {
                 contraction::matmul_plus_bias(e, &view, mm, &|v| plan.inlined_producer(f, v))
@@ -751,6 +844,9 @@ fn lower_func_op(
             e.set_name(r, n);
         }
     }
+    // The function's own ops (result copies, `return`) carry its name.
+    let fn_loc = format!("loc({})", mlir_string(&f.name));
+    e.loc = Some(fn_loc.clone());
     let ret: Vec<String> = f.results().iter().map(|&v| e.name(v)).collect();
     let zero_size: Vec<bool> = outputs.iter().map(|(_, s)| s.contains(&0)).collect();
     let ret = distinct_results(&mut e, ret, &res_tys, &zero_size);
@@ -764,7 +860,7 @@ fn lower_func_op(
         ));
     }
     let text = format!(
-        "  func.func @{}({}) -> ({}) attributes {{llvm.emit_c_interface}} {{\n{}  }}\n",
+        "  func.func @{}({}) -> ({}) attributes {{llvm.emit_c_interface}} {{\n{}  }} {fn_loc}\n",
         ppir::abi::mangle(&f.name),
         params.join(", "),
         res_tys.join(", "),
@@ -907,19 +1003,30 @@ fn outline_op(
     e.tmp = outer_tmp;
     e.names = saved;
     let names = result?;
-    let def = format!(
-        "({}) -> ({}) attributes {{passthrough = [\"noinline\"]}} {{\n{body}    return {} : {}\n  }}\n",
-        params.join(", "),
-        res_tys.join(", "),
-        names.join(", "),
-        res_tys.join(", "),
-    );
-    let callee = match e.outlined.get(&def) {
+    // The function's code is looked up by its text without the op's location: equal ops
+    // of different nodes share one function, which carries the first one's location.
+    let def = |body: &str, loc: &str| {
+        format!(
+            "({}) -> ({}) attributes {{passthrough = [\"noinline\"]}} {{\n{body}    return {} : {}{loc}\n  }}{loc}\n",
+            params.join(", "),
+            res_tys.join(", "),
+            names.join(", "),
+            res_tys.join(", "),
+        )
+    };
+    let (key, text) = match &e.loc {
+        Some(loc) => {
+            let suffix = format!(" {loc}");
+            (def(&body.replace(&suffix, ""), ""), def(&body, &suffix))
+        }
+        None => (def(&body, ""), def(&body, "")),
+    };
+    let callee = match e.outlined.get(&key) {
         Some(c) => c.clone(),
         None => {
             let c = format!("{}__op{}", ppir::abi::mangle(&f.name), op_id.index());
-            *outlined += &format!("  func.func private @{c}{def}");
-            e.outlined.insert(def, c.clone());
+            *outlined += &format!("  func.func private @{c}{text}");
+            e.outlined.insert(key, c.clone());
             c
         }
     };

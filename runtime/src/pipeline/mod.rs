@@ -304,6 +304,20 @@ pub trait StageExecutable: Send {
     fn take_temporary_peak(&mut self) -> Option<u64> {
         None
     }
+    /// The GPU the executable's buffers live on, with the most bytes allocated on it so far
+    /// (every stage on that GPU together); `None` for CPU executables.
+    fn gpu_memory(&self) -> Option<GpuMemory> {
+        None
+    }
+}
+
+/// Memory of one GPU, as [`StageExecutable::gpu_memory`] reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuMemory {
+    /// The device's ordinal and name (`0 (NVIDIA H100 80GB HBM3)`).
+    pub device: String,
+    /// The most bytes allocated on it at once so far.
+    pub peak_bytes: u64,
 }
 
 /// A stage's functions on the reference interpreter.
@@ -399,6 +413,8 @@ pub struct RankReport {
     /// The most bytes of temporaries one function call of this device's stages had live at
     /// once (`None`: its executables do not count them).
     pub peak_temporary_bytes: Option<u64>,
+    /// The GPUs this device's stages run on (CUDA plans; empty on the CPU).
+    pub gpu_memory: Vec<GpuMemory>,
 }
 
 /// A stage on a device: its functions, weights, stash and gradient sums.
@@ -1069,6 +1085,14 @@ impl RankWorker {
                 end: t0.elapsed().as_secs_f64(),
                 waiting: 0.0,
             });
+        }
+        for st in &self.stages {
+            if let Some(g) = st.exec.gpu_memory() {
+                match report.gpu_memory.iter_mut().find(|x| x.device == g.device) {
+                    Some(x) => x.peak_bytes = x.peak_bytes.max(g.peak_bytes),
+                    None => report.gpu_memory.push(g),
+                }
+            }
         }
         Ok(report)
     }
