@@ -38,6 +38,12 @@ buffer-deallocation-pipeline,"
 }
 pub(crate) use bufferize_passes;
 
+/// Our step that points calls at the ops' support-library versions ([`crate::library`]),
+/// listed among the passes by this name (and written as such with `--keep-mlir`).
+const USE_LIBRARY: &str = "ppcc-use-library-routines";
+/// Our step that frees each temporary after its last use ([`crate::free_early`]).
+const FREE_EARLY: &str = "ppcc-free-after-last-use";
+
 /// The passes that lower host loops and everything else left to the LLVM dialect.
 macro_rules! host_to_llvm_passes {
     () => {
@@ -125,6 +131,10 @@ pub struct CompileOptions {
     /// Generate CUDA kernels (PTX) and host code that launches them instead of CPU code;
     /// `pipeline` is then replaced by [`crate::gpu::cuda_pipeline`].
     pub cuda: Option<CudaOptions>,
+    /// CPU code: call the support library's routines where the lowering wrote an op's
+    /// version that does ([`crate::library`]); `false` runs every op as its `linalg` loops.
+    /// Default: on, unless `PPCC_LIBRARY=off`.
+    pub library: bool,
 }
 
 impl Default for CompileOptions {
@@ -136,6 +146,7 @@ impl Default for CompileOptions {
             keep_intermediates: false,
             keep_passes: None,
             cuda: None,
+            library: std::env::var("PPCC_LIBRARY").map_or(true, |v| v != "off"),
         }
     }
 }
@@ -196,48 +207,78 @@ fn parse_and_lower<'c>(
         parse_pass_pipeline(pm.as_operation_pass_manager(), pipeline).map_err(fail)?;
         pm.run(module).map_err(fail)
     };
-    // CPU code frees each temporary after its last use (`free_early`), right after the
-    // deallocation pipeline placed the frees.
-    let passes = pipeline_passes(&opts.pipeline);
+    // Steps of ours between passes (CPU code): right after bufferization has given every
+    // function its final buffer signature, the calls of ops with a support-library version
+    // go to it (`library`) and `symbol-dce` drops the unused `linalg` versions; right after
+    // the deallocation pipeline placed the frees, each temporary is freed after its last
+    // use (`free_early`).
+    let mut passes = pipeline_passes(&opts.pipeline);
+    let cpu = opts.cuda.is_none();
+    if cpu {
+        if let Some(at) = passes
+            .iter()
+            .position(|p| p.starts_with("buffer-results-to-out-params"))
+        {
+            // Without the library the `__lib` versions are the ones no call reaches.
+            passes.insert(at + 1, "symbol-dce".to_string());
+            if opts.library {
+                passes.insert(at + 1, USE_LIBRARY.to_string());
+            }
+        }
+    }
     let free_after = passes
         .iter()
         .position(|p| p == "buffer-deallocation-pipeline")
-        .filter(|_| opts.cuda.is_none());
-    let free_early = |module: &mut Module<'c>| -> Result<(), CompileError> {
-        crate::free_early::free_after_last_use(module.as_operation().to_raw());
+        .filter(|_| cpu);
+    let ours = |pass: &str, module: &mut Module<'c>| -> Result<(), CompileError> {
+        if pass == USE_LIBRARY {
+            crate::library::use_library_routines(module.as_operation().to_raw());
+        } else {
+            crate::free_early::free_after_last_use(module.as_operation().to_raw());
+        }
         if module.as_operation().verify() {
             Ok(())
         } else {
             Err(CompileError::Pipeline {
-                pipeline: "ppcc free-after-last-use".into(),
+                pipeline: format!("ppcc {pass}"),
                 diagnostics: drain(sink),
             })
         }
     };
     match &opts.keep_passes {
-        None => match free_after {
-            None => run(&opts.pipeline, &mut module)?,
-            Some(at) => {
-                run(
-                    &format!("builtin.module({})", passes[..=at].join(",")),
-                    &mut module,
-                )?;
-                free_early(&mut module)?;
-                if at + 1 < passes.len() {
-                    run(
-                        &format!("builtin.module({})", passes[at + 1..].join(",")),
-                        &mut module,
-                    )?;
+        None => {
+            // MLIR's passes in runs between our steps.
+            let mut run_from = 0;
+            for i in 0..passes.len() {
+                let ours_here = passes[i] == USE_LIBRARY;
+                if ours_here || Some(i) == free_after || i + 1 == passes.len() {
+                    let end = if ours_here { i } else { i + 1 };
+                    if end > run_from {
+                        run(
+                            &format!("builtin.module({})", passes[run_from..end].join(",")),
+                            &mut module,
+                        )?;
+                    }
+                    if ours_here {
+                        ours(USE_LIBRARY, &mut module)?;
+                    } else if Some(i) == free_after {
+                        ours(FREE_EARLY, &mut module)?;
+                    }
+                    run_from = i + 1;
                 }
             }
-        },
+        }
         Some(dir) => {
             create_dir(dir)?;
             write_file(&dir.join("00-input.mlir"), mlir)?;
             for (i, pass) in passes.iter().enumerate() {
-                run(&format!("builtin.module({pass})"), &mut module)?;
+                if pass == USE_LIBRARY {
+                    ours(USE_LIBRARY, &mut module)?;
+                } else {
+                    run(&format!("builtin.module({pass})"), &mut module)?;
+                }
                 if Some(i) == free_after {
-                    free_early(&mut module)?;
+                    ours(FREE_EARLY, &mut module)?;
                 }
                 let stem: String = pass
                     .chars()
@@ -480,15 +521,25 @@ fn add_entries<'c>(
 /// non-contiguous copies), so a module needs none of MLIR's runner libraries.
 pub const SUPPORT_C: &str = include_str!("support.c");
 
-/// The C objects linked into modules, each compiled once per process and cached per user.
+/// The support library's C ABI, declared once (`codegen/include/ppcc_support.h`); support.c
+/// includes it.
+pub const SUPPORT_H: &str = include_str!("../include/ppcc_support.h");
+
+/// build.rs's objects of [`SUPPORT_C`] and [`crate::gpu::GPU_SHIM_C`] for any CPU of the
+/// architecture.
+static SUPPORT_PORTABLE_O: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/support-portable.o"));
+static GPU_SHIM_O: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gpu-shim.o"));
+
+/// The C objects linked into modules: the host-CPU one compiled once per process and cached
+/// per user, the portable ones built by build.rs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CObject {
     /// [`SUPPORT_C`] for this machine's CPU (`-march=native`): CPU modules.
     Support,
-    /// [`SUPPORT_C`] for any CPU of the architecture: the host code of CUDA modules, which
-    /// runs on the GPU machine.
+    /// [`SUPPORT_C`] for any CPU of the architecture (build.rs): the host code of CUDA
+    /// modules, which runs on the GPU machine.
     SupportPortable,
-    /// [`crate::gpu::GPU_SHIM_C`]: the GPU runtime ABI of CUDA modules.
+    /// [`crate::gpu::GPU_SHIM_C`] (build.rs): the GPU runtime ABI of CUDA modules.
     GpuShim,
 }
 
@@ -539,6 +590,11 @@ pub fn support_object() -> Result<&'static [u8], CompileError> {
 }
 
 fn c_object(which: CObject) -> Result<&'static [u8], CompileError> {
+    match which {
+        CObject::SupportPortable => return Ok(SUPPORT_PORTABLE_O),
+        CObject::GpuShim => return Ok(GPU_SHIM_O),
+        CObject::Support => {}
+    }
     // Only success is kept: an error (say, a cache directory fixed meanwhile) is retried.
     static OBJS: [std::sync::OnceLock<Vec<u8>>; 3] = [const { std::sync::OnceLock::new() }; 3];
     let slot = &OBJS[which.index()];
@@ -561,6 +617,7 @@ fn build_c_object(which: CObject) -> Result<Vec<u8>, CompileError> {
     let flags = format!("{:?}", which.flag_sets());
     let key = sha256_hex(&[
         which.source().as_bytes(),
+        SUPPORT_H.as_bytes(),
         cc.as_bytes(),
         &version,
         flags.as_bytes(),
@@ -583,11 +640,18 @@ fn compile_c(cc: &str, name: &str, which: CObject) -> Result<Vec<u8>, CompileErr
     // support.c includes itself (once per element type), so it is compiled from a file.
     let file = format!("{}.c", which.stem());
     let (scratch, src) = private_temp_file("ppcc-support-", &file, which.source().as_bytes())?;
+    let header = scratch.path().join("ppcc_support.h");
+    std::fs::write(&header, SUPPORT_H).map_err(|e| CompileError::Write {
+        path: header.clone(),
+        source: e,
+    })?;
     let obj = scratch.path().join("out.o");
     let mut errors = String::new();
     for flags in which.flag_sets() {
         let out = Command::new(cc)
             .args(*flags)
+            .arg("-I")
+            .arg(scratch.path())
             .arg("-c")
             .arg(&src)
             .arg("-o")
@@ -818,6 +882,175 @@ mod tests {
                     "no op at {want}: {locs:?}"
                 );
             }
+        }
+    }
+
+    /// The CPU pipeline calls an op's support-library version (`__lib`) after
+    /// bufferization and drops the `linalg` one; with the library off the `linalg` loops
+    /// stay and nothing calls the library.
+    #[test]
+    fn library_versions_replace_linalg_after_bufferization() {
+        let src = r#"module {
+  func @main(%x: tensor<4x8xf32>, %w: tensor<16x8xf32>, %b: tensor<16xf32>) -> (tensor<4x16xf32>) {
+    %g = "pp.gemm"(%x, %w, %b) {alpha = 1.0, beta = 1.0, trans_a = 0, trans_b = 1} : (tensor<4x8xf32>, tensor<16x8xf32>, tensor<16xf32>) -> tensor<4x16xf32> loc("fc/Gemm")
+    %r = "pp.relu"(%g) : (tensor<4x16xf32>) -> tensor<4x16xf32> loc("act")
+    %s = "pp.softmax"(%r) {axis = -1} : (tensor<4x16xf32>) -> tensor<4x16xf32> loc("head/Softmax")
+    return %s : tensor<4x16xf32>
+  }
+}
+"#;
+        let m = ppir::text::parse_module(src).unwrap();
+        let (text, _) = crate::lower::lower_functions(&[&m.functions[0]]).unwrap();
+        assert!(
+            text.contains("func.func private @main__op0__lib("),
+            "{text}"
+        );
+        assert!(
+            text.contains("func.func private @main__op2__lib("),
+            "{text}"
+        );
+        assert!(!text.contains("@main__op1__lib"), "{text}");
+        let on = CompileOptions {
+            library: true,
+            ..Default::default()
+        };
+        let llvm = lower_to_llvm_dialect(&text, &on).unwrap();
+        for (f, lib) in [
+            ("main__op0", true),
+            ("main__op1", false),
+            ("main__op2", true),
+        ] {
+            let (kept, dropped) = if lib {
+                (format!("{f}__lib"), f.to_string())
+            } else {
+                (f.to_string(), format!("{f}__lib"))
+            };
+            assert!(
+                llvm.contains(&format!("llvm.call @{kept}(")),
+                "{kept}: {llvm}"
+            );
+            assert!(
+                !llvm.contains(&format!("llvm.func @{dropped}(")),
+                "{dropped}: {llvm}"
+            );
+        }
+        assert!(llvm.contains("ppcc_sgemm") && llvm.contains("ppcc_softmax_f32"));
+        let off = CompileOptions {
+            library: false,
+            ..Default::default()
+        };
+        let llvm = lower_to_llvm_dialect(&text, &off).unwrap();
+        assert!(llvm.contains("llvm.call @main__op0("), "{llvm}");
+        assert!(!llvm.contains("llvm.call @main__op0__lib("), "{llvm}");
+        assert!(!llvm.contains("llvm.call @ppcc_sgemm"), "{llvm}");
+    }
+
+    /// The parameter types of each function `ppcc_support.h` declares, as LLVM types.
+    fn header_prototypes() -> std::collections::HashMap<String, Vec<&'static str>> {
+        let text: String = SUPPORT_H
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        // Drop comments, then split into declarations at `;`.
+        let mut plain = String::new();
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("/*") {
+            plain.push_str(&rest[..i]);
+            rest = rest[i..].find("*/").map_or("", |j| &rest[i + j + 2..]);
+        }
+        plain.push_str(rest);
+        let llvm = |c: &str| -> &'static str {
+            let c = c.trim();
+            if c.contains('*') {
+                return "!llvm.ptr";
+            }
+            let ty = c.rsplit_once(' ').map_or(c, |(t, _)| t).trim();
+            match ty {
+                "int64_t" | "uint64_t" | "size_t" => "i64",
+                "int" => "i32",
+                "float" => "f32",
+                "double" => "f64",
+                other => panic!("type `{other}` in ppcc_support.h"),
+            }
+        };
+        let mut out = std::collections::HashMap::new();
+        for decl in plain.split(';') {
+            let Some((head, params)) = decl.split_once('(') else {
+                continue;
+            };
+            let Some(name) = head.split_whitespace().last() else {
+                continue;
+            };
+            let name = name.trim_start_matches('*');
+            if !name.starts_with("ppcc_") {
+                continue;
+            }
+            let params = params.trim().trim_end_matches(')');
+            let tys: Vec<&'static str> = if params.trim() == "void" {
+                vec![]
+            } else {
+                params.split(',').map(llvm).collect()
+            };
+            out.insert(name.to_string(), tys);
+        }
+        out
+    }
+
+    /// Every support-library function the lowering declares in MLIR has the parameters the
+    /// header declares: the ABI is written once, in C, and the generated calls follow it.
+    #[test]
+    fn support_declarations_match_the_header() {
+        let src = r#"module {
+  func @main(%x: tensor<4x8xf32>, %w: tensor<16x8xf32>, %b: tensor<16xf32>, %xd: tensor<4x8xf64>, %wd: tensor<8x3xf64>) -> (tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x3xf64>) {
+    %g = "pp.gemm"(%x, %w, %b) {trans_b = 1} : (tensor<4x8xf32>, tensor<16x8xf32>, tensor<16xf32>) -> tensor<4x16xf32>
+    %s = "pp.softmax"(%g) {axis = -1} : (tensor<4x16xf32>) -> tensor<4x16xf32>
+    %l = "pp.layer_norm"(%g, %b, %b) {axis = -1} : (tensor<4x16xf32>, tensor<16xf32>, tensor<16xf32>) -> tensor<4x16xf32>
+    %d = "pp.matmul"(%xd, %wd) : (tensor<4x8xf64>, tensor<8x3xf64>) -> tensor<4x3xf64>
+    return %s, %l, %d : tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x3xf64>
+  }
+}
+"#;
+        let m = ppir::text::parse_module(src).unwrap();
+        let opts = crate::lower::LowerOptions {
+            profile_ops: true,
+            library_calls: true,
+        };
+        let (text, _) = crate::lower::lower_functions_with(&[&m.functions[0]], &opts).unwrap();
+        let header = header_prototypes();
+        let mut seen = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.trim_start().strip_prefix("llvm.func @") else {
+                continue;
+            };
+            let (name, rest) = rest.split_once('(').unwrap();
+            let params = rest.split_once(')').unwrap().0;
+            let tys: Vec<&str> = if params.is_empty() {
+                vec![]
+            } else {
+                params.split(", ").collect()
+            };
+            let want = header
+                .get(name)
+                .unwrap_or_else(|| panic!("@{name} is not declared in ppcc_support.h"));
+            assert_eq!(
+                &tys, want,
+                "@{name}: MLIR declares {tys:?}, the header {want:?}"
+            );
+            seen.push(name.to_string());
+        }
+        for f in [
+            "ppcc_sgemm",
+            "ppcc_dgemm",
+            "ppcc_softmax_f32",
+            "ppcc_layernorm_f32",
+            "ppcc_prof_begin",
+            "ppcc_prof_end",
+        ] {
+            assert!(
+                seen.iter().any(|s| s == f),
+                "{f} not declared: {seen:?}\n{text}"
+            );
         }
     }
 

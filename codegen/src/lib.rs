@@ -9,6 +9,7 @@
 pub mod compile;
 mod free_early;
 pub mod gpu;
+pub mod library;
 pub mod lower;
 pub mod package;
 pub mod support_cache;

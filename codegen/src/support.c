@@ -3,7 +3,7 @@
  * compiler and host CPU). Everything here is ppcc's own code; a module.so needs nothing
  * beyond libc, libm and libpthread at run time.
  *
- * Exported:
+ * Exported (declared in codegen/include/ppcc_support.h, the ABI's one declaration):
  *   ppcc_sgemm / ppcc_dgemm   C = alpha * op(A) op(B) [+ beta * C0], row-major, the entry the
  *                             lowered matmul / batch matmul / gemm ops call;
  *   ppcc_set_num_threads(n)   threads one GEMM call may use (default 1: in pipelined
@@ -27,6 +27,8 @@
  * This file includes itself once per element type (PPCC_T = float, then double).
  */
 #ifndef PPCC_T
+
+#include "ppcc_support.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -277,11 +279,6 @@ __attribute__((visibility("hidden"))) _Float16 __truncdfbf2(double x) {
 #endif
 
 /* ---- memref.copy for non-contiguous memrefs ---- */
-
-typedef struct {
-  int64_t rank;
-  void *descriptor; /* {T *allocated, T *aligned, i64 offset, i64 sizes[rank], i64 strides[rank]} */
-} ppcc_unranked_memref;
 
 void memrefCopy(int64_t elem_size, ppcc_unranked_memref *src, ppcc_unranked_memref *dst) {
   int64_t rank = src->rank;

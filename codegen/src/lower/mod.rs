@@ -42,6 +42,10 @@ pub mod norm;
 pub mod pool;
 pub mod reduce;
 
+/// The suffix of an outlined op function's support-library version (CPU): `@main__op3` in
+/// `linalg`, `@main__op3__lib` calling `ppcc_sgemm`. See [`crate::compile::use_library_routines`].
+pub const LIBRARY_SUFFIX: &str = "__lib";
+
 /// What the context pointer passed to every entry points at (C layout):
 /// `struct { int32_t (*send)(void *ctx, int64_t peer, int64_t channel, void *data);
 ///           int32_t (*recv)(void *ctx, int64_t peer, int64_t channel, void *data); }`
@@ -970,7 +974,7 @@ fn outline_op(
     op_id: OpId,
     leaves: &[ValueId],
     outlined: &mut String,
-    lower_here: impl FnOnce(&mut Emitter) -> Result<Vec<String>, LowerError>,
+    lower_here: impl Fn(&mut Emitter) -> Result<Vec<String>, LowerError>,
 ) -> Result<Vec<String>, LowerError> {
     let f = e.f;
     let op = f.op(op_id);
@@ -986,7 +990,6 @@ fn outline_op(
         arg_tys.push(ty);
         inner[v.index()] = Some(format!("%p{i}"));
     }
-    let saved = std::mem::replace(&mut e.names, inner);
     let mut res_tys = Vec::new();
     let mut zero_size = Vec::new();
     for &r in op.results() {
@@ -996,16 +999,33 @@ fn outline_op(
     }
     // Temporaries are numbered from scratch in each outlined function, so ops with equal
     // types and attributes get equal text and share one function.
-    let outer = std::mem::take(&mut e.out);
-    let outer_tmp = std::mem::replace(&mut e.tmp, 0);
-    let result = lower_here(e).map(|names| distinct_results(e, names, &res_tys, &zero_size));
-    let body = std::mem::replace(&mut e.out, outer);
-    e.tmp = outer_tmp;
-    e.names = saved;
-    let names = result?;
+    let lower_body = |e: &mut Emitter, library_calls: bool| {
+        let outer = std::mem::take(&mut e.out);
+        let outer_tmp = std::mem::replace(&mut e.tmp, 0);
+        let outer_lib = std::mem::replace(&mut e.library_calls, library_calls);
+        let names = std::mem::replace(&mut e.names, inner.clone());
+        let result = lower_here(e).map(|n| distinct_results(e, n, &res_tys, &zero_size));
+        let body = std::mem::replace(&mut e.out, outer);
+        e.tmp = outer_tmp;
+        e.library_calls = outer_lib;
+        e.names = names;
+        result.map(|n| (body, n))
+    };
+    // Every target gets the op in `linalg` (the function `@<fn>__op<k>`). Where the CPU
+    // has a support-library routine for it (matrix products, convolution, softmax and
+    // layer-norm rows: `llvm.call @ppcc_...`), that version is written beside it as
+    // `@<fn>__op<k>__lib` with the same signature, and the CPU pipeline points the calls
+    // at it after bufferization ([`crate::compile::use_library_routines`]).
+    let (body, names) = lower_body(e, false)?;
+    let library = if e.library_calls {
+        let (lib_body, lib_names) = lower_body(e, true)?;
+        (lib_body.contains("llvm.call @ppcc_") && lib_body != body).then_some((lib_body, lib_names))
+    } else {
+        None
+    };
     // The function's code is looked up by its text without the op's location: equal ops
     // of different nodes share one function, which carries the first one's location.
-    let def = |body: &str, loc: &str| {
+    let def = |body: &str, names: &[String], loc: &str| {
         format!(
             "({}) -> ({}) attributes {{passthrough = [\"noinline\"]}} {{\n{body}    return {} : {}{loc}\n  }}{loc}\n",
             params.join(", "),
@@ -1014,18 +1034,29 @@ fn outline_op(
             res_tys.join(", "),
         )
     };
-    let (key, text) = match &e.loc {
+    let texts = |body: &str, names: &[String]| match &e.loc {
         Some(loc) => {
             let suffix = format!(" {loc}");
-            (def(&body.replace(&suffix, ""), ""), def(&body, &suffix))
+            (
+                def(&body.replace(&suffix, ""), names, ""),
+                def(body, names, &suffix),
+            )
         }
-        None => (def(&body, ""), def(&body, "")),
+        None => (def(body, names, ""), def(body, names, "")),
     };
+    let (mut key, text) = texts(&body, &names);
+    let lib = library.map(|(b, n)| texts(&b, &n));
+    if let Some((lib_key, _)) = &lib {
+        key.push_str(lib_key);
+    }
     let callee = match e.outlined.get(&key) {
         Some(c) => c.clone(),
         None => {
             let c = format!("{}__op{}", ppir::abi::mangle(&f.name), op_id.index());
             *outlined += &format!("  func.func private @{c}{text}");
+            if let Some((_, lib_text)) = &lib {
+                *outlined += &format!("  func.func private @{c}{LIBRARY_SUFFIX}{lib_text}");
+            }
             e.outlined.insert(key, c.clone());
             c
         }

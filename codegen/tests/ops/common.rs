@@ -12,6 +12,36 @@ use ppcc_runtime::native::NativeModule;
 use ppir::interp::{run_function, Comm, CommError, InterpOptions};
 use ppir::{DType, Function, Module, Tensor, TensorData};
 
+/// The code the CPU runs of a lowered module's text: an op function that has a
+/// support-library version (`@X__lib`, which the CPU pipeline calls instead after
+/// bufferization) without its `linalg` version `@X`.
+pub fn cpu_code(text: &str) -> String {
+    const SEP: &str = "\n  func.func ";
+    let name = |part: &str| -> String {
+        let p = part.strip_prefix("private ").unwrap_or(part);
+        p.trim_start_matches('@')
+            .split('(')
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    let parts: Vec<&str> = text.split(SEP).collect();
+    let names: Vec<String> = parts.iter().map(|p| name(p)).collect();
+    let kept: Vec<&str> = parts
+        .iter()
+        .zip(&names)
+        .enumerate()
+        .filter(|(i, (_, n))| *i == 0 || !names.contains(&format!("{n}__lib")))
+        .map(|(_, (p, _))| *p)
+        .collect();
+    kept.join(SEP)
+}
+
+/// [`cpu_code`] of `f` lowered for the CPU.
+pub fn lower_cpu(f: &Function) -> String {
+    cpu_code(&ppcc_codegen::lower_function(f).expect("lower").0)
+}
+
 pub fn parse(src: &str) -> Module {
     let m = ppir::text::parse_module(src).unwrap_or_else(|e| panic!("parse: {e}\n{src}"));
     ppir::verify::verify_module(&m).unwrap_or_else(|e| panic!("verify: {e:?}\n{src}"));

@@ -136,7 +136,7 @@ fn gemm_flags(text: &str) -> Vec<i64> {
 fn matmul_calls_the_support_gemm() {
     let mm = |args: &[&str], rank, dtype| {
         let m = one_op("matmul", "", args, rank, dtype);
-        lower_function(&m.functions[0]).unwrap().0
+        lower_cpu(&m.functions[0])
     };
     let t = mm(&["5x7xf32", "7x3xf32"], 2, "f32");
     assert!(
@@ -337,7 +337,7 @@ module {
 }
 "#;
     let m = parse(src);
-    let text = lower_function(&m.functions[0]).unwrap().0;
+    let text = lower_cpu(&m.functions[0]);
     assert_eq!(gemm_flags(&text), vec![3, 2], "{text}");
     check(src, None);
     // A transpose of other dimensions is not a flag.
@@ -350,7 +350,7 @@ module {
   }
 }
 "#;
-    let text = lower_function(&parse(src2).functions[0]).unwrap().0;
+    let text = lower_cpu(&parse(src2).functions[0]);
     assert_eq!(gemm_flags(&text), vec![0], "{text}");
     check(src2, None);
 }
@@ -359,7 +359,7 @@ module {
 fn gemm_passes_transposes_as_flags() {
     let text = |attrs: &str| {
         let m = one_op("gemm", attrs, &["7x5xf32", "3x7xf32"], 2, "f32");
-        lower_function(&m.functions[0]).unwrap().0
+        lower_cpu(&m.functions[0])
     };
     let t = text("trans_a = 1, trans_b = 1");
     assert_eq!(gemm_flags(&t), vec![3], "{t}");
@@ -783,7 +783,7 @@ module {{
 "#
         );
         let m = parse(&src);
-        let (mlir, _) = lower_function(&m.functions[0]).expect("lower");
+        let mlir = lower_cpu(&m.functions[0]);
         let calls = mlir.matches("llvm.call @ppcc_sgemm").count();
         let generics = mlir.matches("linalg.generic").count();
         assert_eq!(calls, 1, "{x}·{w} + {b}:\n{mlir}");
