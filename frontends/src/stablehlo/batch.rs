@@ -817,7 +817,9 @@ fn gather(slots: &mut Slots, op: &Op, xs: &[(TType, Vec<usize>)], rs: &[(TType, 
             same(slots, (&x.0, &x.1, d), (&r.0, &r.1, o));
         } else {
             slots.fix(x.1[d], op, format!("gathers slices of dim {d}"));
-            slots.fix(r.1[o], op, format!("gathers slices of operand dim {d}"));
+            if let Some(&s) = r.1.get(o) {
+                slots.fix(s, op, format!("gathers slices of operand dim {d}"));
+            }
         }
     }
     for &d in &collapsed {
