@@ -466,7 +466,7 @@ fn train_at_another_batch_equals_jax_sgd() {
                 );
             }
             // The exported batch in 2 micro-batches of half the rows: JAX's full-batch run.
-            if exported % 2 == 0 {
+            if exported.is_multiple_of(2) {
                 let mut args = vec!["train"];
                 args.extend(train_args(&model, &params, &data));
                 let es = exported.to_string();
@@ -488,7 +488,7 @@ fn train_at_another_batch_equals_jax_sgd() {
 fn two_stages_with_rebound_micro_batches_equal_jax_sgd() {
     for m in MODELS {
         let exported = exported_batch(m);
-        if exported % 2 != 0 {
+        if !exported.is_multiple_of(2) {
             continue;
         }
         let want = jax_losses(m);

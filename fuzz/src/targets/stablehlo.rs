@@ -165,7 +165,12 @@ fn rebound(input: &[u8], plain: &ppir::Module) -> Verdict {
         if !ty.dtype.is_float() {
             continue;
         }
-        let dims: Vec<usize> = ty.dims.iter().filter_map(|d| d.known()).map(|d| d as usize).collect();
+        let dims: Vec<usize> = ty
+            .dims
+            .iter()
+            .filter_map(|d| d.known())
+            .map(|d| d as usize)
+            .collect();
         params.insert(
             format!("arg{i}"),
             ppir::Tensor::from_f64(ty.dtype, dims, vec![0.0; n as usize]),
