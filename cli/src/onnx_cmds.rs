@@ -23,7 +23,8 @@ use ppir::ArgKind;
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ShapeArgs {
     /// Bind the symbolic first (batch) dimension of every input to N. Without it, that
-    /// dimension stays symbolic (`?`).
+    /// dimension stays symbolic (`?`). For a StableHLO module (static shapes): rebind its
+    /// exported batch to N, or an error names the op that fixes it.
     #[arg(long, value_name = "N")]
     batch: Option<u64>,
     /// The full static shape of input NAME, e.g. `--input-shape tokens=1x128`. Needed for

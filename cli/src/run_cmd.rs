@@ -88,6 +88,11 @@ pub struct RunArgs {
     /// After training, write the model with the trained initializers.
     #[arg(long, value_name = "OUT.onnx")]
     pub save_onnx: Option<PathBuf>,
+    /// After training, write the trained parameters as .npz, keyed by the model's names
+    /// for them: `arg<i>` for a StableHLO module (what `--params` reads and JAX's
+    /// function takes, in order), initializer names for ONNX.
+    #[arg(long, value_name = "OUT.npz")]
+    pub save_params: Option<PathBuf>,
     /// Longest a device waits for a tensor from another before it reports which one
     /// (seconds, > 0).
     #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
@@ -116,6 +121,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         resume: a.resume,
         allow_nonfinite_loss: a.allow_nonfinite_loss,
         save_onnx: a.save_onnx,
+        save_params: a.save_params,
         recv_timeout: a.recv_timeout,
         target: a.target,
         inject_fault: a.inject_fault,

@@ -71,6 +71,11 @@ pub struct TrainArgs {
     /// values (loadable by onnxruntime).
     #[arg(long, value_name = "OUT.onnx")]
     save_onnx: Option<PathBuf>,
+    /// After training, write the trained parameters as .npz, keyed by the model's names
+    /// for them: `arg<i>` for a StableHLO module (what `--params` reads and JAX's
+    /// function takes, in order), initializer names for ONNX.
+    #[arg(long, value_name = "OUT.npz")]
+    save_params: Option<PathBuf>,
     /// Run the training step as native code (MLIR → LLVM; the functions @grad,
     /// @accumulate and @optim become one module) or on the reference interpreter.
     #[arg(long, value_enum, default_value_t = Target::Cpu)]
@@ -91,6 +96,7 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
         microbatches: a.microbatches,
         seed: a.seed,
         save_onnx: a.save_onnx.clone(),
+        save_params: a.save_params.clone(),
         target: a.target,
         allow_nonfinite_loss: a.allow_nonfinite_loss,
         program: a.program.options(),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ppcc_frontends::onnx::{import_onnx_file_full, ImportOptions, Imported};
-use ppcc_frontends::stablehlo::{import_stablehlo, looks_like_mlir};
+use ppcc_frontends::stablehlo::{import_stablehlo_with_batch, looks_like_mlir};
 
 use crate::error::{bail, Context, Result};
 
@@ -56,23 +56,37 @@ pub fn import_model(
                 .with_context(|| format!("importing {}", path.display()))?;
             Ok((imported, Format::Onnx))
         }
-        Format::StableHlo => {
-            let mut weights = BTreeMap::new();
-            if let Some(p) = params {
-                for (k, t) in ppcc_runtime::npz::read_npz(p)? {
-                    weights.insert(k, t);
-                }
-            }
-            let bytes =
-                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-            let imported = import_stablehlo(&bytes, &path.display().to_string(), &weights)
-                .map_err(|e| match params {
-                    Some(p) if e.kind == ppcc_frontends::stablehlo::ErrorKind::Params => {
-                        crate::error::invalid!("{}: {}", p.display(), e.message)
-                    }
-                    _ => crate::DriverError::StableHlo(e),
-                })?;
-            Ok((imported, Format::StableHlo))
+        // `opts.batch` (`--batch` of `ppcc import`/`eval`) rebinds the module's batch.
+        Format::StableHlo => Ok((
+            import_stablehlo_model(path, params, opts.batch)?,
+            Format::StableHlo,
+        )),
+    }
+}
+
+/// Import the StableHLO module at `path` with the parameters in `params`; with `batch`,
+/// the data inputs' batch is rebound to that many rows (an error names the op that fixes
+/// the exported batch).
+pub fn import_stablehlo_model(
+    path: &Path,
+    params: Option<&Path>,
+    batch: Option<u64>,
+) -> Result<Imported> {
+    let mut weights = BTreeMap::new();
+    if let Some(p) = params {
+        for (k, t) in ppcc_runtime::npz::read_npz(p)? {
+            weights.insert(k, t);
         }
     }
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let imported =
+        import_stablehlo_with_batch(&bytes, &path.display().to_string(), &weights, batch).map_err(
+            |e| match params {
+                Some(p) if e.kind == ppcc_frontends::stablehlo::ErrorKind::Params => {
+                    crate::error::invalid!("{}: {}", p.display(), e.message)
+                }
+                _ => crate::DriverError::StableHlo(e),
+            },
+        )?;
+    Ok(imported)
 }

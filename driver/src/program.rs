@@ -114,8 +114,34 @@ pub fn prepare(model: &Path, a: &ProgramOptions, microbatches: u64) -> Result<Pr
     // Hyper-parameters are checked up front, also for `--plan-only` (which builds no
     // optimizer) and before minutes of planning.
     a.optimizer(microbatches)?;
-    let (imported, format) =
+    let (mut imported, format) =
         crate::model::import_model(model, a.params.as_deref(), &ImportOptions::default())?;
+    let model_batch = model_batch(&imported.module)?;
+    let global = match (a.batch, model_batch) {
+        (Some(n), _) => n,
+        (None, Some(b)) => b,
+        (None, None) => {
+            bail!("the model's batch size is symbolic: give the global batch with --batch N")
+        }
+    };
+    if global == 0 || global % microbatches != 0 {
+        bail!("--microbatches {microbatches} must divide the global batch {global}");
+    }
+    let micro = global / microbatches;
+    // A StableHLO module's shapes are static: another batch is a re-import with the
+    // batch rebound (or an error naming the op that fixes it).
+    if format == crate::model::Format::StableHlo {
+        if let Some(b) = model_batch.filter(|&b| b != micro) {
+            imported = crate::model::import_stablehlo_model(model, a.params.as_deref(), Some(micro))
+                .map_err(|e| {
+                    invalid!(
+                        "the StableHLO module was exported with a batch of {b} rows and its batch cannot be rebound to micro-batches of {micro} rows: {}; use micro-batches of {b} rows (--batch {b}×M --microbatches M), or export the module with a batch of {micro}",
+                        crate::error_chain(&e)
+                    )
+                })?;
+        }
+    }
+    let model_batch = self::model_batch(&imported.module)?;
     let mut module = imported.module;
     let main = module
         .function("main")
@@ -132,25 +158,6 @@ pub fn prepare(model: &Path, a: &ProgramOptions, microbatches: u64) -> Result<Pr
         .zip(imported.inputs.iter().cloned())
         .collect();
     let first_output = main.results().first().map(|&v| main.ty(v).clone());
-    let model_batch = model_batch(&module)?;
-    let global = match (a.batch, model_batch) {
-        (Some(n), _) => n,
-        (None, Some(b)) => b,
-        (None, None) => {
-            bail!("the model's batch size is symbolic: give the global batch with --batch N")
-        }
-    };
-    if global == 0 || global % microbatches != 0 {
-        bail!("--microbatches {microbatches} must divide the global batch {global}");
-    }
-    let micro = global / microbatches;
-    if format == crate::model::Format::StableHlo {
-        if let Some(b) = model_batch.filter(|&b| b != micro) {
-            bail!(
-                "the StableHLO module's batch is fixed at {b} rows (exported shapes are static): use micro-batches of {b} rows (--batch {b}×M --microbatches M), or export the module with a batch of {micro}"
-            );
-        }
-    }
     set_batch(&mut module, model_batch, micro)?;
     Ok(Prepared {
         module,

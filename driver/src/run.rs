@@ -59,6 +59,9 @@ pub struct RunOptions {
     pub allow_nonfinite_loss: bool,
     /// After training, write the model with the trained initializers.
     pub save_onnx: Option<PathBuf>,
+    /// After training, write the trained parameters as `.npz`, keyed by the model's names
+    /// for them (`arg<i>` for StableHLO, initializer names for ONNX).
+    pub save_params: Option<PathBuf>,
     /// Longest a device waits for a tensor from another (seconds, > 0).
     pub recv_timeout: f64,
     /// `None`: native code when the plan has it.
@@ -83,6 +86,7 @@ impl RunOptions {
             resume: None,
             allow_nonfinite_loss: false,
             save_onnx: None,
+            save_params: None,
             recv_timeout: 120.0,
             target: None,
             inject_fault: None,
@@ -741,6 +745,14 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
     let recv_timeout = seconds("--recv-timeout", a.recv_timeout)?;
     let fault = a.inject_fault.as_deref().map(parse_fault).transpose()?;
     let plan = PlanSpec::load(&a.dir)?;
+    if a.save_onnx.is_some()
+        && crate::model::format_of(Path::new(&plan.model)) == crate::model::Format::StableHlo
+    {
+        bail!(
+            "--save-onnx writes an ONNX model's trained weights back; {} was compiled from a StableHLO module: write the trained parameters with --save-params OUT.npz (keyed arg<i>, as --params reads them and as @main takes them)",
+            a.dir.display()
+        );
+    }
     validate_schedule(&plan)?;
     let specs = input_specs(&plan);
     let limits = data_limits(&plan)?;
@@ -1018,7 +1030,7 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
             events(RunEvent::Note(format!("wrote {}", path.display())));
         }
     }
-    if let Some(out) = &a.save_onnx {
+    if let Some(out) = a.save_params.as_ref().or(a.save_onnx.as_ref()) {
         let trained: BTreeMap<String, Tensor> = if a.transport == Transport::Local {
             stage_weights(&workers, false)
                 .into_iter()
@@ -1039,7 +1051,19 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
             all
         };
         if leader {
-            events(RunEvent::Note(save_onnx(&plan, out, &trained)?));
+            if let Some(out) = &a.save_params {
+                let named: Vec<(String, Tensor)> =
+                    trained_by_source(&plan, &trained)?.into_iter().collect();
+                ppcc_runtime::npz::write_npz(out, &named)?;
+                events(RunEvent::Note(format!(
+                    "wrote {} ({} trained parameters)",
+                    out.display(),
+                    named.len()
+                )));
+            }
+            if let Some(out) = &a.save_onnx {
+                events(RunEvent::Note(save_onnx(&plan, out, &trained)?));
+            }
         }
     }
     driver.finish()?;
@@ -1080,15 +1104,12 @@ fn merge_traces(path: &Path, ranks: usize) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// Write the model with the trained initializers; returns the line to report.
-fn save_onnx(plan: &PlanSpec, out: &Path, weights: &BTreeMap<String, Tensor>) -> Result<String> {
-    let model = PathBuf::from(&plan.model);
-    let bytes = std::fs::read(&model).with_context(|| {
-        format!(
-            "cannot read the model {} the plan was compiled from",
-            model.display()
-        )
-    })?;
+/// The trained weights keyed by the model's names for them (ONNX initializers, StableHLO
+/// `arg<i>`), with the pieces `--split` cut joined back.
+fn trained_by_source(
+    plan: &PlanSpec,
+    weights: &BTreeMap<String, Tensor>,
+) -> Result<BTreeMap<String, Tensor>> {
     // Weights `--split` cut into pieces are joined back: the saved model has the original
     // weights.
     let mut weights = weights.clone();
@@ -1103,12 +1124,25 @@ fn save_onnx(plan: &PlanSpec, out: &Path, weights: &BTreeMap<String, Tensor>) ->
             })
             .collect();
         ppcc_passes::rewrite::params::join_pieces(&mut weights, &splits)
-            .map_err(|e| invalid!("--save-onnx: {e}"))?;
+            .map_err(|e| invalid!("joining split weights: {e}"))?;
     }
     let trained: BTreeMap<String, Tensor> = weights
         .iter()
         .filter_map(|(k, v)| Some((plan.weight_sources.get(k)?.clone(), v.clone())))
         .collect();
+    Ok(trained)
+}
+
+/// Write the model with the trained initializers; returns the line to report.
+fn save_onnx(plan: &PlanSpec, out: &Path, weights: &BTreeMap<String, Tensor>) -> Result<String> {
+    let model = PathBuf::from(&plan.model);
+    let bytes = std::fs::read(&model).with_context(|| {
+        format!(
+            "cannot read the model {} the plan was compiled from",
+            model.display()
+        )
+    })?;
+    let trained = trained_by_source(plan, weights)?;
     let (bytes, report) = ppcc_frontends::onnx_export::replace_initializers(&bytes, &trained)?;
     std::fs::write(out, bytes).with_context(|| format!("cannot write {}", out.display()))?;
     Ok(format!(

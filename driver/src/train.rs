@@ -32,6 +32,9 @@ pub struct TrainOptions {
     pub seed: u64,
     /// Write the model with the trained initializers here afterwards.
     pub save_onnx: Option<PathBuf>,
+    /// Write the trained parameters here afterwards, as `.npz` keyed by the model's
+    /// names for them (`arg<i>` for StableHLO, initializer names for ONNX).
+    pub save_params: Option<PathBuf>,
     pub target: Target,
     /// Keep training after a step whose loss is NaN or infinite.
     pub allow_nonfinite_loss: bool,
@@ -48,6 +51,7 @@ impl TrainOptions {
             microbatches: 1,
             seed: 0,
             save_onnx: None,
+            save_params: None,
             target: Target::Cpu,
             allow_nonfinite_loss: false,
             program: ProgramOptions::default(),
@@ -74,7 +78,7 @@ pub fn train(a: &TrainOptions, events: &mut dyn FnMut(TrainEvent)) -> Result<()>
     if a.save_onnx.is_some() && crate::model::format_of(&a.model) == crate::model::Format::StableHlo
     {
         bail!(
-            "--save-onnx writes an ONNX model's trained weights back; {} is a StableHLO module",
+            "--save-onnx writes an ONNX model's trained weights back; {} is a StableHLO module: write the trained parameters with --save-params OUT.npz (keyed arg<i>, as --params reads them and as @main takes them)",
             a.model.display()
         );
     }
@@ -206,6 +210,19 @@ pub fn train(a: &TrainOptions, events: &mut dyn FnMut(TrainEvent)) -> Result<()>
         )));
     }
 
+    if let Some(out) = &a.save_params {
+        let trained: Vec<(String, Tensor)> = trainer
+            .weights()
+            .iter()
+            .map(|(k, v)| (weight_sources.get(k).unwrap_or(k).clone(), v.clone()))
+            .collect();
+        ppcc_runtime::npz::write_npz(out, &trained)?;
+        events(TrainEvent::Note(format!(
+            "wrote {} ({} trained parameters)",
+            out.display(),
+            trained.len()
+        )));
+    }
     if let Some(out) = &a.save_onnx {
         let bytes = std::fs::read(&a.model)
             .with_context(|| format!("cannot read {}", a.model.display()))?;

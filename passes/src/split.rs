@@ -626,6 +626,13 @@ pub fn split_stages(m: &mut Module, opts: &SplitOptions) -> Result<SplitInfo, Pa
                 locals.push(b.get(l, s, 2)?);
             }
             let f = &mut b.funcs[si][2];
+            // A contribution that autodiff already named `grad.<p>` (the weight's only
+            // differentiable use is here) gives its name up to the sum.
+            for &l in &locals {
+                if f.value(l).name == gname {
+                    f.rename_value(l, format!("{gname}.local"));
+                }
+            }
             let sum = match locals.as_slice() {
                 [] => {
                     let zero = Tensor::scalar_f64(ty.dtype, 0.0);

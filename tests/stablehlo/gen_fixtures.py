@@ -5,18 +5,20 @@ Usage (from the repository root; see tests/stablehlo/README.md for the venv):
 
     python tests/stablehlo/gen_fixtures.py
 
-For each model (mlp, gpt, cnn) it writes into tests/stablehlo/fixtures/:
+For each model (mlp, gpt, cnn, ops) it writes into tests/stablehlo/fixtures/:
 
     <m>.mlir            jax.jit(f).lower(*args).as_text()            (the pretty form)
     <m>.generic.mlir    ...compiler_ir('stablehlo') in the generic op form
     <m>_params.npz      the trainable arguments of @main, keyed arg<i> (position in @main)
     <m>_io.npz          the data inputs (arg<i>) and JAX's outputs (out0)
     <m>_train.npz       two batches of training data: the inputs (arg<i>) and labels
-    <m>.json            JAX's own SGD run: loss before each of 5 steps
+    <m>.json            JAX's own SGD run: loss before each of 5 steps, at the exported
+                        batch (`losses`) and at another batch (`rebatch`: `batch`,
+                        `losses`), which ppcc reaches by rebinding the module's batch
 
 Training: plain SGD (w = w - lr*g, no momentum, no weight decay), the loss the mean
 softmax cross-entropy over rows (mlp, cnn) or over all tokens (gpt), step k uses batch
-k mod 2 of <m>_train.npz. Everything is float32, single-threaded XLA CPU, fixed seeds; the
+k mod 2 of <m>_train.npz (at the other batch b: rows [k mod (R/b)]·b.. of the R rows). Everything is float32, single-threaded XLA CPU, fixed seeds; the
 npz files are written with fixed timestamps, so regeneration is byte-identical.
 """
 
@@ -179,11 +181,55 @@ def cnn_data(rng, rows):
     return [x], np.argmax(feats @ teacher, axis=1).astype(np.int32)
 
 
+def ops_params(rng):
+    def w(*shape, fan_in):
+        return (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+
+    return [
+        rng.standard_normal(6).astype(np.float32),  # wsel: argmax/argmin pick slice starts
+        w(3, 3, 3, 8, fan_in=27),  # HWIO kernel
+        w(3, 3, 4, 8, fan_in=36),  # HWIO kernel, 2 feature groups
+        w(3, 3, 8, 8, fan_in=72),  # HWIO kernel, input (lhs) dilation
+        w(4 + 2 + 4 + 8 + 24, 10, fan_in=42),
+    ]
+
+
+def ops(wsel, k1, k2, k3, w, image):
+    """JAX patterns beyond the three models: NHWC/HWIO convolution (feature groups, rhs
+    and lhs dilation), interior padding, gathers `x[:, i, j, :]`, `x[:, idx]`, `jnp.take`,
+    argmax/argmin (a two-operand reduce), dynamic_slice and dynamic_update_slice with
+    starts computed at run time."""
+    nhwc = ("NHWC", "HWIO", "NHWC")
+    h = jax.lax.conv_general_dilated(image, k1, (1, 1), "SAME", dimension_numbers=nhwc)
+    h = jax.nn.relu(h)
+    h = jax.lax.conv_general_dilated(h, k2, (1, 1), ((2, 2), (2, 2)), rhs_dilation=(2, 2),
+                                     dimension_numbers=nhwc, feature_group_count=2)
+    padded = jax.lax.pad(h, np.float32(0), [(0, 0, 0), (0, 0, 1), (0, 0, 0), (0, 0, 0)])
+    picked = h[:, np.array([0, 2, 5]), np.array([1, 1, 7]), :]
+    up = jax.lax.conv_general_dilated(h, k3, (1, 1), ((1, 1), (1, 1)), lhs_dilation=(2, 2),
+                                      dimension_numbers=nhwc)
+    feat = jnp.mean(padded, axis=(1, 2)) + jnp.mean(up, axis=(1, 2))
+    a = feat[:, np.array([3, 0, 0, 7])]
+    b = jnp.take(feat, np.array([1, 5]), axis=1)
+    d = jax.lax.dynamic_slice_in_dim(feat, jnp.argmax(wsel), 4, axis=1)
+    e = jax.lax.dynamic_update_slice_in_dim(feat, d * 2, jnp.argmin(wsel), axis=1)
+    z = jnp.concatenate([a, b, d, e, picked.reshape(picked.shape[0], -1)], axis=1)
+    return z @ w + wsel[0]
+
+
+def ops_data(rng, rows):
+    x = rng.standard_normal((rows, 8, 8, 3)).astype(np.float32)
+    feats = x.reshape(rows, 2, 4, 2, 4, 3).mean(axis=(2, 4)).reshape(rows, 12)
+    teacher = rng.standard_normal((12, 10)).astype(np.float32)
+    return [x], np.argmax(feats @ teacher, axis=1).astype(np.int32)
+
+
 MODELS = [
-    # name, forward, params, data, micro-batch
-    ("mlp", mlp, mlp_params, mlp_data, 8),
-    ("gpt", gpt, gpt_params, gpt_data, 2),
-    ("cnn", cnn, cnn_params, cnn_data, 4),
+    # name, forward, params, data, micro-batch, another micro-batch (rebinding)
+    ("mlp", mlp, mlp_params, mlp_data, 8, 4),
+    ("gpt", gpt, gpt_params, gpt_data, 2, 4),
+    ("cnn", cnn, cnn_params, cnn_data, 4, 2),
+    ("ops", ops, ops_params, ops_data, 6, 4),
 ]
 
 
@@ -196,7 +242,7 @@ def cross_entropy(logits, labels):
     return jnp.mean(lse - picked)
 
 
-def train(fwd, params, inputs, labels, batch):
+def train(fwd, params, inputs, labels, batch, chunks=2):
     n = len(params)
 
     def loss_of(ps, ins, y):
@@ -206,7 +252,7 @@ def train(fwd, params, inputs, labels, batch):
     ps = [jnp.asarray(p) for p in params]
     losses = []
     for k in range(STEPS):
-        r = slice((k % 2) * batch, (k % 2 + 1) * batch)
+        r = slice((k % chunks) * batch, (k % chunks + 1) * batch)
         loss, grads = step(ps, [jnp.asarray(i[r]) for i in inputs], jnp.asarray(labels[r]))
         losses.append(float(loss))
         ps = [p - np.float32(LR) * g for p, g in zip(ps, grads)]
@@ -216,7 +262,7 @@ def train(fwd, params, inputs, labels, batch):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    for i, (name, fwd, make_params, make_data, batch) in enumerate(MODELS):
+    for i, (name, fwd, make_params, make_data, batch, rebatch) in enumerate(MODELS):
         rng = np.random.default_rng(1000 + i)
         params = make_params(rng)
         inputs, labels = make_data(rng, 2 * batch)
@@ -237,6 +283,8 @@ def main():
         train_arrays["labels"] = labels
         write_npz(os.path.join(OUT, f"{name}_train.npz"), train_arrays)
         losses = train(fwd, params, inputs, labels, batch)
+        rows = 2 * batch
+        re_losses = train(fwd, params, inputs, labels, rebatch, rows // rebatch)
         meta = {
             "model": name,
             "params": [f"arg{j}" for j in range(np_)],
@@ -246,6 +294,7 @@ def main():
             "loss": "cross-entropy",
             "steps": STEPS,
             "losses": losses,
+            "rebatch": {"batch": rebatch, "losses": re_losses},
         }
         write_bytes(os.path.join(OUT, f"{name}.json"),
                     (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())

@@ -22,7 +22,13 @@ const FOLD_MAX_ELEMENTS: u64 = 1 << 16;
 /// The largest tensor built at import time (an `iota`, a splat constant).
 const MAX_CONST_ELEMENTS: u64 = 1 << 24;
 
-pub(super) fn lower_module(top: Vec<Op>, params: &BTreeMap<String, Tensor>) -> R<Imported> {
+/// Lower a parsed module; with `batch`, the data inputs' batch (dim 0) is rebound to that
+/// many rows first (see [`super::batch`]).
+pub(super) fn lower_module(
+    top: Vec<Op>,
+    params: &BTreeMap<String, Tensor>,
+    batch: Option<u64>,
+) -> R<Imported> {
     // Functions: top-level, or inside a module.
     let mut funcs: Vec<Op> = vec![];
     for op in top {
@@ -57,6 +63,11 @@ pub(super) fn lower_module(top: Vec<Op>, params: &BTreeMap<String, Tensor>) -> R
         op: None,
         message: "the module has no function @main".into(),
     })?;
+    let rebound = match batch {
+        Some(b) => super::batch::rebind(main, &by_name, params, b)?,
+        None => None,
+    };
+    let main = rebound.as_ref().unwrap_or(main);
 
     let mut l = Lowerer {
         f: Function::new("main"),
@@ -151,11 +162,11 @@ pub(super) fn lower_module(top: Vec<Op>, params: &BTreeMap<String, Tensor>) -> R
     })
 }
 
-struct Func {
-    name: String,
-    pos: Pos,
-    body: Block,
-    result_types: Vec<TType>,
+pub(super) struct Func {
+    pub(super) name: String,
+    pub(super) pos: Pos,
+    pub(super) body: Block,
+    pub(super) result_types: Vec<TType>,
 }
 
 impl Func {
@@ -276,7 +287,7 @@ impl Here {
     }
 }
 
-fn int_list(v: &AVal) -> Option<Vec<i64>> {
+pub(super) fn int_list(v: &AVal) -> Option<Vec<i64>> {
     match v {
         AVal::Ints(v) => Some(v.clone()),
         AVal::List(items) => items
@@ -670,21 +681,59 @@ impl<'a> Lowerer<'a> {
                 if x.len() != shape.len() + 1 || sizes.len() != shape.len() {
                     return h.invalid("expected one start index and one size per dimension");
                 }
-                let mut starts = vec![];
-                for (i, &s) in x[1..].iter().enumerate() {
-                    let Some(t) = self.consts.get(&s) else {
-                        return h.unsupported(
-                            "start indices computed at run time are not supported (only constants)",
-                        );
-                    };
-                    let v = t.to_i64_vec().first().copied().unwrap_or(0);
-                    // StableHLO clamps the start so the slice stays in bounds.
-                    let hi = shape[i] as i64 - sizes[i];
-                    starts.push(v.clamp(0, hi.max(0)));
+                if sizes
+                    .iter()
+                    .zip(&shape)
+                    .any(|(&k, &n)| k < 0 || k as u64 > n)
+                {
+                    return h.invalid("a slice size is negative or larger than its dimension");
                 }
-                let ends: Vec<i64> = starts.iter().zip(&sizes).map(|(s, n)| s + n).collect();
+                // Constant starts are one static slice; starts known only at run time
+                // each pick their rows with a `gather` of `clamp(start) + iota(size)`.
                 let rank = shape.len();
-                self.slice(h, x[0], starts, ends, vec![1; rank])
+                let mut starts = vec![0i64; rank];
+                let mut ends: Vec<i64> = shape.iter().map(|&n| n as i64).collect();
+                let mut dynamic = vec![];
+                for (i, &s) in x[1..].iter().enumerate() {
+                    // StableHLO clamps the start so the slice stays in bounds.
+                    let hi = (shape[i] as i64 - sizes[i]).max(0);
+                    match self.consts.get(&s) {
+                        Some(t) => {
+                            let v = t.to_i64_vec().first().copied().unwrap_or(0);
+                            starts[i] = v.clamp(0, hi);
+                            ends[i] = starts[i] + sizes[i];
+                        }
+                        None => dynamic.push(i),
+                    }
+                }
+                let mut v = self.slice(h, x[0], starts, ends, vec![1; rank])?;
+                for d in dynamic {
+                    let idx = self.run_time_rows(h, x[1 + d], shape[d], sizes[d] as u64)?;
+                    v = self.push(
+                        h,
+                        OpKind::Gather,
+                        vec![v, idx],
+                        Attrs::new().with("axis", Attr::Int(d as i64)),
+                    )?;
+                }
+                Ok(vec![v])
+            }
+            "stablehlo.dynamic_update_slice" => {
+                if x.len() < 2 {
+                    return h.invalid("expected an operand, an update and start indices");
+                }
+                let shape = self.shape(x[0]);
+                let ushape = self.shape(x[1]);
+                let rank = shape.len();
+                if x.len() != rank + 2 || ushape.len() != rank {
+                    return h.invalid(
+                        "expected an update of the operand's rank and one start index per dimension",
+                    );
+                }
+                if ushape.iter().zip(&shape).any(|(&k, &n)| k > n) {
+                    return h.invalid("the update is larger than the operand");
+                }
+                self.dynamic_update_slice(h, x[0], x[1], &x[2..])
                     .map(|v| vec![v])
             }
             "stablehlo.concatenate" => {
@@ -707,11 +756,12 @@ impl<'a> Lowerer<'a> {
                 let low = self.ints(op, h, "edge_padding_low")?;
                 let high = self.ints(op, h, "edge_padding_high")?;
                 let interior = self.ints_or(op, h, "interior_padding", vec![0; low.len()])?;
-                if interior.iter().any(|&i| i != 0) {
-                    return h.unsupported("interior padding is not supported");
+                let rank = self.shape(x[0]).len();
+                if low.len() != rank || high.len() != rank || interior.len() != rank {
+                    return h.invalid("expected one low, high and interior padding per dimension");
                 }
-                if low.iter().chain(&high).any(|&p| p < 0) {
-                    return h.unsupported("negative padding is not supported");
+                if interior.iter().any(|&p| p < 0) {
+                    return h.invalid("negative interior padding");
                 }
                 let Some(value) = self
                     .consts
@@ -722,11 +772,34 @@ impl<'a> Lowerer<'a> {
                         "a padding value computed at run time is not supported (only constants)",
                     );
                 };
-                let pads: Vec<i64> = low.iter().chain(&high).copied().collect();
-                let attrs = Attrs::new()
-                    .with("pads", Attr::Ints(pads))
-                    .with("value", Attr::Float(value));
-                Ok(vec![self.push(h, OpKind::Pad, vec![x[0]], attrs)?])
+                let mut v = x[0];
+                for (d, &k) in interior.iter().enumerate() {
+                    if k > 0 {
+                        v = self.interior_pad(h, v, d, k as u64, value)?;
+                    }
+                }
+                // Negative edge padding cuts: a slice after the (positive) padding.
+                let pads: Vec<i64> = low.iter().chain(&high).map(|&p| p.max(0)).collect();
+                if pads.iter().any(|&p| p != 0) {
+                    let attrs = Attrs::new()
+                        .with("pads", Attr::Ints(pads))
+                        .with("value", Attr::Float(value));
+                    v = self.push(h, OpKind::Pad, vec![v], attrs)?;
+                }
+                if low.iter().chain(&high).any(|&p| p < 0) {
+                    let shape = self.shape(v);
+                    let starts: Vec<i64> = low.iter().map(|&p| (-p).max(0)).collect();
+                    let ends: Vec<i64> = high
+                        .iter()
+                        .zip(&shape)
+                        .map(|(&p, &n)| n as i64 - (-p).max(0))
+                        .collect();
+                    if starts.iter().zip(&ends).any(|(s, e)| s > e) {
+                        return h.invalid("the negative padding cuts more than the dimension");
+                    }
+                    v = self.slice(h, v, starts, ends, vec![1; rank])?;
+                }
+                Ok(vec![v])
             }
             "stablehlo.compare" => {
                 want_operands(2)?;
@@ -804,6 +877,136 @@ impl<'a> Lowerer<'a> {
                 Ok(r)
             }
             _ => h.unsupported("this op is not supported by ppcc's StableHLO importer"),
+        }
+    }
+
+    /// `k` elements of `value` between neighbours along `axis` (StableHLO's interior
+    /// padding): a new size-1 axis after `axis` padded to `1 + k`, merged back into
+    /// `axis`, and the trailing `k` cut off. Only reshape, pad and slice, which autodiff
+    /// differentiates.
+    fn interior_pad(
+        &mut self,
+        h: &Here,
+        x: ValueId,
+        axis: usize,
+        k: u64,
+        value: f64,
+    ) -> R<ValueId> {
+        let shape = self.shape(x);
+        let n = shape[axis];
+        if n == 0 {
+            return Ok(x);
+        }
+        let mut split = shape.clone();
+        split.insert(axis + 1, 1);
+        let v = self.reshape(h, x, &split)?;
+        let mut pads = vec![0i64; 2 * split.len()];
+        pads[split.len() + axis + 1] = k as i64;
+        let attrs = Attrs::new()
+            .with("pads", Attr::Ints(pads))
+            .with("value", Attr::Float(value));
+        let v = self.push(h, OpKind::Pad, vec![v], attrs)?;
+        let mut merged = shape.clone();
+        merged[axis] = n.checked_mul(k + 1).ok_or_else(|| {
+            StableHloError::at(
+                ErrorKind::Invalid,
+                h.pos,
+                &h.op,
+                "the padded size overflows",
+            )
+        })?;
+        let v = self.reshape(h, v, &merged)?;
+        let rank = shape.len();
+        let starts = vec![0i64; rank];
+        let mut ends: Vec<i64> = merged.iter().map(|&d| d as i64).collect();
+        ends[axis] -= k as i64;
+        self.slice(h, v, starts, ends, vec![1; rank])
+    }
+
+    /// A rank-0 integer `start` clamped to `0..=n - size`, as a scalar of its dtype.
+    fn clamped_start(&mut self, h: &Here, start: ValueId, n: u64, size: u64) -> R<ValueId> {
+        let ty = self.f.ty(start).clone();
+        if ty.rank() != 0 || ty.dtype.is_float() || ty.dtype == DType::Bool {
+            return h.invalid(format!(
+                "a start index must be an integer scalar, not {}",
+                show_ppir(&ty)
+            ));
+        }
+        let lo = self.constant(h, Tensor::from_i64(ty.dtype, vec![], vec![0]))?;
+        let hi = self.constant(
+            h,
+            Tensor::from_i64(ty.dtype, vec![], vec![n.saturating_sub(size) as i64]),
+        )?;
+        let s = self.push(h, OpKind::Max, vec![start, lo], Attrs::new())?;
+        self.push(h, OpKind::Min, vec![s, hi], Attrs::new())
+    }
+
+    /// The rows `clamp(start) + 0..size` of a dim of `n` rows, for a `gather`.
+    fn run_time_rows(&mut self, h: &Here, start: ValueId, n: u64, size: u64) -> R<ValueId> {
+        let s = self.clamped_start(h, start, n, size)?;
+        let dtype = self.f.ty(s).dtype;
+        let k = self.checked_count(h, &[size])?;
+        let iota = self.constant(h, Tensor::from_i64(dtype, vec![k], (0..k as i64).collect()))?;
+        self.push(h, OpKind::Add, vec![iota, s], Attrs::new())
+    }
+
+    /// `dynamic_update_slice`: along each dim `d` the result's row `p` takes the update's
+    /// row `p - start_d` where that is in `0..k_d` (starts clamped as StableHLO does): the
+    /// update is gathered to the operand's shape and selected by the mask of the box.
+    fn dynamic_update_slice(
+        &mut self,
+        h: &Here,
+        operand: ValueId,
+        update: ValueId,
+        starts: &[ValueId],
+    ) -> R<ValueId> {
+        let shape = self.shape(operand);
+        let ushape = self.shape(update);
+        let rank = shape.len();
+        let mut u = update;
+        let mut mask: Option<ValueId> = None;
+        for d in 0..rank {
+            let (n, k) = (shape[d], ushape[d]);
+            if n == k {
+                continue;
+            }
+            let s = self.clamped_start(h, starts[d], n, k)?;
+            let dtype = self.f.ty(s).dtype;
+            let cnt = self.checked_count(h, &[n])?;
+            let pos = self.constant(
+                h,
+                Tensor::from_i64(dtype, vec![cnt], (0..cnt as i64).collect()),
+            )?;
+            let j = self.push(h, OpKind::Sub, vec![pos, s], Attrs::new())?;
+            let zero = self.constant(h, Tensor::from_i64(dtype, vec![], vec![0]))?;
+            let kk = self.constant(h, Tensor::from_i64(dtype, vec![], vec![k as i64]))?;
+            let ge = self.push(h, OpKind::GreaterEqual, vec![j, zero], Attrs::new())?;
+            let lt = self.push(h, OpKind::Less, vec![j, kk], Attrs::new())?;
+            let inside = self.push(h, OpKind::And, vec![ge, lt], Attrs::new())?;
+            let mut mshape = vec![1u64; rank];
+            mshape[d] = n;
+            let inside = self.reshape(h, inside, &mshape)?;
+            mask = Some(match mask {
+                None => inside,
+                Some(m) => self.push(h, OpKind::And, vec![m, inside], Attrs::new())?,
+            });
+            let km1 = self.constant(
+                h,
+                Tensor::from_i64(dtype, vec![], vec![k.saturating_sub(1) as i64]),
+            )?;
+            let jc = self.push(h, OpKind::Max, vec![j, zero], Attrs::new())?;
+            let jc = self.push(h, OpKind::Min, vec![jc, km1], Attrs::new())?;
+            u = self.push(
+                h,
+                OpKind::Gather,
+                vec![u, jc],
+                Attrs::new().with("axis", Attr::Int(d as i64)),
+            )?;
+        }
+        match mask {
+            // The update covers the whole operand.
+            None => Ok(u),
+            Some(m) => self.push(h, OpKind::Where, vec![m, u, operand], Attrs::new()),
         }
     }
 
@@ -997,8 +1200,11 @@ impl<'a> Lowerer<'a> {
     }
 
     fn reduce(&mut self, op: &Op, h: &Here, x: Vec<ValueId>) -> R<Vec<ValueId>> {
+        if x.len() == 4 {
+            return self.arg_reduce(op, h, x);
+        }
         if x.len() != 2 {
-            return h.unsupported("reductions of several operands at once are not supported");
+            return h.unsupported("reductions of several operands at once are supported only in the argmax/argmin form (values and indices) that `jnp.argmax`/`jnp.argmin` emit");
         }
         let body = self.body_op(op, h)?;
         let rank = self.f.ty(x[0]).rank();
@@ -1040,6 +1246,73 @@ impl<'a> Lowerer<'a> {
             return Ok(vec![r]);
         }
         Ok(vec![self.push(h, combine, vec![r, x[1]], Attrs::new())?])
+    }
+
+    /// `reduce` of (values, indices) with the comparator body `jnp.argmax`/`jnp.argmin`
+    /// emit: the body is run on probe values to check that it keeps the larger (smaller)
+    /// value and, on ties, the smaller index. Lowered as the max (min) and the smallest
+    /// index where the values equal it.
+    fn arg_reduce(&mut self, op: &Op, h: &Here, x: Vec<ValueId>) -> R<Vec<ValueId>> {
+        let unsupported = "only the argmax/argmin form of a two-operand reduce is supported (the comparator body `jnp.argmax`/`jnp.argmin` emit)";
+        let [block] = op.regions.as_slice() else {
+            return h.unsupported(unsupported);
+        };
+        let (vt, it) = (self.f.ty(x[0]).clone(), self.f.ty(x[1]).clone());
+        if vt.dims != it.dims || !vt.dtype.is_float() || it.dtype.is_float() {
+            return h.unsupported(format!(
+                "{unsupported}: expected float values and integer indices of one shape"
+            ));
+        }
+        let kind = match arg_body_kind(block) {
+            Some(k) => k,
+            None => return h.unsupported(unsupported),
+        };
+        let identity = if kind == OpKind::ReduceMax {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        };
+        let init = self
+            .consts
+            .get(&x[2])
+            .and_then(|t| t.to_f64_vec().first().copied());
+        if init != Some(identity) {
+            return h.unsupported(format!(
+                "{unsupported}: the initial value must be {identity}"
+            ));
+        }
+        let rank = vt.rank();
+        let dims = self.axes(op, h, "dimensions", rank)?;
+        if dims.is_empty() {
+            return Ok(vec![x[0], x[1]]);
+        }
+        let axes: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        let keep = Attrs::new()
+            .with("axes", Attr::Ints(axes.clone()))
+            .with("keepdims", Attr::Int(1));
+        let drop = Attrs::new()
+            .with("axes", Attr::Ints(axes))
+            .with("keepdims", Attr::Int(0));
+        let m = self.push(h, kind, vec![x[0]], keep)?;
+        let values = self.push(h, kind, vec![x[0]], drop.clone())?;
+        let hit = self.push(h, OpKind::Equal, vec![x[0], m], Attrs::new())?;
+        // Indices as f32 (exact below 2^24): the smallest where the value is the extreme.
+        let fi = self.push(
+            h,
+            OpKind::Cast,
+            vec![x[1]],
+            Attrs::new().with("to", Attr::DType(DType::F32)),
+        )?;
+        let big = self.constant(h, Tensor::scalar_f64(DType::F32, f32::MAX as f64))?;
+        let cand = self.push(h, OpKind::Where, vec![hit, fi, big], Attrs::new())?;
+        let first = self.push(h, OpKind::ReduceMin, vec![cand], drop)?;
+        let idx = self.push(
+            h,
+            OpKind::Cast,
+            vec![first],
+            Attrs::new().with("to", Attr::DType(it.dtype)),
+        )?;
+        Ok(vec![values, idx])
     }
 
     /// `reduce` with an `and` (all) or `or` (any) body on i1: a min/max over 0/1 floats.
@@ -1177,14 +1450,17 @@ impl<'a> Lowerer<'a> {
             Some(AVal::Hash { body, .. }) => body.replace(' ', ""),
             _ => return h.invalid("missing `dimension_numbers`"),
         };
-        let spatial: Vec<String> = (0..sp).map(|i| i.to_string()).collect();
-        let sp_s = spatial.join(",");
-        let want = format!("[b,f,{sp_s}]x[o,i,{sp_s}]->[b,f,{sp_s}]");
-        if dn != want {
+        // Any layout: transposes to NCHW/OIHW around ppir's conv, and back.
+        let Some((lhs, rhs, out)) = conv_layouts(&dn, sp) else {
             return h.unsupported(format!(
-                "only the NCHW/OIHW layout (`{want}`) is supported, not `{dn}`"
+                "cannot read the convolution layout `{dn}` (expected e.g. `[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]` for a rank-{rank} input)"
             ));
+        };
+        if self.f.ty(w).rank() != rank {
+            return h.invalid("the kernel's rank differs from the input's");
         }
+        let x = self.transpose(h, x, &lhs)?;
+        let w = self.transpose(h, w, &rhs)?;
         let strides = self.ints_or(op, h, "window_strides", vec![1; sp])?;
         let lhs_dil = self.ints_or(op, h, "lhs_dilation", vec![1; sp])?;
         let rhs_dil = self.ints_or(op, h, "rhs_dilation", vec![1; sp])?;
@@ -1192,9 +1468,15 @@ impl<'a> Lowerer<'a> {
             None => vec![0; 2 * sp],
             Some(v) => self.pairs(h, v, sp)?,
         };
-        if lhs_dil.iter().any(|&d| d != 1) {
-            return h
-                .unsupported("input (lhs) dilation is not supported (transposed convolutions)");
+        if lhs_dil.len() != sp || lhs_dil.iter().any(|&d| d < 1) {
+            return h.invalid("bad `lhs_dilation`");
+        }
+        // Input (lhs) dilation is interior padding of the input with zeros.
+        let mut x = x;
+        for (i, &d) in lhs_dil.iter().enumerate() {
+            if d > 1 {
+                x = self.interior_pad(h, x, 2 + i, (d - 1) as u64, 0.0)?;
+            }
         }
         if let Some(v) = op.attr("window_reversal") {
             let rev = match v {
@@ -1215,12 +1497,33 @@ impl<'a> Lowerer<'a> {
                 return h.unsupported("batch_group_count other than 1 is not supported");
             }
         }
+        // Negative padding cuts the (dilated) input first.
+        if pads.iter().any(|&p| p < 0) {
+            let shape = self.shape(x);
+            let mut starts = vec![0i64; rank];
+            let mut ends: Vec<i64> = shape.iter().map(|&n| n as i64).collect();
+            for i in 0..sp {
+                starts[2 + i] = (-pads[i]).max(0);
+                ends[2 + i] -= (-pads[sp + i]).max(0);
+                if starts[2 + i] > ends[2 + i] {
+                    return h.invalid("the negative padding cuts more than the input");
+                }
+            }
+            x = self.slice(h, x, starts, ends, vec![1; rank])?;
+        }
+        let pads: Vec<i64> = pads.iter().map(|&p| p.max(0)).collect();
         let attrs = Attrs::new()
             .with("strides", Attr::Ints(strides))
             .with("pads", Attr::Ints(pads))
             .with("dilations", Attr::Ints(rhs_dil))
             .with("group", Attr::Int(group));
-        self.push(h, OpKind::Conv, vec![x, w], attrs)
+        let y = self.push(h, OpKind::Conv, vec![x, w], attrs)?;
+        // `out[k]` is the result's dim `k` in NCHW order; move it to the module's layout.
+        let mut inv = vec![0usize; rank];
+        for (k, &p) in out.iter().enumerate() {
+            inv[p] = k;
+        }
+        self.transpose(h, y, &inv)
     }
 
     /// The embedding form of `gather`: whole rows of the operand selected along axis 0 by
@@ -1279,7 +1582,18 @@ impl<'a> Lowerer<'a> {
             {
                 return self.take_along_axis(h, data, idx, a[0] as usize);
             }
-            return h.unsupported("only the embedding form of gather (whole rows along axis 0, as `table[ids]`) and the take_along_axis form are supported");
+            let dims = GatherDims {
+                offset: field("offset_dims"),
+                collapsed: field("collapsed_slice_dims"),
+                start_index_map: field("start_index_map"),
+                ivd: ivd as usize,
+            };
+            if field("operand_batching_dims").is_empty() {
+                if let Some(v) = self.gather_whole_slices(h, data, idx, &dims, &sizes)? {
+                    return Ok(v);
+                }
+            }
+            return h.unsupported("only gathers of whole slices along the indexed dims (`table[ids]`, `x[:, idx]`, `x[i, j]`, `jnp.take(x, i, axis=k)`) and the take_along_axis form are supported");
         }
         let ids = self.reshape(h, idx, &is[..batch_rank])?;
         self.push(
@@ -1288,6 +1602,135 @@ impl<'a> Lowerer<'a> {
             vec![data, ids],
             Attrs::new().with("axis", Attr::Int(0)),
         )
+    }
+
+    /// A gather that takes whole slices of every dim but the indexed ones (`x[:, idx]`,
+    /// `x[i, j]`, `jnp.take(x, i, axis=k)`): the indexed dims moved last and merged, one
+    /// ppir `gather` with the linear index of the (clamped) index vectors, and a transpose
+    /// to the result's layout. `None` when the gather is not of that form.
+    fn gather_whole_slices(
+        &mut self,
+        h: &Here,
+        data: ValueId,
+        idx: ValueId,
+        g: &GatherDims,
+        sizes: &[i64],
+    ) -> R<Option<ValueId>> {
+        let ds = self.shape(data);
+        let is = self.shape(idx);
+        let r = ds.len();
+        let a: Vec<usize> = g
+            .start_index_map
+            .iter()
+            .filter_map(|&d| usize::try_from(d).ok())
+            .collect();
+        let mut coll: Vec<usize> = g
+            .collapsed
+            .iter()
+            .filter_map(|&d| usize::try_from(d).ok())
+            .collect();
+        coll.sort_unstable();
+        let mut sorted_a = a.clone();
+        sorted_a.sort_unstable();
+        sorted_a.dedup();
+        let rest: Vec<usize> = (0..r).filter(|d| !coll.contains(d)).collect();
+        let offset: Vec<usize> = g
+            .offset
+            .iter()
+            .filter_map(|&d| usize::try_from(d).ok())
+            .collect();
+        let implicit = g.ivd == is.len();
+        let ncomp = if implicit {
+            1
+        } else {
+            is.get(g.ivd).copied().unwrap_or(0) as usize
+        };
+        let ok = a.len() == g.start_index_map.len()
+            && sorted_a.len() == a.len()
+            && sorted_a == coll
+            && a.iter().all(|&d| d < r)
+            && ncomp == a.len()
+            && g.ivd <= is.len()
+            && sizes.len() == r
+            && (0..r).all(|d| sizes[d] == if coll.contains(&d) { 1 } else { ds[d] as i64 })
+            && offset.len() == rest.len()
+            && offset.windows(2).all(|w| w[0] < w[1]);
+        let q: Vec<u64> = (0..is.len())
+            .filter(|&d| implicit || d != g.ivd)
+            .map(|d| is[d])
+            .collect();
+        if !ok || offset.iter().any(|&o| o >= rest.len() + q.len()) || a.is_empty() {
+            return Ok(None);
+        }
+        let itype = self.f.ty(idx).dtype;
+        if itype.is_float() || itype == DType::Bool {
+            return h.invalid("gather indices must be integers");
+        }
+        // One index tensor of shape q per component, clamped into its dim.
+        let mut lin: Option<ValueId> = None;
+        for (c, &d) in a.iter().enumerate() {
+            let comp = if implicit {
+                idx
+            } else {
+                let mut starts = vec![0i64; is.len()];
+                let mut ends: Vec<i64> = is.iter().map(|&n| n as i64).collect();
+                starts[g.ivd] = c as i64;
+                ends[g.ivd] = c as i64 + 1;
+                let s = self.slice(h, idx, starts, ends, vec![1; is.len()])?;
+                self.reshape(h, s, &q)?
+            };
+            let comp = self.clamped_rows(h, comp, ds[d])?;
+            lin = Some(match lin {
+                None => comp,
+                Some(l) => {
+                    let n =
+                        self.constant(h, Tensor::from_i64(itype, vec![], vec![ds[d] as i64]))?;
+                    let l = self.push(h, OpKind::Mul, vec![l, n], Attrs::new())?;
+                    self.push(h, OpKind::Add, vec![l, comp], Attrs::new())?
+                }
+            });
+        }
+        let Some(lin) = lin else { return Ok(None) };
+        // Indexed dims last, in the order of the index vector, merged into one.
+        let mut perm = rest.clone();
+        perm.extend(&a);
+        let t = self.transpose(h, data, &perm)?;
+        let mut merged: Vec<u64> = rest.iter().map(|&d| ds[d]).collect();
+        let n: u64 = a.iter().map(|&d| ds[d]).product();
+        merged.push(n);
+        let t = self.reshape(h, t, &merged)?;
+        let v = self.push(
+            h,
+            OpKind::Gather,
+            vec![t, lin],
+            Attrs::new().with("axis", Attr::Int(rest.len() as i64)),
+        )?;
+        // Now `rest ++ q`; the result puts `rest` at `offset` and `q` elsewhere, in order.
+        let rank = rest.len() + q.len();
+        let mut out = vec![0usize; rank];
+        let mut next_q = rest.len();
+        for (j, o) in out.iter_mut().enumerate() {
+            match offset.iter().position(|&p| p == j) {
+                Some(k) => *o = k,
+                None => {
+                    *o = next_q;
+                    next_q += 1;
+                }
+            }
+        }
+        self.transpose(h, v, &out).map(Some)
+    }
+
+    /// Integer indices clamped into `0..n` (StableHLO clamps gather starts).
+    fn clamped_rows(&mut self, h: &Here, idx: ValueId, n: u64) -> R<ValueId> {
+        let dtype = self.f.ty(idx).dtype;
+        let lo = self.constant(h, Tensor::from_i64(dtype, vec![], vec![0]))?;
+        let hi = self.constant(
+            h,
+            Tensor::from_i64(dtype, vec![], vec![n.saturating_sub(1) as i64]),
+        )?;
+        let v = self.push(h, OpKind::Max, vec![idx, lo], Attrs::new())?;
+        self.push(h, OpKind::Min, vec![v, hi], Attrs::new())
     }
 
     /// `take_along_axis(data, idx, axis)` (idx with a trailing index vector of size 1) as a
@@ -1438,6 +1881,121 @@ impl<'a> Lowerer<'a> {
             Tensor::from_i64(dtype, dims, ints)
         })
     }
+}
+
+/// A gather's dimension numbers (without batching dims).
+struct GatherDims {
+    offset: Vec<i64>,
+    collapsed: Vec<i64>,
+    start_index_map: Vec<i64>,
+    ivd: usize,
+}
+
+/// The permutations that take a convolution's operands from the layout `dn`
+/// (`[b,0,1,f]x[0,1,i,o]->[b,0,1,f]`, spaces removed) to NCHW/OIHW (`perm[k]` = the
+/// layout's dim that becomes dim `k`), and where the result's NCHW dims go (`out[k]` =
+/// the layout position of NCHW dim `k`).
+fn conv_layouts(dn: &str, sp: usize) -> Option<(Vec<usize>, Vec<usize>, Vec<usize>)> {
+    let (l, rest) = dn.split_once('x')?;
+    let (r, o) = rest.split_once("->")?;
+    let parse = |s: &str, a: &str, b: &str| -> Option<Vec<usize>> {
+        let toks: Vec<&str> = s.strip_prefix('[')?.strip_suffix(']')?.split(',').collect();
+        if toks.len() != sp + 2 {
+            return None;
+        }
+        let mut want = vec![a.to_string(), b.to_string()];
+        want.extend((0..sp).map(|i| i.to_string()));
+        let perm: Option<Vec<usize>> = want
+            .iter()
+            .map(|w| toks.iter().position(|t| t == w))
+            .collect();
+        perm
+    };
+    Some((
+        parse(l, "b", "f")?,
+        parse(r, "o", "i")?,
+        parse(o, "b", "f")?,
+    ))
+}
+
+/// Whether a reduce body over (value, index) pairs, block arguments `(v_a, i_a, v_b, i_b)`,
+/// picks the larger value (`ReduceMax`) or the smaller (`ReduceMin`), the smaller index on
+/// ties: the body is evaluated on probes.
+fn arg_body_kind(block: &Block) -> Option<OpKind> {
+    if block.args.len() != 4 {
+        return None;
+    }
+    let probes = [(1.0, 2.0), (2.0, 1.0), (1.0, 1.0), (-3.0, 5.0)];
+    let mut max_ok = true;
+    let mut min_ok = true;
+    for (va, vb) in probes {
+        for (ia, ib) in [(0.0, 1.0), (1.0, 0.0), (2.0, 7.0)] {
+            let (v, i) = eval_scalar_body(block, &[va, ia, vb, ib])?;
+            let pick = |a_wins: bool| if a_wins { (va, ia) } else { (vb, ib) };
+            let tie = va == vb;
+            let want_max = pick(if tie { ia < ib } else { va > vb });
+            let want_min = pick(if tie { ia < ib } else { va < vb });
+            max_ok &= (v, i) == want_max;
+            min_ok &= (v, i) == want_min;
+        }
+    }
+    match (max_ok, min_ok) {
+        (true, false) => Some(OpKind::ReduceMax),
+        (false, true) => Some(OpKind::ReduceMin),
+        _ => None,
+    }
+}
+
+/// Run a reduce body of scalar compares, logic, selects, max/min and constants on `args`
+/// (booleans as 0/1); `None` for anything else.
+fn eval_scalar_body(block: &Block, args: &[f64]) -> Option<(f64, f64)> {
+    let mut env: HashMap<String, f64> = HashMap::new();
+    for ((n, _), &v) in block.args.iter().zip(args) {
+        env.insert(n.clone(), v);
+    }
+    for op in &block.ops {
+        let mut op = op.clone();
+        normalize(&mut op);
+        let xs: Vec<f64> = op
+            .operands
+            .iter()
+            .map(|o| env.get(o).copied())
+            .collect::<Option<_>>()?;
+        let b = |c: bool| if c { 1.0 } else { 0.0 };
+        let v = match (op.name.as_str(), xs.as_slice()) {
+            ("stablehlo.return" | "func.return", [v, i]) => return Some((*v, *i)),
+            ("stablehlo.compare", [a, c]) => match op.attr("comparison_direction") {
+                Some(AVal::Word(w)) => match w.as_str() {
+                    "EQ" => b(a == c),
+                    "NE" => b(a != c),
+                    "LT" => b(a < c),
+                    "LE" => b(a <= c),
+                    "GT" => b(a > c),
+                    "GE" => b(a >= c),
+                    _ => return None,
+                },
+                _ => return None,
+            },
+            ("stablehlo.and", [a, c]) => b(*a != 0.0 && *c != 0.0),
+            ("stablehlo.or", [a, c]) => b(*a != 0.0 || *c != 0.0),
+            ("stablehlo.not", [a]) => b(*a == 0.0),
+            ("stablehlo.select", [p, a, c]) => {
+                if *p != 0.0 {
+                    *a
+                } else {
+                    *c
+                }
+            }
+            ("stablehlo.maximum", [a, c]) => a.max(*c),
+            ("stablehlo.minimum", [a, c]) => a.min(*c),
+            _ => return None,
+        };
+        let [r] = op.results.as_slice() else {
+            return None;
+        };
+        env.insert(r.clone(), v);
+    }
+    None
 }
 
 fn bits_to_f64(dtype: DType, u: u64) -> f64 {

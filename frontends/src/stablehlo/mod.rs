@@ -8,7 +8,10 @@
 //!   the parameters (keyed `arg<i>`, e.g. from `--params P.npz`) become `Param`
 //!   arguments with those initial values; the others are `Input`s. Results are named
 //!   `out<i>`.
-//! - Shapes are static; the exported batch is the model's batch.
+//! - Shapes are static; the exported batch is the model's batch unless
+//!   [`import_stablehlo_with_batch`] rebinds it: dim 0 of the data inputs is traced
+//!   through the ops, and an op that fixes it (a reduction over it, a reshape that merges
+//!   it with another dim, a constant or `iota` shaped by it) is an error naming the op.
 //! - Portable artifacts (VHLO bytecode) are refused with a message that says how to
 //!   produce text instead.
 //!
@@ -28,6 +31,7 @@
 //! assert!(e.to_string().starts_with("m.mlir:1:"));
 //! ```
 
+mod batch;
 mod lower;
 pub mod parse;
 
@@ -162,6 +166,18 @@ pub fn import_stablehlo(
     file: &str,
     params: &BTreeMap<String, Tensor>,
 ) -> Result<Imported, StableHloError> {
+    import_stablehlo_with_batch(bytes, file, params, None)
+}
+
+/// As [`import_stablehlo`], with the batch (dim 0 of every data input) rebound to `batch`
+/// rows when given: the static shapes are re-derived for that batch, or the error names
+/// the op that fixes the exported batch and its location.
+pub fn import_stablehlo_with_batch(
+    bytes: &[u8],
+    file: &str,
+    params: &BTreeMap<String, Tensor>,
+    batch: Option<u64>,
+) -> Result<Imported, StableHloError> {
     let with_file = |mut e: StableHloError| {
         e.file = file.to_string();
         e
@@ -185,7 +201,7 @@ pub fn import_stablehlo(
         })
     })?;
     let ops = parse::parse(text).map_err(with_file)?;
-    lower::lower_module(ops, params).map_err(with_file)
+    lower::lower_module(ops, params, batch).map_err(with_file)
 }
 
 /// Import a module file (see [`import_stablehlo`]).

@@ -11,7 +11,7 @@
 use super::{Pos, StableHloError};
 
 /// An element type and a static shape: `tensor<2x8xf32>`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Default)]
 pub struct TType {
     pub dims: Vec<u64>,
     pub elem: String,
@@ -75,6 +75,9 @@ impl Op {
         self.attrs.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
 }
+
+/// The most results one op may declare (`%0:N`).
+const MAX_RESULTS: i64 = 64;
 
 /// Read a whole file: the top-level ops (a `module`, or functions).
 pub fn parse(text: &str) -> Result<Vec<Op>, StableHloError> {
@@ -708,10 +711,16 @@ impl<'a> Cursor<'a> {
         let mut results = vec![];
         if self.peek() == Some(b'%') {
             loop {
-                results.push(self.value_name()?);
+                let name = self.value_name()?;
                 if self.eat(":") {
-                    // `%0:2 = ...` (several results)
-                    self.number()?;
+                    // `%0:2 = ...` (several results, used as `%0#0`, `%0#1`)
+                    let n = match self.number()? {
+                        AVal::Int(n) if (1..=MAX_RESULTS).contains(&n) => n,
+                        _ => return self.err("expected a result count"),
+                    };
+                    results.extend((0..n).map(|i| format!("{name}#{i}")));
+                } else {
+                    results.push(name);
                 }
                 if !self.eat(",") {
                     break;
@@ -913,12 +922,17 @@ impl<'a> Cursor<'a> {
         let mut op = new_op("stablehlo.reduce".into(), pos);
         self.expect_token("(")?;
         let mut inits = vec![];
+        // `(%x init: %i)`, several as `(%x init: %i), (%y init: %j)`.
         loop {
             op.operands.push(self.value_name()?);
             self.expect_token("init")?;
             self.expect_token(":")?;
             inits.push(self.value_name()?);
             if self.eat(")") {
+                if self.eat(",") {
+                    self.expect_token("(")?;
+                    continue;
+                }
                 break;
             }
             self.expect_token(",")?;

@@ -1,14 +1,15 @@
 //! `stablehlo`: StableHLO text (`ppcc_frontends::stablehlo::import_stablehlo`: the reader of
 //! the pretty and generic forms, then the lowering to ppir and the verifier on what it
-//! accepts), as `ppcc eval|train|compile MODEL.mlir` use it. Seeds are the JAX-made
-//! fixtures in tests/stablehlo/fixtures (both forms).
+//! accepts), as `ppcc eval|train|compile MODEL.mlir` use it, and what it accepts once more
+//! with the batch rebound (`import_stablehlo_with_batch`, the leading float arguments as
+//! parameters). Seeds are the JAX-made fixtures in tests/stablehlo/fixtures (both forms).
 //!
 //! Format-aware mutations work on lines and tokens: drop, duplicate or swap lines, swap an
 //! op name for another one's, change a number, cut a line, splice a line of another seed.
 
 use std::collections::BTreeMap;
 
-use ppcc_frontends::stablehlo::import_stablehlo;
+use ppcc_frontends::stablehlo::{import_stablehlo, import_stablehlo_with_batch};
 
 use super::{files_with_ext, Env, Target, Verdict};
 use crate::rng::Rng;
@@ -30,6 +31,10 @@ const OPS: &[&str] = &[
     "stablehlo.slice",
     "stablehlo.compare",
     "stablehlo.select",
+    "stablehlo.pad",
+    "stablehlo.dynamic_slice",
+    "stablehlo.dynamic_update_slice",
+    "stablehlo.concatenate",
     "call",
     "func.call",
     "return",
@@ -128,7 +133,7 @@ impl Target for StableHlo {
     fn run(&self, _env: &Env, input: &[u8]) -> Verdict {
         match import_stablehlo(input, "fuzz.mlir", &BTreeMap::new()) {
             Ok(imported) => match ppir::verify::verify_module(&imported.module) {
-                Ok(()) => Verdict::Accepted,
+                Ok(()) => rebound(input, &imported.module),
                 // The lowering checks every result type against the module's, so what it
                 // accepts verifies; a module that does not is a finding.
                 Err(errors) => Verdict::Crash(format!(
@@ -138,5 +143,47 @@ impl Target for StableHlo {
             },
             Err(e) => Verdict::Rejected(e.to_string()),
         }
+    }
+}
+
+/// The largest parameter built to import a module again with its batch rebound.
+const MAX_PARAM_ELEMENTS: u64 = 1 << 16;
+
+/// Import `input` again with every argument but the last that is a small float tensor as a
+/// parameter (zeros) and the batch rebound to 3 rows: what that accepts must verify.
+fn rebound(input: &[u8], plain: &ppir::Module) -> Verdict {
+    let Some(main) = plain.function("main") else {
+        return Verdict::Accepted;
+    };
+    let args = main.args();
+    let mut params = BTreeMap::new();
+    for (i, &(v, _)) in args.iter().enumerate().take(args.len().saturating_sub(1)) {
+        let ty = main.ty(v);
+        let Some(n) = ty.num_elements().filter(|&n| n <= MAX_PARAM_ELEMENTS) else {
+            return Verdict::Accepted;
+        };
+        if !ty.dtype.is_float() {
+            continue;
+        }
+        let dims: Vec<usize> = ty
+            .dims
+            .iter()
+            .filter_map(|d| d.known())
+            .map(|d| d as usize)
+            .collect();
+        params.insert(
+            format!("arg{i}"),
+            ppir::Tensor::from_f64(ty.dtype, dims, vec![0.0; n as usize]),
+        );
+    }
+    match import_stablehlo_with_batch(input, "fuzz.mlir", &params, Some(3)) {
+        Ok(imported) => match ppir::verify::verify_module(&imported.module) {
+            Ok(()) => Verdict::Accepted,
+            Err(errors) => Verdict::Crash(format!(
+                "the module imported with its batch rebound does not verify: {}",
+                errors.first().map(|e| e.to_string()).unwrap_or_default()
+            )),
+        },
+        Err(e) => Verdict::Rejected(e.to_string()),
     }
 }
