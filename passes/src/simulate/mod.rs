@@ -10,9 +10,14 @@
 //! Memory: a micro-batch's activations on a stage are stashed from its `F` until its `W` (or
 //! fused `B`) finishes — the input-gradient `B` frees part of them in practice, which this
 //! model ignores (it over-estimates ZB schedules' stash between `B` and `W`).
+//!
+//! [`fill_bound`]: a lower bound on any schedule's iteration time on a chain layout within
+//! a peak memory, from the pipeline's fill.
 
+mod bound;
 mod render;
 
+pub use bound::{fill_bound, RankFillBound};
 pub use render::{to_svg, to_svg_seconds, to_trace_json, to_trace_json_seconds};
 
 use std::collections::BTreeMap;
