@@ -20,7 +20,9 @@ use ppir::ops::OpAttrs;
 use ppir::{ArgKind, Attrs, DType, Dim, OpKind, Tensor, TensorData, TensorType};
 
 use super::attrs::NodeAttrs;
-use super::import::{invalid, scalar, unsupported, Fail, Importer, SymInt, Val, BATCH_NEEDED, R};
+use super::import::{
+    invalid, scalar, static_elements, unsupported, Fail, Importer, SymInt, Val, BATCH_NEEDED, R,
+};
 use super::proto::NodeProto;
 use super::tensor::{dtype_from_onnx, element_count, tensor_from_proto};
 
@@ -1638,6 +1640,16 @@ impl Importer<'_> {
         let allowzero = self.opset >= 14 && a.int_or("allowzero", 0).inv()? != 0;
         let in_dims = self.dims_of(&x)?;
         let shape = resolve_reshape(&in_dims, &spec, allowzero)?;
+        if shape.contains(&0) {
+            // An empty result (allowzero keeps a 0 in the target): ppir's reshape has no
+            // zero sizes, but an empty tensor's value is its shape alone.
+            let xt = self.ty(&x)?;
+            if static_elements(&xt) != Some(0) || shape.iter().any(|&d| d < 0) {
+                invalid!("cannot reshape {xt} into {shape:?}");
+            }
+            let dims = shape.iter().map(|&d| d as usize).collect();
+            return Ok(Val::konst(Tensor::zeros(xt.dtype, dims)));
+        }
         self.op(OpKind::Reshape, ShapeAttrs { shape }.to_attrs(), &[x])
     }
 
