@@ -238,8 +238,8 @@ impl Importer<'_> {
             .collect::<R<Vec<_>>>()?;
         // minor[S]: the determinant of rows 0..|S| and the columns in bit set S.
         let mut minor: HashMap<usize, Val> = HashMap::new();
-        for j in 0..n {
-            minor.insert(1 << j, el[j].clone());
+        for (j, e) in el.iter().take(n).enumerate() {
+            minor.insert(1 << j, e.clone());
         }
         for size in 2..=n {
             let row = size - 1;

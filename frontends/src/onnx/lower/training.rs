@@ -34,7 +34,7 @@ impl Importer<'_> {
         groups: usize,
     ) -> R<(Val, Val, Vec<Vec<Val>>, DType)> {
         let total = node.input.len();
-        if total < 2 + groups || (total - 2) % groups != 0 {
+        if total < 2 + groups || !(total - 2).is_multiple_of(groups) {
             invalid!(
                 "has {total} inputs; it needs R, T and {groups} groups of the same number of tensors"
             );
