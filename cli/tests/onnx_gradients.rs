@@ -358,3 +358,129 @@ fn decomposed_sampling_and_sequence_ops_differentiate_like_finite_differences() 
         &["P", "G", "theta", "bs", "bb"],
     );
 }
+
+/// Control flow and the recurrent and other ops the importer unrolls or decomposes: a
+/// bidirectional GRU (`linear_before_reset`, initial state), an LSTM with peepholes, clip and
+/// `sequence_lens` shorter than the sequence, a reverse RNN with `ScaledTanh`, a `Scan` and a
+/// `Loop` whose bodies read outer-scope parameters, an `If` on a run-time condition,
+/// `FlexAttention` with a `score_mod` subgraph, `Det`, `Compress`, `STFT` and `MaxUnpool`,
+/// each entering the loss through `ReduceSum(Softplus(y))`.
+const RECURRENT_MODEL: &str = r#"
+import sys, numpy as np, onnx
+from onnx import helper as h, numpy_helper as nh, TensorProto as T
+rng = np.random.default_rng(4)
+def p(name, shape, s=0.5, base=0.0):
+    return nh.from_array((base + s * rng.normal(size=shape)).astype(np.float32), name)
+params = [
+    p("Wg", (2, 9, 4)), p("Rg", (2, 9, 3)), p("Bg", (2, 18), 0.2),
+    p("Wl", (1, 12, 4)), p("Rl", (1, 12, 3)), p("Bl", (1, 24), 0.2), p("Pl", (1, 9), 0.3),
+    p("Wr", (1, 3, 4)), p("Rr", (1, 3, 3)),
+    p("Ws", (4, 3)), p("Wo", (3,)), p("Wi", (3, 2, 4)),
+    p("Fq", (1, 2, 3, 4)), p("D", (2, 3, 3), 0.6, 0.0), p("S", (1, 12, 1)), p("U", (1, 1, 2, 2)),
+]
+def c(name, v, dt=np.float32):
+    return h.make_node("Constant", [], [name], value=nh.from_array(np.array(v, dt)))
+scan_body = h.make_graph(
+    [h.make_node("MatMul", ["xt", "Ws"], ["xw"]),
+     h.make_node("Add", ["xw", "hs"], ["pre"]),
+     h.make_node("Tanh", ["pre"], ["hn"]),
+     h.make_node("Identity", ["hn"], ["yt"])],
+    "scan_body",
+    [h.make_tensor_value_info("hs", T.FLOAT, [2, 3]),
+     h.make_tensor_value_info("xt", T.FLOAT, [2, 4])],
+    [h.make_tensor_value_info("hn", T.FLOAT, [2, 3]),
+     h.make_tensor_value_info("yt", T.FLOAT, [2, 3])])
+loop_body = h.make_graph(
+    [h.make_node("Cast", ["i"], ["fi"], to=T.FLOAT),
+     h.make_node("Mul", ["v", "Wo"], ["vw"]),
+     h.make_node("Add", ["vw", "fi"], ["vf"]),
+     h.make_node("Sin", ["vf"], ["vo"]),
+     h.make_node("Identity", ["cin"], ["cout"]),
+     h.make_node("Identity", ["vo"], ["so"])],
+    "loop_body",
+    [h.make_tensor_value_info("i", T.INT64, []),
+     h.make_tensor_value_info("cin", T.BOOL, []),
+     h.make_tensor_value_info("v", T.FLOAT, [2, 3])],
+    [h.make_tensor_value_info("cout", T.BOOL, []),
+     h.make_tensor_value_info("vo", T.FLOAT, [2, 3]),
+     h.make_tensor_value_info("so", T.FLOAT, [2, 3])])
+then_g = h.make_graph([h.make_node("Mul", ["x", "Wi"], ["ty"])], "then",
+                      [], [h.make_tensor_value_info("ty", T.FLOAT, [3, 2, 4])])
+else_g = h.make_graph([h.make_node("Sub", ["x", "Wi"], ["ey"])], "else",
+                      [], [h.make_tensor_value_info("ey", T.FLOAT, [3, 2, 4])])
+score_mod = h.make_graph(
+    [h.make_node("Mul", ["sc", "half"], ["so2"])], "score_mod",
+    [h.make_tensor_value_info("sc", T.FLOAT, [1, 2, 3, 3])],
+    [h.make_tensor_value_info("so2", T.FLOAT, [1, 2, 3, 3])],
+    [nh.from_array(np.array(0.5, np.float32), "half")])
+nodes = [
+    c("h0", 0.1 * np.ones((2, 2, 3))), c("lens", [3, 2], np.int32),
+    c("s0", np.zeros((2, 3))), c("trip", 3, np.int64), c("yes", True, np.bool_),
+    c("keep", [True, False, True], np.bool_), c("step", 4, np.int64), c("flen", 6, np.int64),
+    c("ind", [[[[0, 3], [5, 14]]]], np.int64),
+    h.make_node("ReduceSum", ["x"], ["xs"], keepdims=0),
+    c("zero", 0.0), h.make_node("Greater", ["xs", "zero"], ["cond"]),
+    c("qshape", [1, 2, 3, 4], np.int64),
+    h.make_node("Reshape", ["x", "qshape"], ["xq"]),
+    h.make_node("Add", ["xq", "Fq"], ["q"]),
+]
+outs = []
+def op(kind, ins, n_out=1, **kw):
+    names = [f"y{len(outs) + i}" for i in range(n_out)]
+    nodes.append(h.make_node(kind, ins, names, **kw))
+    outs.extend(names)
+op("GRU", ["x", "Wg", "Rg", "Bg", "", "h0"], n_out=2, hidden_size=3,
+   direction="bidirectional", linear_before_reset=1)
+op("LSTM", ["x", "Wl", "Rl", "Bl", "lens", "", "", "Pl"], n_out=3, hidden_size=3, clip=5.0)
+op("RNN", ["x", "Wr", "Rr"], n_out=2, hidden_size=3, direction="reverse",
+   activations=["ScaledTanh"], activation_alpha=[1.3], activation_beta=[0.7])
+nodes.append(h.make_node("Scan", ["s0", "x"], ["sf", "sy"], body=scan_body, num_scan_inputs=1))
+outs += ["sf", "sy"]
+nodes.append(h.make_node("Loop", ["trip", "yes", "sf"], ["lf", "ly"], body=loop_body))
+outs += ["lf", "ly"]
+op("If", ["cond"], then_branch=then_g, else_branch=else_g)
+nodes.append(h.make_node("FlexAttention", ["q", "q", "xq"], ["fa"], domain="ai.onnx.preview",
+                         score_mod=score_mod))
+outs.append("fa")
+op("Det", ["D"])
+op("Compress", ["Fq", "keep"], axis=2)
+op("STFT", ["S", "step", "", "flen"])
+op("MaxUnpool", ["U", "ind"], kernel_shape=[2, 2], strides=[2, 2])
+terms = []
+for i, o in enumerate(outs):
+    nodes.append(h.make_node("Softplus", [o], [f"sp{i}"]))
+    nodes.append(h.make_node("ReduceSum", [f"sp{i}"], [f"rs{i}"], keepdims=0))
+    terms.append(f"rs{i}")
+nodes.append(h.make_node("Sum", terms, ["loss"]))
+g = h.make_graph(
+    nodes, "grads",
+    [h.make_tensor_value_info("x", T.FLOAT, [3, 2, 4])],
+    [h.make_tensor_value_info("loss", T.FLOAT, [])],
+    params)
+model = h.make_model(g, opset_imports=[h.make_opsetid("", 22), h.make_opsetid("ai.onnx.preview", 1)])
+onnx.save(model, sys.argv[1])
+"#;
+
+#[test]
+fn unrolled_control_flow_and_recurrent_ops_differentiate_like_finite_differences() {
+    let Some(python) = python_with_onnx() else {
+        return;
+    };
+    let x: Vec<f64> = (0..24)
+        .map(|i| ((i * 5) % 11) as f64 * 0.15 - 0.6)
+        .collect();
+    let inputs = HashMap::from([(
+        "x".to_string(),
+        Tensor::from_f64(DType::F32, vec![3, 2, 4], x),
+    )]);
+    check_gradients(
+        &python,
+        RECURRENT_MODEL,
+        "recurrent",
+        &inputs,
+        &[
+            "Fq", "Wg", "Bg", "Rg", "Wl", "Bl", "Rl", "Pl", "Wr", "Rr", "Ws", "Wo", "Wi", "D", "S",
+            "U",
+        ],
+    );
+}

@@ -17,7 +17,7 @@ fn err(m: &Model) -> OnnxError {
 
 #[test]
 fn unsupported_op_names_node_op_and_opsets() {
-    let mut n = node("LSTM", &["x"], &["y"], vec![]);
+    let mut n = node("TfIdfVectorizer", &["x"], &["y"], vec![]);
     n.name = "foo".into();
     let m = Model::new(9)
         .input(f32_info("x", &[1]))
@@ -28,12 +28,15 @@ fn unsupported_op_names_node_op_and_opsets() {
     let s = e.to_string();
     assert!(
         s.starts_with(
-            r#"node "foo" (LSTM, opset 9): unsupported op; ppcc supports opsets 6 to 28"#
+            r#"node "foo" (TfIdfVectorizer, opset 9): unsupported op; ppcc supports opsets 6 to 28"#
         ),
         "{s}"
     );
     assert!(s.contains("Conv") && s.contains("Softmax"), "{s}");
-    assert_eq!(e.short(), r#"node "foo" (LSTM, opset 9): unsupported op"#);
+    assert_eq!(
+        e.short(),
+        r#"node "foo" (TfIdfVectorizer, opset 9): unsupported op"#
+    );
 }
 
 #[test]
@@ -77,28 +80,36 @@ fn unsupported_opsets() {
 
 #[test]
 fn op_versions_after_opset_25_that_ppcc_does_not_follow_are_refused_by_name() {
-    // Unique (version 28 at opset 28) is refused by name, as an op ppcc does not map; once
-    // it is mapped, its version 28 stays refused until its row says it is followed.
-    let mut n = node("Unique", &["a"], &["y"], vec![]);
+    // BitShift (version 28 at opset 28) is refused by name, as an op ppcc does not map;
+    // once it is mapped, its version 28 stays refused until its row says it is followed.
+    let mut n = node(
+        "BitShift",
+        &["a", "a"],
+        &["y"],
+        vec![attr_str("direction", "LEFT")],
+    );
     n.name = "mm".into();
     let m = Model::new(28)
-        .input(f32_info("a", &[2, 3]))
+        .input(value_info("a", data_type::INT64, &[Ok(2)]))
         .node(n)
-        .output(out_info("y", data_type::FLOAT));
+        .output(out_info("y", data_type::INT64));
     let e = err(&m);
     assert!(e.is_unsupported());
-    assert_eq!(e.short(), r#"node "mm" (Unique, opset 28): unsupported op"#);
-    assert_eq!(refused_version("Unique", 28), Some(28));
+    assert_eq!(
+        e.short(),
+        r#"node "mm" (BitShift, opset 28): unsupported op"#
+    );
+    assert_eq!(refused_version("BitShift", 28), Some(28));
     let e = OnnxError::UnsupportedOpVersion {
         node: "mm".into(),
-        op_type: "Unique".into(),
+        op_type: "BitShift".into(),
         version: 28,
         opset: 28,
     };
     assert!(e.is_unsupported());
     assert_eq!(
         e.to_string(),
-        r#"node "mm" (Unique, opset 28): unsupported op version: Unique version 28 (opsets 28 and later) is not implemented"#
+        r#"node "mm" (BitShift, opset 28): unsupported op version: BitShift version 28 (opsets 28 and later) is not implemented"#
     );
     // Each refused row applies from its version on, followed rows never.
     for &(op, v, how) in VERSIONS_AFTER_25 {

@@ -3,7 +3,7 @@
 //! Files from before IR version 2 leave `type` unset; the value's kind is then read from
 //! whichever field is filled, as onnx's own checker does.
 
-use super::proto::{attribute_type as at, AttributeProto, NodeProto, TensorProto};
+use super::proto::{attribute_type as at, AttributeProto, GraphProto, NodeProto, TensorProto};
 
 /// Why a node attribute cannot be read as asked (the caller adds the node).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -178,6 +178,18 @@ impl<'a> NodeAttrs<'a> {
                     })
             }
             Some(a) => Err(Self::wrong(a, "a tensor")),
+        }
+    }
+
+    /// A graph (an `If` branch, a `Loop` or `Scan` body).
+    pub fn graph(&self, name: &str) -> Res<Option<&'a GraphProto>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(a) if Self::kind(a) == at::GRAPH => match &a.g {
+                Some(g) => Ok(Some(g)),
+                None => Err(Self::wrong(a, "a graph")),
+            },
+            Some(a) => Err(Self::wrong(a, "a graph")),
         }
     }
 

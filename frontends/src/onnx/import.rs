@@ -27,7 +27,7 @@ use ppir::{
 
 use super::attrs::NodeAttrError;
 use super::error::OnnxError;
-use super::lower::{refused_version, MAX_OPSET, MIN_OPSET, SUPPORTED_OPS};
+use super::lower::{maps_other_domain, refused_version, MAX_OPSET, MIN_OPSET, SUPPORTED_OPS};
 use super::proto::{
     DimensionValue, GraphProto, ModelProto, SparseTensorProto, TypeProto, TypeTensor, TypeValue,
     ValueInfoProto,
@@ -190,7 +190,13 @@ pub(super) struct Importer<'a> {
     temp_counter: usize,
     node_values: Vec<ValueId>,
     interp: InterpOptions,
+    /// How many subgraphs (`If` branches, `Loop`/`Scan` bodies) enclose the node being
+    /// lowered; bounded so that a file of nested subgraphs cannot overflow the stack.
+    subgraph_depth: usize,
 }
+
+/// The deepest nesting of subgraphs ppcc lowers.
+const MAX_SUBGRAPH_DEPTH: usize = 32;
 
 /// Characters allowed in a bare IR name.
 fn sanitize(name: &str) -> String {
@@ -232,6 +238,7 @@ impl<'a> Importer<'a> {
             temp_counter: 0,
             node_values: vec![],
             interp: InterpOptions::default(),
+            subgraph_depth: 0,
         }
     }
 
@@ -835,6 +842,51 @@ impl<'a> Importer<'a> {
         Ok(())
     }
 
+    /// Lower the nodes of a subgraph (an `If` branch, a `Loop` or `Scan` body) into the
+    /// function being built, its formal inputs bound to `inputs`, and return its outputs.
+    /// Names of the enclosing scopes stay visible; the subgraph's own names are forgotten
+    /// afterwards, so a body can be lowered once per unrolled iteration. Its initializers
+    /// are constants (a subgraph's tensors are not trained).
+    pub(super) fn lower_subgraph(&mut self, g: &GraphProto, inputs: &[Val]) -> R<Vec<Val>> {
+        if g.input.len() != inputs.len() {
+            invalid!(
+                "its subgraph `{}` declares {} inputs, {} are given",
+                g.name,
+                g.input.len(),
+                inputs.len()
+            );
+        }
+        if self.subgraph_depth >= MAX_SUBGRAPH_DEPTH {
+            unsupported!("subgraphs nested deeper than {MAX_SUBGRAPH_DEPTH}");
+        }
+        let saved_vals = self.vals.clone();
+        let saved_unavailable = self.unavailable.clone();
+        let saved_loc = self.loc.clone();
+        let saved_prefix = self.name_prefix.clone();
+        let saved_counter = self.temp_counter;
+        let saved_node_values = std::mem::take(&mut self.node_values);
+        self.subgraph_depth += 1;
+        let result = (|| -> R<Vec<Val>> {
+            for init in &g.initializer {
+                let t = tensor_from_proto(init, self.model_dir)?;
+                self.vals.insert(init.name.clone(), Val::konst(t));
+            }
+            for (vi, v) in g.input.iter().zip(inputs) {
+                self.vals.insert(vi.name.clone(), v.clone());
+            }
+            self.lower_all(g)?;
+            g.output.iter().map(|o| self.lookup(&o.name)).collect()
+        })();
+        self.subgraph_depth -= 1;
+        self.vals = saved_vals;
+        self.unavailable = saved_unavailable;
+        self.loc = saved_loc;
+        self.name_prefix = saved_prefix;
+        self.temp_counter = saved_counter;
+        self.node_values = saved_node_values;
+        result
+    }
+
     fn lower_all(&mut self, graph: &GraphProto) -> Result<(), OnnxError> {
         let declared: HashMap<&str, &TypeTensor> = graph
             .value_info
@@ -896,7 +948,8 @@ impl<'a> Importer<'a> {
                     },
                 }
             };
-            if !(node.domain.is_empty() || node.domain == "ai.onnx") {
+            if !(is_default_domain(&node.domain) || maps_other_domain(&node.domain, &node.op_type))
+            {
                 return Err(OnnxError::UnsupportedOp {
                     node: self.loc.clone(),
                     op_type: node.op_type.clone(),
@@ -1240,6 +1293,62 @@ fn domain_opset(model: &ModelProto, domain: &str) -> i64 {
         .unwrap_or(0)
 }
 
+/// Refuse the first node, here or in a subgraph (an `If` branch, a `Loop`/`Scan` body), of
+/// an op ppcc does not map or of an op version it does not follow.
+fn check_ops(
+    model: &ModelProto,
+    graph: &GraphProto,
+    opset: i64,
+    depth: usize,
+) -> Result<(), OnnxError> {
+    if depth > MAX_SUBGRAPH_DEPTH {
+        return Err(OnnxError::Invalid(format!(
+            "subgraphs are nested deeper than {MAX_SUBGRAPH_DEPTH}"
+        )));
+    }
+    for (i, node) in graph.node.iter().enumerate() {
+        let default_domain = is_default_domain(&node.domain);
+        let name = || {
+            if node.name.is_empty() {
+                format!("{}_{i}", node.op_type)
+            } else {
+                node.name.clone()
+            }
+        };
+        let mapped = if default_domain {
+            SUPPORTED_OPS.contains(&node.op_type.as_str())
+        } else {
+            maps_other_domain(&node.domain, &node.op_type)
+        };
+        if !mapped {
+            return Err(OnnxError::UnsupportedOp {
+                node: name(),
+                op_type: node.op_type.clone(),
+                domain: node.domain.clone(),
+                opset: if default_domain {
+                    opset
+                } else {
+                    domain_opset(model, &node.domain)
+                },
+            });
+        }
+        if let Some(version) = refused_version(&node.op_type, opset).filter(|_| default_domain) {
+            return Err(OnnxError::UnsupportedOpVersion {
+                node: name(),
+                op_type: node.op_type.clone(),
+                version,
+                opset,
+            });
+        }
+        for attr in &node.attribute {
+            for g in attr.g.iter().map(|g| &**g).chain(&attr.graphs) {
+                check_ops(model, g, opset, depth + 1)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Import a decoded model.
 pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported, OnnxError> {
     let graph = model
@@ -1255,36 +1364,7 @@ pub fn import_model(model: &ModelProto, opts: &ImportOptions) -> Result<Imported
     };
     // An op ppcc cannot map (or an op version it does not follow) is the most telling
     // error; report it before anything else.
-    for (i, node) in graph.node.iter().enumerate() {
-        let default_domain = is_default_domain(&node.domain);
-        let name = || {
-            if node.name.is_empty() {
-                format!("{}_{i}", node.op_type)
-            } else {
-                node.name.clone()
-            }
-        };
-        if !default_domain || !SUPPORTED_OPS.contains(&node.op_type.as_str()) {
-            return Err(OnnxError::UnsupportedOp {
-                node: name(),
-                op_type: node.op_type.clone(),
-                domain: node.domain.clone(),
-                opset: if default_domain {
-                    opset
-                } else {
-                    domain_opset(model, &node.domain)
-                },
-            });
-        }
-        if let Some(version) = refused_version(&node.op_type, opset) {
-            return Err(OnnxError::UnsupportedOpVersion {
-                node: name(),
-                op_type: node.op_type.clone(),
-                version,
-                opset,
-            });
-        }
-    }
+    check_ops(model, graph, opset, 0)?;
     check_single_assignment(graph)?;
     let model_dir = opts.model_dir.as_deref();
     let mut im = Importer::new(opts, opset, model_dir);

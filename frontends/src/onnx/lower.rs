@@ -20,21 +20,29 @@ use ppir::ops::OpAttrs;
 use ppir::{ArgKind, Attrs, DType, Dim, OpKind, Tensor, TensorData, TensorType};
 
 use super::attrs::NodeAttrs;
-use super::import::{invalid, scalar, unsupported, Fail, Importer, SymInt, Val, BATCH_NEEDED, R};
+use super::import::{
+    invalid, scalar, static_elements, unsupported, Fail, Importer, SymInt, Val, BATCH_NEEDED, R,
+};
 use super::proto::NodeProto;
 use super::tensor::{dtype_from_onnx, element_count, tensor_from_proto};
 
+mod control;
+mod data_shaped;
 mod einsum;
+mod flex_attention;
 mod generate;
 mod grid_sample;
 mod linear_attention;
 mod losses;
 mod math;
 mod norms;
+mod pool_indices;
 mod reorder;
 mod resize;
+mod rnn;
 mod scan;
 mod signal;
+mod training;
 
 /// Oldest opset of the default domain ppcc imports. Opset 6 is what the onnx package's
 /// PyTorch-converted test models use; older opsets differ in too many details.
@@ -66,7 +74,8 @@ pub const VERSIONS_AFTER_25: &[(&str, i64, NewVersion)] = &[
     ("Cast", 28, NewVersion::Followed),
     // Adds types only.
     ("Celu", 28, NewVersion::Followed),
-    ("Compress", 28, NewVersion::Refused),
+    // Adds bfloat16 only.
+    ("Compress", 28, NewVersion::Followed),
     // Adds types only.
     ("DepthToSpace", 28, NewVersion::Followed),
     ("DequantizeLinear", 28, NewVersion::Refused),
@@ -89,7 +98,8 @@ pub const VERSIONS_AFTER_25: &[(&str, i64, NewVersion)] = &[
     ("ReverseSequence", 28, NewVersion::Followed),
     // Adds `mode` (DCR or CRD), which its arm follows.
     ("SpaceToDepth", 28, NewVersion::Followed),
-    ("Unique", 28, NewVersion::Refused),
+    // Adds bfloat16 only.
+    ("Unique", 28, NewVersion::Followed),
 ];
 
 /// The version of `op` (default domain) after opset 25 that ppcc refuses at `opset`, if any.
@@ -102,6 +112,19 @@ pub fn refused_version(op: &str, opset: i64) -> Option<i64> {
 
 /// The longest sequence ppcc unrolls at import time.
 const MAX_SEQUENCE: usize = 4096;
+
+/// The domain of ONNX's training operators (`Adagrad`, `Adam`, `Momentum`).
+pub const TRAINING_DOMAIN: &str = "ai.onnx.preview.training";
+
+/// Ops of [`TRAINING_DOMAIN`] ppcc maps.
+pub const TRAINING_OPS: &[&str] = &["Adagrad", "Adam", "Momentum"];
+
+/// Whether ppcc maps `op` of the non-default `domain` (the training optimizers and
+/// `ai.onnx.preview`'s `FlexAttention`).
+pub fn maps_other_domain(domain: &str, op: &str) -> bool {
+    (domain == TRAINING_DOMAIN && TRAINING_OPS.contains(&op))
+        || (domain == flex_attention::PREVIEW_DOMAIN && op == "FlexAttention")
+}
 
 /// ONNX op types ppcc maps (default domain).
 pub const SUPPORTED_OPS: &[&str] = &[
@@ -129,6 +152,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "CenterCropPad",
     "Clip",
     "Col2Im",
+    "Compress",
     "Concat",
     "ConcatFromSequence",
     "Constant",
@@ -141,6 +165,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "CumSum",
     "DFT",
     "DepthToSpace",
+    "Det",
     "Div",
     "Dropout",
     "Einsum",
@@ -152,6 +177,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "EyeLike",
     "Flatten",
     "Floor",
+    "GRU",
     "Gather",
     "GatherElements",
     "GatherND",
@@ -169,10 +195,12 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "HardSwish",
     "Hardmax",
     "Identity",
+    "If",
     "InstanceNormalization",
     "IsInf",
     "IsNaN",
     "LRN",
+    "LSTM",
     "LayerNormalization",
     "LeakyRelu",
     "Less",
@@ -180,13 +208,16 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LinearAttention",
     "Log",
     "LogSoftmax",
+    "Loop",
     "LpNormalization",
     "LpPool",
     "MatMul",
     "Max",
     "MaxPool",
+    "MaxUnpool",
     "Mean",
     "MeanVarianceNormalization",
+    "MelWeightMatrix",
     "Min",
     "Mish",
     "Mod",
@@ -200,6 +231,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Pad",
     "Pow",
     "RMSNormalization",
+    "RNN",
     "Range",
     "Reciprocal",
     "ReduceL1",
@@ -218,6 +250,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReverseSequence",
     "RotaryEmbedding",
     "Round",
+    "STFT",
+    "Scan",
     "Scatter",
     "ScatterElements",
     "ScatterND",
@@ -257,6 +291,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "TopK",
     "Transpose",
     "Trilu",
+    "Unique",
     "Unsqueeze",
     "Upsample",
     "Where",
@@ -450,6 +485,12 @@ impl Importer<'_> {
         if let Some(name) = a.any_ref_attr() {
             unsupported!("attribute `{name}` refers to a function attribute");
         }
+        if node.domain == TRAINING_DOMAIN {
+            return self.lower_training_op(node, &a);
+        }
+        if node.domain == flex_attention::PREVIEW_DOMAIN && node.op_type == "FlexAttention" {
+            return Ok(vec![self.lower_flex_attention(node, &a)?]);
+        }
         let op = node.op_type.as_str();
         let opset = self.opset;
         use OpKind as K;
@@ -610,8 +651,13 @@ impl Importer<'_> {
             }
             "Conv" => self.lower_conv(node, &a)?,
             "ConvTranspose" => self.lower_conv_transpose(node, &a)?,
+            "MaxPool" if node.output.get(1).is_some_and(|o| !o.is_empty()) => {
+                let y = self.lower_pool(node, &a, K::MaxPool)?;
+                let z = self.lower_max_pool_indices(node, &a, y.clone())?;
+                return Ok(vec![y, z]);
+            }
+            "MaxUnpool" => self.lower_max_unpool(node, &a)?,
             "MaxPool" | "AveragePool" => {
-                // MaxPool's indices output is not produced: an error only if something reads it.
                 let k = if op == "MaxPool" {
                     K::MaxPool
                 } else {
@@ -660,6 +706,8 @@ impl Importer<'_> {
             "AffineGrid" => self.lower_affine_grid(node, &a)?,
             "CenterCropPad" => self.lower_center_crop_pad(node, &a)?,
             "DFT" => self.lower_dft(node, &a)?,
+            "STFT" => self.lower_stft(node, &a)?,
+            "MelWeightMatrix" => self.lower_mel_weight_matrix(node, &a)?,
             "TensorScatter" => self.lower_tensor_scatter(node, &a)?,
             "ReverseSequence" => self.lower_reverse_sequence(node, &a)?,
             "Col2Im" => self.lower_col2im(node, &a)?,
@@ -1000,6 +1048,13 @@ impl Importer<'_> {
                 self.op(K::Concat, ConcatAttrs { axis }.to_attrs(), &items)?
             }
             "SplitToSequence" => self.lower_split_to_sequence(node, &a)?,
+            "If" => return self.lower_if(node, &a),
+            "Loop" => return self.lower_loop(node, &a),
+            "Scan" => return self.lower_scan(node, &a),
+            "RNN" | "GRU" | "LSTM" => return self.lower_recurrent(node, &a),
+            "Compress" => self.lower_compress(node, &a)?,
+            "Unique" => return self.lower_unique(node, &a),
+            "Det" => self.lower_det(node)?,
             _ => {
                 return Err(Fail::Onnx(super::OnnxError::UnsupportedOp {
                     node: self.loc.clone(),
@@ -1587,6 +1642,16 @@ impl Importer<'_> {
         let allowzero = self.opset >= 14 && a.int_or("allowzero", 0).inv()? != 0;
         let in_dims = self.dims_of(&x)?;
         let shape = resolve_reshape(&in_dims, &spec, allowzero)?;
+        if shape.contains(&0) {
+            // An empty result (allowzero keeps a 0 in the target): ppir's reshape has no
+            // zero sizes, but an empty tensor's value is its shape alone.
+            let xt = self.ty(&x)?;
+            if static_elements(&xt) != Some(0) || shape.iter().any(|&d| d < 0) {
+                invalid!("cannot reshape {xt} into {shape:?}");
+            }
+            let dims = shape.iter().map(|&d| d as usize).collect();
+            return Ok(Val::konst(Tensor::zeros(xt.dtype, dims)));
+        }
         self.op(OpKind::Reshape, ShapeAttrs { shape }.to_attrs(), &[x])
     }
 

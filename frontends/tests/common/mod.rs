@@ -104,6 +104,30 @@ pub fn attr_tensor(name: &str, t: &Tensor) -> AttributeProto {
     }
 }
 
+pub fn attr_graph(name: &str, g: GraphProto) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::GRAPH,
+        g: Some(Box::new(g)),
+        ..Default::default()
+    }
+}
+
+/// A subgraph (an `If` branch, a `Loop`/`Scan` body).
+pub fn graph(
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+) -> GraphProto {
+    GraphProto {
+        node: nodes,
+        name: "body".into(),
+        input: inputs,
+        output: outputs,
+        ..Default::default()
+    }
+}
+
 pub fn node(op: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
     NodeProto {
         input: inputs.iter().map(|s| s.to_string()).collect(),

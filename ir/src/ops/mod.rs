@@ -236,7 +236,7 @@ define_ops! {
     MaxPoolGrad = "max_pool_grad", Pool, Exact(2), MaxPoolAttrs, Unsupported;
     AvgPoolGrad = "avg_pool_grad", Pool, Exact(1), AvgPoolGradAttrs, Unsupported;
     ConvGradWeight = "conv_grad_weight", Contraction, Exact(2), ConvGradWeightAttrs, Unsupported;
-    GatherGrad = "gather_grad", DataMovement, Exact(2), GatherGradAttrs, Unsupported;
+    GatherGrad = "gather_grad", DataMovement, Exact(2), GatherGradAttrs, Rule, dx [1];
     SliceGrad = "slice_grad", DataMovement, Exact(1), SliceGradAttrs, Unsupported;
     // ---- communication between pipeline stages ----
     Send = "send", Comm, Exact(1), CommAttrs, None;

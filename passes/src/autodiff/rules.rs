@@ -442,6 +442,15 @@ pub(super) fn vjp(
             };
             out[0] = Some(em.op(GatherGrad, &[op.operands[1], dy], attrs.to_attrs())?);
         }
+        // A scatter-add of the updates: each update's gradient is read back at its index.
+        GatherGrad => {
+            if wants[1] {
+                let attrs = GatherAttrs {
+                    axis: view::<GatherGradAttrs>(a)?.axis,
+                };
+                out[1] = Some(em.op(Gather, &[dy, x], attrs.to_attrs())?);
+            }
+        }
         Expand => out[0] = Some(em.unbroadcast(dy, &ty(em, x))?),
         Pad => {
             let p: PadAttrs = view(a)?;
@@ -509,7 +518,6 @@ pub(super) fn vjp(
         | MaxPoolGrad
         | AvgPoolGrad
         | ConvGradWeight
-        | GatherGrad
         | SliceGrad => {
             return Err(unsupported(format!(
                 "cannot differentiate through \"{kind}\" (no gradient rule)"

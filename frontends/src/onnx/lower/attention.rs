@@ -59,7 +59,7 @@ pub(super) fn reshape_spec(dims: &[Dim]) -> R<Vec<i64>> {
 }
 
 /// A float element type from an ONNX type number (`stash_type`, `softmax_precision`).
-fn float_type(attr: &str, t: i64) -> R<DType> {
+pub(super) fn float_type(attr: &str, t: i64) -> R<DType> {
     match i32::try_from(t).ok().and_then(dtype_from_onnx) {
         Some(d) if d.is_float() => Ok(d),
         _ => invalid!("attribute `{attr}` must be a float type (1, 10, 11 or 16), not {t}"),
@@ -562,7 +562,7 @@ impl Importer<'_> {
     }
 
     /// Each head `reps` times in a row (`[h0, h0, h1, h1, ..]`), for grouped-query attention.
-    fn repeat_heads(&mut self, x: Val, reps: usize) -> R<Val> {
+    pub(super) fn repeat_heads(&mut self, x: Val, reps: usize) -> R<Val> {
         let d = self.dims_of(&x)?;
         let un = UnsqueezeAttrs { axes: vec![2] }.to_attrs();
         let x = self.op(OpKind::Unsqueeze, un, &[x])?;

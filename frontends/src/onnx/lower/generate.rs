@@ -317,3 +317,79 @@ impl Importer<'_> {
         self.op(K::ConvTranspose, attrs.to_attrs(), &[xg, w])
     }
 }
+
+impl Importer<'_> {
+    /// `MelWeightMatrix` (opset 17): the `[dft_length/2 + 1, num_mel_bins]` triangular
+    /// filter bank, built at import time from its scalar inputs (the mel scale
+    /// `2595·log10(1 + f/700)`, band edges rounded down to spectrogram bins).
+    pub(super) fn lower_mel_weight_matrix(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
+        if self.opset < 17 {
+            return Err(self.unsupported_op(node));
+        }
+        let what = [
+            "num_mel_bins",
+            "dft_length",
+            "sample_rate",
+            "lower_edge_hertz",
+            "upper_edge_hertz",
+        ];
+        let mut v = [0.0f64; 5];
+        for (i, w) in what.iter().enumerate() {
+            match self.static_scalar_f64(node, i, w)? {
+                Some(x) => v[i] = x,
+                None => invalid!("input {i} ({w}) is missing"),
+            }
+        }
+        let [mels, dft, rate, low, high] = v;
+        if mels < 1.0 || dft < 1.0 || rate <= 0.0 || mels > MAX_GENERATED as f64 {
+            invalid!(
+                "num_mel_bins {mels}, dft_length {dft} and sample_rate {rate} must be positive"
+            );
+        }
+        let (mels, bins) = (mels as usize, dft as usize / 2 + 1);
+        if bins > MAX_GENERATED || mels.saturating_mul(bins) > MAX_GENERATED {
+            invalid!("a {bins}×{mels} matrix is too large to build at import time");
+        }
+        let to_mel = |f: f64| 2595.0 * (f / 700.0).ln_1p() / std::f64::consts::LN_10;
+        let (lo, hi) = (to_mel(low), to_mel(high));
+        let step = (hi - lo) / (mels + 2) as f64;
+        let edge: Vec<i64> = (0..mels + 2)
+            .map(|k| {
+                let m = k as f64 * step + lo;
+                let f = 700.0 * (m / 2595.0 * std::f64::consts::LN_10).exp_m1();
+                ((dft + 1.0) * f / rate).floor() as i64
+            })
+            .collect();
+        let mut w = vec![0.0; bins * mels];
+        let mut set = |j: i64, i: usize, x: f64| -> R<()> {
+            if j < 0 || j as usize >= bins {
+                invalid!("the mel band {i} reaches past the {bins} spectrogram bins");
+            }
+            w[j as usize * mels + i] = x;
+            Ok(())
+        };
+        for i in 0..mels {
+            let (l, c, r) = (edge[i], edge[i + 1], edge[i + 2]);
+            if c == l {
+                set(c, i, 1.0)?;
+            } else {
+                for j in l..=c {
+                    set(j, i, (j - l) as f64 / (c - l) as f64)?;
+                }
+            }
+            for j in c..r {
+                set(j, i, (r - j) as f64 / (r - c) as f64)?;
+            }
+        }
+        let dtype = dtype_attr(a.int_or("output_datatype", 1).inv()?)?;
+        Ok(Val::konst(if dtype.is_float() {
+            Tensor::from_f64(dtype, vec![bins, mels], w)
+        } else {
+            Tensor::from_i64(
+                dtype,
+                vec![bins, mels],
+                w.iter().map(|&x| x as i64).collect(),
+            )
+        }))
+    }
+}

@@ -17,7 +17,6 @@ use super::OrInvalid;
 
 impl Importer<'_> {
     pub(super) fn lower_dft(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
-        use OpKind as K;
         if self.opset < 17 {
             return Err(self.unsupported_op(node));
         }
@@ -51,15 +50,37 @@ impl Importer<'_> {
         let axis = axis as usize;
         let inverse = a.int_or("inverse", 0).inv()? != 0;
         let onesided = a.int_or("onesided", 0).inv()? != 0;
-        let n_in = known(xt.dims[axis], "the transformed dimension")?;
         let length = match self.static_ints(node, 1, "dft_length")? {
             Some(v) if v.len() == 1 => {
                 if v[0] <= 0 {
                     invalid!("dft_length must be positive, not {}", v[0]);
                 }
-                v[0] as usize
+                Some(v[0] as usize)
             }
             Some(v) => invalid!("dft_length must be a scalar, not {v:?}"),
+            None => None,
+        };
+        self.dft_along(x, axis, inverse, onesided, length)
+    }
+
+    /// The DFT of `x` (`[.., parts]`, parts 1 for real or 2 for complex) along `axis`,
+    /// of `length` points (default: the axis' size, or `2(n-1)` for a one-sided inverse).
+    pub(super) fn dft_along(
+        &mut self,
+        x: Val,
+        axis: usize,
+        inverse: bool,
+        onesided: bool,
+        length: Option<usize>,
+    ) -> R<Val> {
+        use OpKind as K;
+        let xt = self.ty(&x)?;
+        let rank = xt.rank();
+        let r = rank as i64;
+        let parts = known(xt.dims[rank - 1], "the last dimension")?;
+        let n_in = known(xt.dims[axis], "the transformed dimension")?;
+        let length = match length {
+            Some(l) => l,
             None if inverse && onesided => 2 * n_in.saturating_sub(1),
             None => n_in,
         };
@@ -185,5 +206,91 @@ impl Importer<'_> {
         } else {
             self.op(K::Concat, ConcatAttrs { axis: r - 1 }.to_attrs(), &outs)
         }
+    }
+}
+
+impl Importer<'_> {
+    /// `STFT` (opset 17): the frames `signal[b, f·step .. f·step + L]` are gathered with a
+    /// constant index table, weighted by the window and transformed along the frame axis
+    /// by [`Importer::dft_along`] (one-sided by default): `[batch, frames, bins, 2]`.
+    pub(super) fn lower_stft(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
+        use OpKind as K;
+        if self.opset < 17 {
+            return Err(self.unsupported_op(node));
+        }
+        let x = self.req(node, 0)?;
+        let xt = self.ty(&x)?;
+        if xt.rank() != 3 || !xt.dtype.is_float() {
+            invalid!("the signal must be a float tensor [batch, length, 1 or 2], not {xt}");
+        }
+        let parts = known(xt.dims[2], "the last dimension")?;
+        if parts != 1 && parts != 2 {
+            invalid!("the last dimension must be 1 (real) or 2 (complex), not {parts}");
+        }
+        let n = known(xt.dims[1], "the signal length")?;
+        let step = match self.static_ints(node, 1, "frame_step")? {
+            Some(v) if v.len() == 1 && v[0] > 0 => v[0] as usize,
+            Some(v) => invalid!("frame_step must be one positive value, not {v:?}"),
+            None => invalid!("input 1 (frame_step) is missing"),
+        };
+        let window = self.input(node, 2)?;
+        let given = match self.static_ints(node, 3, "frame_length")? {
+            Some(v) if v.len() == 1 && v[0] > 0 => Some(v[0] as usize),
+            Some(v) => invalid!("frame_length must be one positive value, not {v:?}"),
+            None => None,
+        };
+        let wlen = match &window {
+            Some(w) => {
+                let wt = self.ty(w)?;
+                if wt.rank() != 1 {
+                    invalid!("the window must be 1-D, not {wt}");
+                }
+                Some(known(wt.dims[0], "the window length")?)
+            }
+            None => None,
+        };
+        let len = match (given, wlen) {
+            (Some(l), Some(w)) if l != w => {
+                invalid!("frame_length {l} and the window's length {w} differ")
+            }
+            (Some(l), _) | (None, Some(l)) => l,
+            (None, None) => n,
+        };
+        if len > n {
+            invalid!("frames of {len} do not fit the signal of {n}");
+        }
+        let onesided = a.int_or("onesided", 1).inv()? != 0;
+        if onesided && parts == 2 {
+            invalid!("a one-sided transform needs a real signal");
+        }
+        let frames = (n - len) / step + 1;
+        if frames.saturating_mul(len) > 1 << 24 {
+            unsupported!("{frames} frames of {len} are too many to gather");
+        }
+        let idx: Vec<i64> = (0..frames)
+            .flat_map(|f| (0..len).map(move |l| (f * step + l) as i64))
+            .collect();
+        let idx = Val::konst(Tensor::from_i64(DType::I64, vec![frames * len], idx));
+        let g = self.op(
+            K::Gather,
+            ppir::ops::attrs::GatherAttrs { axis: 1 }.to_attrs(),
+            &[x, idx],
+        )?;
+        let mut dims = super::attention::reshape_spec(&xt.dims[..1])?;
+        dims.extend([frames as i64, len as i64, parts as i64]);
+        let g = self.op(K::Reshape, ShapeAttrs { shape: dims }.to_attrs(), &[g])?;
+        let g = match window {
+            Some(w) => {
+                let w = self.cast_to(w, xt.dtype)?;
+                let col = ShapeAttrs {
+                    shape: vec![len as i64, 1],
+                };
+                let w = self.op(K::Reshape, col.to_attrs(), &[w])?;
+                self.binop(K::Mul, g, w)?
+            }
+            None => g,
+        };
+        let y = self.dft_along(g, 2, false, onesided, Some(len))?;
+        Ok(y)
     }
 }
