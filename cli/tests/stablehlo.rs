@@ -136,6 +136,29 @@ fn train_equals_jax_sgd() {
     }
 }
 
+/// `ppcc MODEL --params P -o DIR --stages 2 --microbatches MB --split off` with the batch of
+/// `data` (as `train_args` gives it), into a fresh `tmp(name)`; returns the directory.
+fn compile_two_stages(model: &str, params: &str, data: &str, name: &str, mb: u32) -> PathBuf {
+    let dir = tmp(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut args = train_args(model, params, data);
+    args.retain(|a| *a != "--data" && *a != data);
+    let mb = mb.to_string();
+    args.extend([
+        "-o",
+        dir.to_str().unwrap(),
+        "--stages",
+        "2",
+        "--microbatches",
+        &mb,
+        "--split",
+        "off",
+    ]);
+    let c = ppcc(&args);
+    assert!(c.ok, "compiling {model}: {}", c.stderr);
+    dir
+}
+
 #[test]
 fn two_stage_run_equals_jax_sgd() {
     for m in MODELS {
@@ -144,22 +167,7 @@ fn two_stage_run_equals_jax_sgd() {
             let model = fx(&format!("{m}.{form}"));
             let params = fx(&format!("{m}_params.npz"));
             let data = fx(&format!("{m}_train.npz"));
-            let dir = tmp(&format!("{m}-{form}-2stages"));
-            let _ = std::fs::remove_dir_all(&dir);
-            let mut args = train_args(&model, &params, &data);
-            args.retain(|a| *a != "--data" && *a != data.as_str());
-            args.extend([
-                "-o",
-                dir.to_str().unwrap(),
-                "--stages",
-                "2",
-                "--microbatches",
-                "1",
-                "--split",
-                "off",
-            ]);
-            let c = ppcc(&args);
-            assert!(c.ok, "compiling {model}: {}", c.stderr);
+            let dir = compile_two_stages(&model, &params, &data, &format!("{m}-{form}-2stages"), 1);
             let plan = std::fs::read_to_string(dir.join("plan.json")).unwrap();
             assert!(plan.contains("\"stages\""), "{plan}");
             assert!(dir.join("stage1").is_dir());
@@ -495,22 +503,7 @@ fn two_stages_with_rebound_micro_batches_equal_jax_sgd() {
         let model = fx(&format!("{m}.mlir"));
         let params = fx(&format!("{m}_params.npz"));
         let data = fx(&format!("{m}_train.npz"));
-        let dir = tmp(&format!("{m}-2stages-2mb"));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut args = train_args(&model, &params, &data);
-        args.retain(|a| *a != "--data" && *a != data.as_str());
-        args.extend([
-            "-o",
-            dir.to_str().unwrap(),
-            "--stages",
-            "2",
-            "--microbatches",
-            "2",
-            "--split",
-            "off",
-        ]);
-        let c = ppcc(&args);
-        assert!(c.ok, "compiling {model}: {}", c.stderr);
+        let dir = compile_two_stages(&model, &params, &data, &format!("{m}-2stages-2mb"), 2);
         let r = ppcc(&[
             "run",
             dir.to_str().unwrap(),
@@ -587,22 +580,13 @@ fn trained_params_are_saved_as_npz_keyed_like_main() {
         assert!(r.stderr.contains("--save-params"), "{}", r.stderr);
 
         // The same after a 2-stage pipeline run.
-        let dir = tmp(&format!("{m}-save-params-2stages"));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut args = train_args(&model, &params, &data);
-        args.retain(|a| *a != "--data" && *a != data.as_str());
-        args.extend([
-            "-o",
-            dir.to_str().unwrap(),
-            "--stages",
-            "2",
-            "--microbatches",
-            "1",
-            "--split",
-            "off",
-        ]);
-        let c = ppcc(&args);
-        assert!(c.ok, "compiling {model}: {}", c.stderr);
+        let dir = compile_two_stages(
+            &model,
+            &params,
+            &data,
+            &format!("{m}-save-params-2stages"),
+            1,
+        );
         let saved = tmp(&format!("{m}-trained-2stages.npz"));
         let _ = std::fs::remove_file(&saved);
         let d = dir.to_str().unwrap();
