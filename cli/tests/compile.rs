@@ -783,8 +783,11 @@ fn a_planted_support_object_is_never_linked() {
     )
     .unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../codegen/include");
     let st = Command::new(&cc)
-        .args(["-O1", "-fPIC", "-std=gnu11", "-c"])
+        .args(["-O1", "-fPIC", "-std=gnu11", "-I"])
+        .arg(&include)
+        .arg("-c")
         .arg(&evil)
         .arg("-o")
         .arg(&cached[0])
