@@ -694,6 +694,18 @@ fn movement_cases() -> Cases {
     let idx = b.input("idx", i64t(&[2, 3], vec![4, -1, 0, 2, 2, -5]));
     let g = b.op(Gather, &[table, idx], a().with("axis", Attr::Int(1)));
     cases.push(("gather".into(), b.functional(&[g])));
+    // Its adjoint, a scatter-add (MaxUnpool is one), differentiated in its updates: the
+    // gradient is a gather of the incoming gradient.
+    let mut b = ModelBuilder::new(514);
+    let idx = b.input("idx", i64t(&[2, 3], vec![4, -1, 0, 2, 2, -5]));
+    let dy = b.param("dy", &[3, 2, 3, 2], std);
+    let g = b.op(
+        GatherGrad,
+        &[idx, dy],
+        a().with("axis", Attr::Int(1))
+            .with("data_shape", ints(&[3, 5, 2])),
+    );
+    cases.push(("gather_grad".into(), b.functional(&[g])));
     cases
 }
 
