@@ -33,10 +33,9 @@ use crate::partition::{
 use crate::recompute::{
     analyze, choose_all, choose_within, evaluate, Budget, RecomputeMode, StageChoice,
 };
-use crate::schedule::generators::better_with_filled_w;
 use crate::schedule::search::{search, Trial};
 use crate::schedule::{
-    builtin_on, insert_communication, validate, zb_v, ActionKind, Layout, Schedule,
+    builtin_on, insert_communication, validate, zb_v_measured, ActionKind, Layout, Schedule,
 };
 use crate::simulate::{simulate, CostTable, SimReport, StageCosts};
 use crate::PassError;
@@ -371,7 +370,7 @@ pub fn plan_with(
             ScheduleSpec::Builtin(name)
                 if name == "zb-v" && layout == (Layout::VShape { ranks: o.ranks }) =>
             {
-                better_with_filled_w(zb_v(o.ranks, o.microbatches), &costs, 2 * o.ranks)
+                zb_v_measured(o.ranks, o.microbatches, &costs, 2 * o.ranks)
             }
             ScheduleSpec::Builtin(name) => builtin_on(name, &layout, o.microbatches, o.chunks)
                 .map_err(|e| fail(e.to_string()))?,

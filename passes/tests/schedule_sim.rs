@@ -356,6 +356,85 @@ fn zb_v_for_costs_keeps_the_bubble_small() {
     }
 }
 
+/// The cost-aware ZB-V builder at F = I = W and no link time is the construction's
+/// closed form again (6m + p − 1, 2p chunk activations), and at any size and cost it
+/// builds a valid schedule of ZB-V's actions within its cap.
+#[test]
+fn zb_v_greedy_closed_form_and_validity() {
+    use ppcc_passes::schedule::{even_costs, zb_v_greedy};
+    for p in 1..=8usize {
+        for m in [1, 2, p, 2 * p, 2 * p + 1, 3 * p + 1, 8 * p] {
+            for (fill_b, fill_f) in [(true, true), (false, false), (true, false)] {
+                let unit = CostTable::uniform(2 * p, 1.0, 1.0, 1.0, 0.0);
+                let s = zb_v_greedy(p, m, &unit, 2 * p, fill_b, fill_f)
+                    .unwrap_or_else(|| panic!("p={p} m={m}: stuck at unit costs"));
+                assert_eq!(action_sets(&s), action_sets(&zb_v(p, m)), "p={p} m={m}");
+                let r = run(&s, 1.0, 1.0, 1.0, 0.0);
+                assert!(r.peak_stash.iter().all(|&n| n <= 2 * p), "p={p} m={m}");
+                if m >= 2 * p {
+                    let want = 6.0 * m as f64 + p as f64 - 1.0;
+                    assert!(
+                        (r.makespan - want).abs() < EPS,
+                        "p={p} m={m}: makespan {} != 6m + p - 1 = {want}",
+                        r.makespan
+                    );
+                }
+                for &(f, b, w) in COSTS {
+                    for cap in [2 * p, 2 * p + 3] {
+                        let costs = CostTable::uniform(2 * p, f, b, w, 0.05);
+                        let s = zb_v_greedy(p, m, &even_costs(&costs), cap, fill_b, fill_f)
+                            .unwrap_or_else(|| panic!("p={p} m={m} {f} {b} {w}: stuck"));
+                        validate(&insert_communication(&s))
+                            .unwrap_or_else(|e| panic!("p={p} m={m}: {e}"));
+                        let r = simulate(&s, &costs).unwrap();
+                        assert!(r.peak_stash.iter().all(|&n| n <= cap), "p={p} m={m}");
+                        assert_eq!(action_sets(&s), action_sets(&zb_v(p, m)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// At uneven per-stage costs (a pseudo-random spread of ±30% around a transformer block's
+/// ratios) the measured ZB-V is valid, within 2p chunk activations, and never slower than
+/// the construction with its weight gradients filled in.
+#[test]
+fn zb_v_measured_never_loses_to_the_construction() {
+    use ppcc_passes::schedule::{fill_weight_gradients, zb_v_measured};
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        0.7 + 0.6 * (seed % 10_000) as f64 / 10_000.0
+    };
+    for &(p, m) in &[(2, 3), (4, 8), (4, 13), (8, 16), (8, 40), (16, 64)] {
+        let mut costs = CostTable::uniform(2 * p, 1.0, 1.0, 1.0, 0.01);
+        for c in &mut costs.stages {
+            c.forward = 0.43 * next();
+            c.backward_input = 0.75 * next();
+            c.backward_weight = 0.28 * next();
+        }
+        let s = zb_v_measured(p, m, &costs, 2 * p);
+        validate(&insert_communication(&s)).unwrap_or_else(|e| panic!("p={p} m={m}: {e}"));
+        assert_eq!(action_sets(&s), action_sets(&zb_v(p, m)));
+        let r = simulate(&s, &costs).unwrap();
+        assert!(r.peak_stash.iter().all(|&n| n <= 2 * p), "p={p} m={m}");
+        let base = zb_v(p, m);
+        let filled = fill_weight_gradients(&base, &costs, 2 * p).unwrap_or(base.clone());
+        let floor = simulate(&base, &costs)
+            .unwrap()
+            .makespan
+            .min(simulate(&filled, &costs).unwrap().makespan);
+        assert!(
+            r.makespan <= floor + EPS,
+            "p={p} m={m}: {} > {floor}",
+            r.makespan
+        );
+    }
+}
+
 #[test]
 fn comm_time_delays_cross_rank_edges() {
     let s = one_f_one_b(4, 8);

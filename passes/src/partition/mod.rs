@@ -561,7 +561,9 @@ fn balance_devices(
     let mut best = start;
     // Each accepted move lowers (max, sum of squares); bounded all the same.
     for _ in 0..4 * n {
-        let mut improved = None;
+        // Every single move that lowers the score, best first; the first that keeps a
+        // chain is taken (a move across a long edge, e.g. a residual, may not).
+        let mut moves: Vec<(Vec<usize>, (f64, f64))> = vec![];
         for i in 1..k {
             for step in [-1isize, 1] {
                 let Some(nb) = bounds[i].checked_add_signed(step) else {
@@ -575,21 +577,18 @@ fn balance_devices(
                 let sc = score(&b);
                 let better = sc.0 < best.0 * (1.0 - 1e-12)
                     || (sc.0 <= best.0 && sc.1 < best.1 * (1.0 - 1e-12));
-                if better
-                    && improved
-                        .as_ref()
-                        .is_none_or(|(_, s): &(Vec<usize>, (f64, f64))| sc < *s)
-                {
-                    improved = Some((b, sc));
+                if better {
+                    moves.push((b, sc));
                 }
             }
         }
-        match improved {
-            Some((b, sc)) if is_chain(&b) => {
+        moves.sort_by(|a, b| a.1 .0.total_cmp(&b.1 .0).then(a.1 .1.total_cmp(&b.1 .1)));
+        match moves.into_iter().find(|(b, _)| is_chain(b)) {
+            Some((b, sc)) => {
                 bounds = b;
                 best = sc;
             }
-            _ => break,
+            None => break,
         }
     }
     if best >= start {

@@ -498,13 +498,12 @@ pub fn zb_v(ranks: usize, microbatches: usize) -> Schedule {
 
 /// ZB-V for given costs: `costs[s]` = (F, I, W) of virtual stage `s`, `comm` the link time.
 ///
-/// [`zb_v`]'s order of forwards and input gradients, with its weight gradients moved into
-/// the time the costs leave idle ([`fill_weight_gradients`], at most `2p` chunk
-/// activations per rank) when that simulates faster than [`zb_v`] itself.
+/// The fastest of [`zb_v`]'s order (its weight gradients moved into the time the costs
+/// leave idle when that is faster) and the cost-aware builds of
+/// [`super::v_greedy::zb_v_measured`], all within `2p` chunk activations per rank.
 pub fn zb_v_for(ranks: usize, microbatches: usize, costs: &[[f64; 3]], comm: f64) -> Schedule {
-    let base = zb_v(ranks, microbatches);
     if costs.len() != 2 * ranks {
-        return base;
+        return zb_v(ranks, microbatches);
     }
     let mut table = CostTable::uniform(2 * ranks, 1.0, 1.0, 1.0, comm);
     for (c, &[f, i, w]) in table.stages.iter_mut().zip(costs) {
@@ -512,7 +511,7 @@ pub fn zb_v_for(ranks: usize, microbatches: usize, costs: &[[f64; 3]], comm: f64
         c.backward_input = i;
         c.backward_weight = w;
     }
-    better_with_filled_w(base, &table, 2 * ranks)
+    super::v_greedy::zb_v_measured(ranks, microbatches, &table, 2 * ranks)
 }
 
 /// `s` or, when it simulates faster under `costs`, `s` with its weight gradients moved

@@ -11,6 +11,7 @@
 //! - [`validate()`]: counts, dependency order and deadlock freedom, before anything runs.
 //! - [`search`]: the automatic search of `--schedule auto` (built-ins, their parameters,
 //!   greedy weight-gradient placement, local search), simulated under a memory limit.
+//! - [`v_greedy`]: ZB-V built round by round at measured costs (what `zb-v` plans use).
 //! - [`csv`]: torch.distributed.pipelining's CSV action format (`0F1`, `1I0`, `2W3`, `1B2`).
 //! - [`pps`]: ppcc's schedule language (`.pps` programs per rank) and its printer.
 
@@ -18,6 +19,7 @@ pub mod csv;
 pub mod generators;
 pub mod pps;
 pub mod search;
+pub mod v_greedy;
 pub(crate) mod validate;
 
 pub use generators::{
@@ -25,6 +27,7 @@ pub use generators::{
     interleaved_1f1b, one_f_one_b, zb_h1, zb_h2, zb_v, zb_v_for, BUILTIN_NAMES,
 };
 pub use ppir::schedule::{parse_action, Action, ActionKind};
+pub use v_greedy::{even_costs, zb_v_greedy, zb_v_measured};
 pub use validate::{validate, ScheduleError};
 
 /// Where virtual stages live and how they depend on each other.

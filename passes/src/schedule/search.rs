@@ -20,6 +20,7 @@
 //! greedy zero-bubble heuristic).
 
 use super::generators::{fill_weight_gradients, stage_heights, zb_on};
+use super::v_greedy::{even_costs, zb_v_greedy};
 use super::{builtin_on, insert_communication, ActionKind, Layout, Schedule};
 use crate::simulate::{simulate, CostTable};
 
@@ -264,6 +265,32 @@ pub fn search(
         }
         if let Some(f) = filled_2p {
             consider(format!("{name} +fill (2p)"), f, &mut trials);
+        }
+    }
+    // ZB-V built at the measured costs, with 1F1B's count of chunk activations and a few
+    // more (the memory limit decides).
+    if let Layout::VShape { ranks } = *layout {
+        let even = even_costs(costs);
+        for cap in [2 * ranks, 2 * ranks + 2, 2 * ranks + 4] {
+            let mut best_here: Option<(f64, Schedule)> = None;
+            for (fill_b, fill_f) in [(true, true), (true, false), (false, true), (false, false)] {
+                let Some(s) = zb_v_greedy(ranks, m, &even, cap, fill_b, fill_f) else {
+                    continue;
+                };
+                let Some((t, _)) = evaluate(&s, costs) else {
+                    continue;
+                };
+                if best_here.as_ref().is_none_or(|b| t < b.0) {
+                    best_here = Some((t, s));
+                }
+            }
+            if let Some((_, s)) = best_here {
+                consider(
+                    format!("zb-v (measured, {cap} chunk activations)"),
+                    s,
+                    &mut trials,
+                );
+            }
         }
     }
     // Local search from the best fitting member of the zero-bubble family.

@@ -1,0 +1,465 @@
+//! ZB-V for measured costs: the V-shaped zero-bubble schedule built round by round in
+//! simulated time, the way the ZB-V authors turn their unit-cost construction into a
+//! schedule for real `F`, `I` and `W` times (Qi et al., "Zero Bubble Pipeline
+//! Parallelism", ICLR 2024, §6 and its V-schedule heuristic).
+//!
+//! At `F = I = W` the construction in [`super::generators::zb_v`] has no bubble. With
+//! `I ≈ 1.7 F` and `W ≈ 0.6 F` (a transformer block) its fixed order waits: an input
+//! gradient travels down the V more slowly than the forwards came up it, and the `W`s sit
+//! where unit costs put them. This builder keeps the construction's shape (chunk-0
+//! forwards first, as many as fit before the first chunk-1 forward comes back, then each
+//! round one input gradient and one forward per rank, `W`s deferred) but decides every
+//! choice with the clock:
+//! 1. **Warm-up.** Rank `r` runs chunk-0 forwards while they end before its first
+//!    chunk-1 forward can start and while `2 + 2r` chunk activations stay free for the
+//!    ones to come; then the forwards are evened out so that every rank has run at least
+//!    as many as the rank above it, and more chunk-1 forwards than it.
+//! 2. **Steady state and drain**, in rounds (`2m` of them at even costs): each rank runs
+//!    one input gradient (chunk 0 once the rank below has sent one, else chunk 1), then
+//!    one forward (chunk 1 if its input has arrived, else chunk 0); a rank whose inputs
+//!    for both are not there yet sits the round out. Before each, deferred `W`s run while one fits
+//!    entirely in the wait for that action's input, and one more when the wait would
+//!    leave this rank with more idle time than the most idle rank so far (`fill_b` and
+//!    `fill_f` say whether chunk-1 input gradients and forwards may take it).
+//! 3. A rank never holds more than `cap` chunk activations: a forward that would exceed
+//!    it runs a deferred `W` first.
+//!
+//! The idle time each rank has accrued is the measure. A second pass repeats the build
+//! with each rank allowed the idle of the most idle rank of the first pass (so ranks that
+//! idle less hold back their `W`s less), for as long as that lowers the worst rank's idle.
+//! [`zb_v_measured`] builds the four `fill_b × fill_f` variants at the stages' mean costs
+//! ([`even_costs`]) and keeps the one the simulator finds fastest at the real costs, or the
+//! construction if none beats it. On the 48-layer GPT of BENCHMARKS.md (16 devices, 64
+//! micro-batches, `h100`) that takes ZB-V from 0.906 to 0.927 of the lower bound at the
+//! same peak memory.
+
+use std::collections::VecDeque;
+
+use super::{Action, ActionKind, Layout, Schedule};
+use crate::simulate::{simulate, CostTable};
+
+use ActionKind::{BackwardInput as Bi, BackwardWeight as Bw, Forward as Fw};
+
+/// Kind index: forward, input gradient, weight gradient.
+const F: usize = 0;
+const I: usize = 1;
+const W: usize = 2;
+
+/// The state of one build.
+struct Build<'a> {
+    p: usize,
+    m: usize,
+    costs: &'a CostTable,
+    cap: usize,
+    /// Next micro-batch of (kind, chunk) per rank.
+    done: Vec<[[usize; 2]; 3]>,
+    /// End time of (F or I, chunk, rank, micro-batch); NaN until it runs.
+    end: Vec<f64>,
+    /// When each rank is next free.
+    free: Vec<f64>,
+    /// Stashed chunk activations per rank.
+    stash: Vec<usize>,
+    /// Idle time per rank since its first action.
+    idle: Vec<f64>,
+    /// Weight gradients not yet run, per rank: (chunk, micro-batch).
+    pending: Vec<VecDeque<(usize, usize)>>,
+    out: Vec<Vec<Action>>,
+    /// The idle each rank may accrue (from the previous pass), and its maximum.
+    approved: Option<(Vec<f64>, f64)>,
+}
+
+/// The build cannot go on (an input that is not there, the stash over its cap).
+struct Stuck;
+
+impl<'a> Build<'a> {
+    fn new(p: usize, m: usize, costs: &'a CostTable, cap: usize) -> Self {
+        Build {
+            p,
+            m,
+            costs,
+            cap,
+            done: vec![[[0; 2]; 3]; p],
+            end: vec![f64::NAN; 2 * 2 * p * m],
+            free: vec![0.0; p],
+            stash: vec![0; p],
+            idle: vec![0.0; p],
+            pending: vec![VecDeque::new(); p],
+            out: vec![vec![]; p],
+            approved: None,
+        }
+    }
+
+    fn stage(&self, chunk: usize, r: usize) -> usize {
+        if chunk == 0 {
+            r
+        } else {
+            2 * self.p - 1 - r
+        }
+    }
+
+    fn at(&self, kind: usize, chunk: usize, r: usize, mb: usize) -> usize {
+        ((kind * 2 + chunk) * self.p + r) * self.m + mb
+    }
+
+    fn ended(&self, kind: usize, chunk: usize, r: usize, mb: usize) -> Option<f64> {
+        let t = self.end[self.at(kind, chunk, r, mb)];
+        (!t.is_nan()).then_some(t)
+    }
+
+    fn duration(&self, kind: usize, chunk: usize, r: usize) -> f64 {
+        let c = &self.costs.stages[self.stage(chunk, r)];
+        [c.forward, c.backward_input, c.backward_weight][kind]
+    }
+
+    /// The rank another rank's input for (kind, chunk) on `r` comes from, if any.
+    fn source(&self, kind: usize, chunk: usize, r: usize) -> Option<usize> {
+        match (kind, chunk) {
+            (F, 0) | (I, 1) => r.checked_sub(1),
+            (F, 1) | (I, 0) => (r + 1 < self.p).then_some(r + 1),
+            _ => None,
+        }
+    }
+
+    /// When the cross-rank input of the next (kind, chunk) on `r` arrives: `None` if it
+    /// has none, `Some(None)` if it has not run yet.
+    fn arrival(&self, kind: usize, chunk: usize, r: usize) -> Option<Option<f64>> {
+        let q = self.source(kind, chunk, r)?;
+        let mb = self.done[r][kind][chunk];
+        if mb >= self.m {
+            return Some(None);
+        }
+        let comm = self
+            .costs
+            .comm_between(self.stage(chunk, q), self.stage(chunk, r));
+        Some(self.ended(kind, chunk, q, mb).map(|t| t + comm))
+    }
+
+    /// Run the next (kind, chunk) on rank `r`.
+    fn put(&mut self, kind: usize, chunk: usize, r: usize) -> Result<(), Stuck> {
+        let mb = self.done[r][kind][chunk];
+        if mb >= self.m {
+            return Err(Stuck);
+        }
+        // Inputs on the same rank: the forward of the other chunk at the V's bottom and
+        // the loss's own forward at its top, this stage's forward for a backward, the
+        // input gradient for a weight gradient.
+        let local = match (kind, chunk) {
+            (F, 1) if r + 1 == self.p => Some((F, 0)),
+            (I, 1) if r == 0 => Some((F, 1)),
+            (I, 0) if r + 1 == self.p => Some((I, 1)),
+            (I, c) => Some((F, c)),
+            (W, c) => Some((I, c)),
+            _ => None,
+        };
+        if let Some((k, c)) = local {
+            if kind != W && self.ended(k, c, r, mb).is_none() {
+                return Err(Stuck);
+            }
+        }
+        if kind == I && self.ended(F, chunk, r, mb).is_none() {
+            return Err(Stuck);
+        }
+        let mut start = self.free[r];
+        match self.arrival(kind, chunk, r) {
+            Some(Some(t)) => start = start.max(t),
+            Some(None) => return Err(Stuck),
+            None => {}
+        }
+        match kind {
+            F if self.stash[r] >= self.cap => return Err(Stuck),
+            F => self.stash[r] += 1,
+            W => self.stash[r] = self.stash[r].saturating_sub(1),
+            _ => {}
+        }
+        if self.done[r][F][0] > 0 {
+            self.idle[r] += start - self.free[r];
+        }
+        let end = start + self.duration(kind, chunk, r);
+        if kind != W {
+            let i = self.at(kind, chunk, r, mb);
+            self.end[i] = end;
+        }
+        if kind == I {
+            self.pending[r].push_back((chunk, mb));
+        }
+        self.free[r] = end;
+        self.done[r][kind][chunk] += 1;
+        let action = [Fw, Bi, Bw][kind];
+        let stage = self.stage(chunk, r);
+        self.out[r].push(Action::new(action, stage, mb, chunk));
+        Ok(())
+    }
+
+    fn put_w(&mut self, r: usize) -> Result<(), Stuck> {
+        let (chunk, mb) = self.pending[r].pop_front().ok_or(Stuck)?;
+        debug_assert_eq!(self.done[r][W][chunk], mb);
+        self.put(W, chunk, r)
+    }
+
+    /// The most idle rank so far, or what `r` may still accrue under the previous pass.
+    fn allowed_idle(&self, r: usize) -> f64 {
+        let most = self.idle.iter().fold(0.0f64, |a, &b| a.max(b));
+        match &self.approved {
+            Some((per_rank, max)) => most.max(max - per_rank[r]),
+            None => most,
+        }
+    }
+
+    /// Deferred `W`s before the next (kind, chunk) on `r`: those that fit in the wait for
+    /// its input, and one more when the wait would exceed the allowed idle (`extra`).
+    fn fill(&mut self, kind: usize, chunk: usize, r: usize, extra: bool) -> Result<(), Stuck> {
+        let Some(Some(t)) = self.arrival(kind, chunk, r) else {
+            return Ok(());
+        };
+        while let Some(&(c, _)) = self.pending[r].front() {
+            if t < self.free[r] + self.duration(W, c, r) {
+                break;
+            }
+            self.put_w(r)?;
+        }
+        if extra
+            && !self.pending[r].is_empty()
+            && t - self.free[r] > self.allowed_idle(r) - self.idle[r]
+        {
+            self.put_w(r)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the next (kind, chunk) on `r` has its inputs (`W`: always, it is queued).
+    fn can(&self, kind: usize, chunk: usize, r: usize) -> bool {
+        let mb = self.done[r][kind][chunk];
+        if mb >= self.m {
+            return false;
+        }
+        let local = match (kind, chunk) {
+            (F, 1) if r + 1 == self.p => Some((F, 0)),
+            (I, 0) if r + 1 == self.p => Some((I, 1)),
+            (I, c) => Some((F, c)),
+            _ => None,
+        };
+        if let Some((k, c)) = local {
+            if self.ended(k, c, r, mb).is_none() {
+                return false;
+            }
+        }
+        !matches!(self.arrival(kind, chunk, r), Some(None))
+    }
+
+    fn forwards(&self, r: usize) -> usize {
+        self.done[r][F][0] + self.done[r][F][1]
+    }
+
+    fn warm_up(&mut self) -> Result<(), Stuck> {
+        let (p, m) = (self.p, self.m);
+        for r in 0..p {
+            self.put(F, 0, r)?;
+        }
+        for r in (0..p).rev() {
+            if r + 1 < p {
+                let comm = self
+                    .costs
+                    .comm_between(self.stage(1, r + 1), self.stage(1, r));
+                let back = self.ended(F, 1, r + 1, 0).ok_or(Stuck)? + comm;
+                while self.stash[r] + 2 + 2 * r <= self.cap
+                    && self.free[r] + self.duration(F, 0, r) <= back
+                    && self.done[r][F][0] < m
+                {
+                    for q in 0..=r {
+                        if self.done[q][F][0] < m {
+                            self.put(F, 0, q)?;
+                        }
+                    }
+                }
+            }
+            self.put(F, 1, r)?;
+        }
+        let mut chunk = 0;
+        for r in 1..p {
+            let mut guard = 0;
+            while self.forwards(r) < self.forwards(r - 1)
+                || (self.done[r][F][1] <= self.done[r - 1][F][1] && self.done[r - 1][F][1] < m)
+            {
+                guard += 1;
+                if guard > 4 * m + 4 {
+                    return Err(Stuck);
+                }
+                for q in (r..p).rev() {
+                    if self.done[q][F][chunk] < m {
+                        self.put(F, chunk, q)?;
+                    }
+                }
+                chunk = 1 - chunk;
+            }
+        }
+        Ok(())
+    }
+
+    fn steady(&mut self, fill_b: bool, fill_f: bool) -> Result<(), Stuck> {
+        let (p, m) = (self.p, self.m);
+        // `2m` rounds at even costs; more when a rank had to skip one.
+        while self
+            .done
+            .iter()
+            .any(|d| d[I][0] < m || d[I][1] < m || d[F][1] < m)
+        {
+            let mut progress = false;
+            // Input gradients: chunk 0 (going back up the V) where the rank below has
+            // sent one, ranks from the bottom up; then chunk 1, from the top down.
+            let mut up = vec![];
+            let mut down = vec![];
+            for r in 0..p {
+                let d = self.done[r][I];
+                if d[1] >= m && d[0] >= m {
+                    continue;
+                }
+                let chunk0 = d[0] < d[1]
+                    && (r + 1 == p || d[1] >= m || self.ended(I, 0, r + 1, d[0]).is_some());
+                if chunk0 {
+                    up.push(r);
+                } else {
+                    down.push(r);
+                }
+            }
+            let order = up.into_iter().rev().map(|r| (r, 0));
+            for (r, chunk) in order.chain(down.into_iter().map(|r| (r, 1))) {
+                // At uneven costs the warm-up's counts can leave the chosen input not yet
+                // sent: then the other chunk, or nothing this round.
+                let Some(chunk) = [chunk, 1 - chunk].into_iter().find(|&c| self.can(I, c, r))
+                else {
+                    continue;
+                };
+                self.fill(I, chunk, r, chunk == 0 || fill_b)?;
+                self.put(I, chunk, r)?;
+                progress = true;
+            }
+            for r in 0..p {
+                let d = self.done[r][F];
+                if d[1] >= m {
+                    continue;
+                }
+                let chunk = if d[1] >= d[0] {
+                    Some(0)
+                } else if r + 1 == p || self.ended(F, 1, r + 1, d[1]).is_some() {
+                    Some(1)
+                } else if d[0] < m && (r == 0 || self.ended(F, 0, r - 1, d[0]).is_some()) {
+                    Some(0)
+                } else {
+                    None
+                };
+                let Some(chunk) = chunk.filter(|&c| self.can(F, c, r)) else {
+                    continue;
+                };
+                while self.stash[r] >= self.cap {
+                    self.put_w(r)?;
+                }
+                self.fill(F, chunk, r, fill_f)?;
+                self.put(F, chunk, r)?;
+                progress = true;
+            }
+            if !progress {
+                return Err(Stuck);
+            }
+        }
+        for r in 0..p {
+            while !self.pending[r].is_empty() {
+                self.put_w(r)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One build with `fill_b`/`fill_f`, refined while the worst rank's idle falls; `None` if
+/// the build gets stuck (a choice the order cannot satisfy at these costs).
+pub fn zb_v_greedy(
+    ranks: usize,
+    microbatches: usize,
+    costs: &CostTable,
+    cap: usize,
+    fill_b: bool,
+    fill_f: bool,
+) -> Option<Schedule> {
+    let (p, m) = (ranks, microbatches);
+    if p == 0 || m == 0 || costs.stages.len() != 2 * p {
+        return None;
+    }
+    let run = |approved: Option<(Vec<f64>, f64)>| -> Option<(Vec<Vec<Action>>, Vec<f64>)> {
+        let mut b = Build::new(p, m, costs, cap);
+        b.approved = approved;
+        b.warm_up().ok()?;
+        b.steady(fill_b, fill_f).ok()?;
+        let complete = b
+            .done
+            .iter()
+            .all(|d| d.iter().all(|k| k[0] == m && k[1] == m));
+        complete.then_some((b.out, b.idle))
+    };
+    let (mut best, mut idle) = run(None)?;
+    let mut worst = idle.iter().fold(0.0f64, |a, &b| a.max(b));
+    // Each pass lets every rank idle up to the previous pass's worst rank; at most a few
+    // passes (each must lower the worst idle).
+    for _ in 0..8 {
+        let Some((next, next_idle)) = run(Some((idle.clone(), worst))) else {
+            break;
+        };
+        let next_worst = next_idle.iter().fold(0.0f64, |a, &b| a.max(b));
+        if next_worst >= worst {
+            break;
+        }
+        (best, idle, worst) = (next, next_idle, next_worst);
+    }
+    let mut s = Schedule::empty(Layout::VShape { ranks: p }, m);
+    s.per_rank = best;
+    Some(s)
+}
+
+/// Every stage at the mean `F`, `I` and `W` of `costs`, with its link time. The builder
+/// works on these: at uneven per-stage costs its warm-up counts come out uneven and the
+/// rounds stall (as the ZB-V authors do, who build from one averaged cost per kind); the
+/// simulator then times the order at the real costs.
+pub fn even_costs(costs: &CostTable) -> CostTable {
+    let n = costs.stages.len().max(1) as f64;
+    let mean =
+        |f: fn(&crate::simulate::StageCosts) -> f64| costs.stages.iter().map(f).sum::<f64>() / n;
+    CostTable::uniform(
+        costs.stages.len(),
+        mean(|c| c.forward),
+        mean(|c| c.backward_input),
+        mean(|c| c.backward_weight),
+        costs.comm_time,
+    )
+}
+
+/// ZB-V for these costs: the fastest under the simulator of the construction
+/// ([`super::generators::zb_v`], with its `W`s moved into idle time when that is faster)
+/// and the four [`zb_v_greedy`] variants built at [`even_costs`], all within `cap` chunk activations per rank
+/// (`2·ranks`: 1F1B's count).
+pub fn zb_v_measured(ranks: usize, microbatches: usize, costs: &CostTable, cap: usize) -> Schedule {
+    let base = super::generators::better_with_filled_w(
+        super::generators::zb_v(ranks, microbatches),
+        costs,
+        cap,
+    );
+    let Ok(base_report) = simulate(&base, costs) else {
+        return base;
+    };
+    let mut best = (base_report.makespan, base);
+    let even = even_costs(costs);
+    for fill_b in [true, false] {
+        for fill_f in [true, false] {
+            let Some(s) = zb_v_greedy(ranks, microbatches, &even, cap, fill_b, fill_f) else {
+                continue;
+            };
+            if super::validate(&super::generators::insert_communication(&s)).is_err() {
+                continue;
+            }
+            if let Ok(r) = simulate(&s, costs) {
+                if r.makespan < best.0 * (1.0 - 1e-12) {
+                    best = (r.makespan, s);
+                }
+            }
+        }
+    }
+    best.1
+}
