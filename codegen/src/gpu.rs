@@ -435,6 +435,185 @@ mod tests {
         r.copysign(x)
     }
 
+    /// The f32 functions of [`GPU_MATH_LL`] compiled for this CPU, with the two PTX
+    /// approximations they are built on (`ex2.approx`, `lg2.approx`, about 2 ulp on the
+    /// GPU) replaced by LLVM's exact `exp2`/`log2`: this checks everything ppcc writes
+    /// around them (range reduction, constants, the compositions for `exp`, `log`,
+    /// `log10`, `pow`, `tanh`, `sin`, `cos`, `erf`) against libm, and the exact ones bit for
+    /// bit. What it cannot check is the hardware's own approximation error, which is
+    /// NVIDIA's documented bound.
+    #[test]
+    fn device_math_f32_matches_libm_around_ex2_and_lg2() {
+        use inkwell::execution_engine::JitFunction;
+        let mut text = String::new();
+        for line in GPU_MATH_LL.lines() {
+            if line.starts_with("target ") {
+                continue;
+            }
+            if line.starts_with("declare ") && line.contains("llvm.nvvm") {
+                continue;
+            }
+            text.push_str(
+                &line
+                    .replace("@llvm.nvvm.ex2.approx.f(", "@llvm.exp2.f32(")
+                    .replace("@llvm.nvvm.lg2.approx.f(", "@llvm.log2.f32("),
+            );
+            text.push('\n');
+        }
+        text.push_str("declare float @llvm.exp2.f32(float)\ndeclare float @llvm.log2.f32(float)\n");
+        inkwell::targets::Target::initialize_native(&Default::default()).unwrap();
+        let ctx = inkwell::context::Context::create();
+        let buf = inkwell::memory_buffer::MemoryBuffer::create_from_memory_range_copy(
+            text.as_bytes(),
+            "f32",
+        );
+        let module = ctx
+            .create_module_from_ir(buf)
+            .expect("the module parses for the CPU");
+        let ee = module
+            .create_jit_execution_engine(inkwell::OptimizationLevel::Default)
+            .expect("a JIT");
+        type F1 = unsafe extern "C" fn(f32) -> f32;
+        type F2 = unsafe extern "C" fn(f32, f32) -> f32;
+        type F3 = unsafe extern "C" fn(f32, f32, f32) -> f32;
+        let f1 = |name: &str| -> JitFunction<F1> {
+            // SAFETY: the function has this signature in gpu_math.ll.
+            unsafe { ee.get_function(name) }.unwrap_or_else(|e| panic!("{name}: {e}"))
+        };
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        // (function, reference in f64, lowest, highest argument, log-uniform, relative
+        // tolerance, absolute tolerance): an error passes if within either.
+        type Check = (&'static str, fn(f64) -> f64, f64, f64, bool, f64, f64);
+        let checks: [Check; 9] = [
+            ("__nv_expf", f64::exp, -87.0, 88.0, false, 4.0e-7, 0.0),
+            ("__nv_exp2f", f64::exp2, -125.0, 127.0, false, 1.2e-7, 0.0),
+            ("__nv_logf", f64::ln, 1e-37, 1e38, true, 2.4e-7, 0.0),
+            ("__nv_log2f", f64::log2, 1e-37, 1e38, true, 1.2e-7, 0.0),
+            ("__nv_log10f", f64::log10, 1e-37, 1e38, true, 2.4e-7, 0.0),
+            // 1 − 2/(e^{2|x|} + 1) cancels for small |x|: its error is absolute there.
+            ("__nv_tanhf", f64::tanh, -20.0, 20.0, false, 4.0e-7, 2.4e-7),
+            ("__nv_sinf", f64::sin, -1e3, 1e3, false, 0.0, 1.2e-7),
+            ("__nv_cosf", f64::cos, -1e3, 1e3, false, 0.0, 1.2e-7),
+            ("__nv_erff", erf_ref, -7.0, 7.0, false, 0.0, 1.2e-7),
+        ];
+        for (name, reference, lo, hi, log, rel_tol, abs_tol) in checks {
+            let f = f1(name);
+            let mut worst = (0.0f64, 0.0f32);
+            for i in 0..20000 {
+                let u = next();
+                let x = if log {
+                    (lo.ln() + u * (hi.ln() - lo.ln())).exp()
+                } else {
+                    lo + u * (hi - lo) * if i % 2 == 0 { 1.0 } else { 1e-3 }
+                } as f32;
+                // SAFETY: a pure function of one f32.
+                let got = f64::from(unsafe { f.call(x) });
+                let want = reference(f64::from(x));
+                let err = (got - want).abs();
+                let scaled = if err <= abs_tol {
+                    0.0
+                } else {
+                    err / want.abs().max(f64::MIN_POSITIVE)
+                };
+                if scaled > worst.0 {
+                    worst = (scaled, x);
+                }
+            }
+            assert!(
+                worst.0 <= rel_tol,
+                "{name}: relative error {:e} at x = {:e} > {rel_tol:e}",
+                worst.0,
+                worst.1
+            );
+            // SAFETY: as above.
+            assert!(unsafe { f.call(f32::NAN) }.is_nan(), "{name}(NaN)");
+        }
+        // pow = 2^(y·log2 x): the rounding of y·log2 x scales with the exponent.
+        // SAFETY: the function has this signature in gpu_math.ll.
+        let pow: JitFunction<F2> = unsafe { ee.get_function("__nv_powf") }.unwrap();
+        for _ in 0..20000 {
+            let x = (next() * 100.0) as f32 + 1e-3;
+            let y = (next() * 20.0 - 10.0) as f32;
+            // SAFETY: as above.
+            let got = f64::from(unsafe { pow.call(x, y) });
+            let want = f64::from(x).powf(f64::from(y));
+            let t = (f64::from(y) * f64::from(x).log2()).abs();
+            let tol = 1.2e-7 * (2.0 + t);
+            assert!(
+                ((got - want) / want).abs() <= tol,
+                "powf({x}, {y}) = {got}, libm {want}"
+            );
+        }
+        // The exact ones: bit for bit.
+        type Exact1 = (&'static str, fn(f32) -> f32);
+        let exact: [Exact1; 8] = [
+            ("__nv_sqrtf", f32::sqrt),
+            ("__nv_rsqrtf", |x| 1.0 / x.sqrt()),
+            ("__nv_fabsf", f32::abs),
+            ("__nv_floorf", f32::floor),
+            ("__nv_ceilf", f32::ceil),
+            ("__nv_truncf", f32::trunc),
+            ("__nv_rintf", f32::round_ties_even),
+            ("__nv_roundf", f32::round),
+        ];
+        for (name, reference) in exact {
+            let f = f1(name);
+            for i in 0..4000 {
+                let x = ((next() - 0.5) * if i % 2 == 0 { 2e3 } else { 7.0 }) as f32;
+                let x = if name.contains("sqrt") { x.abs() } else { x };
+                // SAFETY: a pure function of one f32.
+                let got = unsafe { f.call(x) };
+                let want = reference(x);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{name}({x}) = {got}, want {want}"
+                );
+            }
+        }
+        type Exact2 = (&'static str, fn(f32, f32) -> f32);
+        let two: [Exact2; 3] = [
+            ("__nv_copysignf", f32::copysign),
+            ("__nv_fminf", f32::min),
+            ("__nv_fmaxf", f32::max),
+        ];
+        for (name, reference) in two {
+            // SAFETY: the function has this signature in gpu_math.ll.
+            let f: JitFunction<F2> = unsafe { ee.get_function(name) }.unwrap();
+            for _ in 0..4000 {
+                let (x, y) = (
+                    ((next() - 0.5) * 20.0) as f32,
+                    ((next() - 0.5) * 20.0) as f32,
+                );
+                // SAFETY: as above.
+                let got = unsafe { f.call(x, y) };
+                assert_eq!(got.to_bits(), reference(x, y).to_bits(), "{name}({x}, {y})");
+            }
+        }
+        // SAFETY: the function has this signature in gpu_math.ll.
+        let fma: JitFunction<F3> = unsafe { ee.get_function("__nv_fmaf") }.unwrap();
+        for _ in 0..4000 {
+            let (x, y, z) = (
+                next() as f32 * 3.0,
+                next() as f32 - 0.5,
+                next() as f32 * -2.0,
+            );
+            // SAFETY: as above.
+            let got = unsafe { fma.call(x, y, z) };
+            assert_eq!(
+                got.to_bits(),
+                x.mul_add(y, z).to_bits(),
+                "fma({x}, {y}, {z})"
+            );
+        }
+    }
+
     #[test]
     fn arch_names() {
         assert_eq!(CudaOptions::new("sm_90").unwrap().sm(), Some(90));

@@ -168,7 +168,8 @@ define float @__nv_powf(float %x, float %y) alwaysinline {
   %r = call float @llvm.nvvm.ex2.approx.f(float %t)
   ret float %r
 }
-; tanh(x) = sign(x)·(1 − 2/(e^{2|x|} + 1)), |x| clamped to 10 (tanh rounds to 1 in f32).
+; tanh(x) = sign(x)·(1 − 2/(e^{2|x|} + 1)), |x| clamped to 10 (tanh rounds to 1 in f32);
+; NaN stays NaN (`minnum` would turn it into the clamp).
 define float @__nv_tanhf(float %x) alwaysinline {
   %a = call float @llvm.fabs.f32(float %x)
   %c = call float @llvm.minnum.f32(float %a, float 10.0)
@@ -177,7 +178,9 @@ define float @__nv_tanhf(float %x) alwaysinline {
   %d = fadd float %e, 1.0
   %q = fdiv float 2.0, %d
   %m = fsub float 1.0, %q
-  %r = call float @llvm.copysign.f32(float %m, float %x)
+  %s = call float @llvm.copysign.f32(float %m, float %x)
+  %nan = fcmp uno float %x, 0.0
+  %r = select i1 %nan, float %x, float %s
   ret float %r
 }
 
