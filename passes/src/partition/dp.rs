@@ -492,44 +492,59 @@ impl<'a> Solver<'a> {
         let pinned: Vec<bool> = (0..n)
             .map(|i| id == self.root && self.pinned.contains(&i))
             .collect();
-        // dp[i·(k+1) + j]: plans of children 0..i on j stages.
-        let w = k + 1;
-        let mut dp = vec![Front::default(); (n + 1) * w];
+        // dp[j·(n+1) + i]: plans of children 0..i on j stages. Stage-major, so the targets
+        // of the runs from one entry (children i+1.., one more stage) lie side by side.
+        let row = n + 1;
+        let mut dp = vec![Front::default(); (k + 1) * row];
         dp[0].push(Point {
             t: 0.0,
             l: 0.0,
             tree: TreeRef::Built(0),
         });
+        // The times of the runs of children from i on one stage, up to the first that is
+        // cut by a pinned child or does not fit: the same for every stage count, so summed
+        // once per i (in the same order, so to the same bits).
+        let mut runs: Vec<f64> = Vec::with_capacity(n);
         for i in 0..n {
+            if (0..k).all(|j| dp[j * row + i].len == 0) {
+                continue;
+            }
+            runs.clear();
+            let mut acc = Cost::default();
+            for i2 in i + 1..=n {
+                if i2 - 1 > i && pinned[i2 - 1] {
+                    break;
+                }
+                acc += a.cost[ch[i2 - 1]];
+                if !self.memory.fits(&acc) {
+                    break;
+                }
+                runs.push(acc.time());
+            }
+            let cut = if i > 0 {
+                2.0 * (self.comm)(a.cut_bytes[id][i])
+            } else {
+                0.0
+            };
             for j in 0..k {
-                if dp[i * w + j].len == 0 {
+                if dp[j * row + i].len == 0 {
                     continue;
                 }
-                let mut from = dp[i * w + j];
+                let mut from = dp[j * row + i];
                 self.build_front(&mut from);
-                dp[i * w + j] = from;
+                dp[j * row + i] = from;
                 let pts = from.points();
-                let cut = if i > 0 {
-                    2.0 * (self.comm)(a.cut_bytes[id][i])
-                } else {
-                    0.0
-                };
                 // Every candidate of a run is at least (max(min t, run), min l + cut + run):
                 // when the target front dominates that corner, it dominates them all.
                 let min_t = pts.iter().map(|p| p.t).fold(f64::INFINITY, f64::min);
                 let min_l = pts.iter().map(|p| p.l).fold(f64::INFINITY, f64::min);
                 // A run of children on one stage.
-                let mut acc = Cost::default();
-                for i2 in i + 1..=n {
-                    if i2 - 1 > i && pinned[i2 - 1] {
+                let targets = &mut dp[(j + 1) * row + i + 1..(j + 2) * row];
+                for (r, (&t, target)) in runs.iter().zip(targets.iter_mut()).enumerate() {
+                    let i2 = i + 1 + r;
+                    if short(i2, k - j - 1) {
                         break;
                     }
-                    acc += a.cost[ch[i2 - 1]];
-                    if !self.memory.fits(&acc) || short(i2, k - j - 1) {
-                        break;
-                    }
-                    let t = acc.time();
-                    let target = &mut dp[i2 * w + j + 1];
                     if target.dominates(min_t.max(t), min_l + cut + t) {
                         continue;
                     }
@@ -551,7 +566,7 @@ impl<'a> Solver<'a> {
                             continue;
                         }
                         let sub = self.best(ch[i], j2);
-                        let target = &mut dp[(i + 1) * w + j + j2];
+                        let target = &mut dp[(j + j2) * row + i + 1];
                         for p in pts {
                             for s in sub.iter() {
                                 target.insert(
@@ -566,7 +581,8 @@ impl<'a> Solver<'a> {
                 }
             }
         }
-        self.final_rows(&mut dp[n * w..])
+        let mut last: Vec<Front> = (0..=k).map(|j| dp[j * row + n]).collect();
+        self.final_rows(&mut last)
     }
 
     /// Build the trees of a table's last row and return it, one front per stage count.
