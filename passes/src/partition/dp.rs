@@ -100,25 +100,47 @@ pub struct Point {
 const FRONT: usize = 8;
 
 /// A Pareto front of at most [`FRONT`] points, inline (the DP keeps one per (child,
-/// stages) pair and reads and writes them in its innermost loop).
+/// stages) pair and reads and writes them in its innermost loop). Stored by field: most
+/// insertions are decided by `t` and `l` alone, so those are read side by side.
 #[derive(Clone, Copy, Debug, Default)]
 struct Front {
     len: usize,
-    pts: [Point; FRONT + 1],
+    t: [f64; FRONT],
+    l: [f64; FRONT],
+    tree: [TreeRef; FRONT],
 }
 
 impl Front {
-    fn points(&self) -> &[Point] {
-        &self.pts[..self.len]
+    fn point(&self, i: usize) -> Point {
+        Point {
+            t: self.t[i],
+            l: self.l[i],
+            tree: self.tree[i],
+        }
+    }
+
+    /// The points, in the order they were kept.
+    fn to_vec(&self) -> Vec<Point> {
+        (0..self.len).map(|i| self.point(i)).collect()
+    }
+
+    /// The points, copied out: the first `len` are the front.
+    fn to_array(&self) -> [Point; FRONT] {
+        std::array::from_fn(|i| self.point(i))
     }
 
     fn push(&mut self, p: Point) {
-        self.pts[self.len] = p;
+        let i = self.len;
+        self.t[i] = p.t;
+        self.l[i] = p.l;
+        self.tree[i] = p.tree;
         self.len += 1;
     }
 
     fn remove(&mut self, i: usize) {
-        self.pts.copy_within(i + 1..self.len, i);
+        self.t.copy_within(i + 1..self.len, i);
+        self.l.copy_within(i + 1..self.len, i);
+        self.tree.copy_within(i + 1..self.len, i);
         self.len -= 1;
     }
 
@@ -126,42 +148,37 @@ impl Front {
     /// Monotone: it then holds for every point at least as large in both.
     fn dominates(&self, t: f64, l: f64) -> bool {
         const EPS: f64 = 1e-12;
-        self.points()
-            .iter()
-            .any(|q| q.t <= t * (1.0 + EPS) && q.l <= l * (1.0 + EPS))
+        let (te, le) = (t * (1.0 + EPS), l * (1.0 + EPS));
+        (0..self.len).any(|i| self.t[i] <= te && self.l[i] <= le)
     }
 
     /// Insert (`t`, `l`, `tree`), kept to [`FRONT`] points by the scalar objective: past
-    /// that, the worst goes (the last one of equal worst, as `max_by` picks). The outcome is
-    /// decided in one pass over the front: most candidates of the DP are dominated, or would
-    /// be the worst of a full front and leave again at once.
+    /// that, the worst goes (the last one of equal worst, as `max_by` picks). Most
+    /// candidates of the DP are dominated, so that is decided first, on `t` and `l` alone;
+    /// a candidate that would be the worst of a full front leaves again at once, so it is
+    /// never pushed.
     fn insert(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
-        const EPS: f64 = 1e-12;
-        let obj = |q: &Point| (m - 1.0) * q.t + q.l;
-        // One pass: whether a point dominates the new one ([`Front::dominates`]), whether
-        // the new one removes any, and the worst point by the objective (the last of equal
-        // worst, as `max_by` picks).
-        let (te, le) = (t * (1.0 + EPS), l * (1.0 + EPS));
-        let mut removes_any = false;
-        let mut worst = 0;
-        let mut worst_obj = f64::NEG_INFINITY;
-        for (i, q) in self.points().iter().enumerate() {
-            if q.t <= te && q.l <= le {
-                return;
-            }
-            removes_any |= t <= q.t && l <= q.l;
-            let o = obj(q);
-            if i == 0 || o.total_cmp(&worst_obj) != std::cmp::Ordering::Less {
-                worst = i;
-                worst_obj = o;
-            }
+        if self.dominates(t, l) {
+            return;
         }
+        let n = self.len;
+        let removes_any = (0..n).any(|i| t <= self.t[i] && l <= self.l[i]);
         let new = Point { t, l, tree };
-        if !removes_any && self.len >= FRONT {
+        if !removes_any && n >= FRONT {
             // One over after the push: nothing changes when the new point is the worst (on
             // a tie too: of equal worst, the last one goes, and the new point would be
-            // last). Decided without copying the front.
-            if obj(&new).total_cmp(&worst_obj) == std::cmp::Ordering::Less {
+            // last).
+            let obj = |t: f64, l: f64| (m - 1.0) * t + l;
+            let mut worst = 0;
+            let mut worst_obj = f64::NEG_INFINITY;
+            for i in 0..n {
+                let o = obj(self.t[i], self.l[i]);
+                if i == 0 || o.total_cmp(&worst_obj) != std::cmp::Ordering::Less {
+                    worst = i;
+                    worst_obj = o;
+                }
+            }
+            if obj(t, l).total_cmp(&worst_obj) == std::cmp::Ordering::Less {
                 self.remove(worst);
                 self.push(new);
             }
@@ -169,26 +186,18 @@ impl Front {
         }
         if removes_any {
             let mut kept = 0;
-            for i in 0..self.len {
-                let q = self.pts[i];
-                if !(t <= q.t && l <= q.l) {
-                    self.pts[kept] = q;
+            for i in 0..n {
+                if !(t <= self.t[i] && l <= self.l[i]) {
+                    self.t[kept] = self.t[i];
+                    self.l[kept] = self.l[i];
+                    self.tree[kept] = self.tree[i];
                     kept += 1;
                 }
             }
             self.len = kept;
         }
+        // Not full, or one removed: room for the new point.
         self.push(new);
-        if self.len > FRONT {
-            let w = self
-                .points()
-                .iter()
-                .enumerate()
-                .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
-                .map(|(i, _)| i)
-                .unwrap_or(0);
-            self.remove(w);
-        }
     }
 }
 
@@ -380,8 +389,8 @@ impl<'a> Solver<'a> {
     /// Build the trees of a front's points (once it is final: nothing better can come).
     fn build_front(&mut self, f: &mut Front) {
         for i in 0..f.len {
-            let id = self.build(f.pts[i].tree);
-            f.pts[i].tree = TreeRef::Built(id);
+            let id = self.build(f.tree[i]);
+            f.tree[i] = TreeRef::Built(id);
         }
     }
 
@@ -466,7 +475,7 @@ impl<'a> Solver<'a> {
                             front.insert(p.t, p.l, p.tree, self.m);
                         }
                     }
-                    self.memo.insert((id, j), front.points().into());
+                    self.memo.insert((id, j), front.to_vec().into());
                 }
             }
         }
@@ -533,7 +542,8 @@ impl<'a> Solver<'a> {
                 let mut from = dp[j * row + i];
                 self.build_front(&mut from);
                 dp[j * row + i] = from;
-                let pts = from.points();
+                let pts = from.to_array();
+                let pts = &pts[..from.len];
                 // Every candidate of a run is at least (max(min t, run), min l + cut + run):
                 // when the target front dominates that corner, it dominates them all.
                 let min_t = pts.iter().map(|p| p.t).fold(f64::INFINITY, f64::min);
@@ -590,7 +600,7 @@ impl<'a> Solver<'a> {
         row.iter_mut()
             .map(|f| {
                 self.build_front(f);
-                f.points().to_vec()
+                f.to_vec()
             })
             .collect()
     }
@@ -615,7 +625,8 @@ impl<'a> Solver<'a> {
                 let mut from = dp[i * w + j];
                 self.build_front(&mut from);
                 dp[i * w + j] = from;
-                let pts = from.points();
+                let pts = from.to_array();
+                let pts = &pts[..from.len];
                 let mut acc = Cost::default();
                 for i2 in i + 1..=n {
                     acc += a.cost[br[i2 - 1]];
