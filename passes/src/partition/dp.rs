@@ -146,6 +146,7 @@ impl Front {
 
     /// Whether a point of the front makes (`t`, `l`) not worth keeping (up to rounding).
     /// Monotone: it then holds for every point at least as large in both.
+    #[inline(always)]
     fn dominates(&self, t: f64, l: f64) -> bool {
         const EPS: f64 = 1e-12;
         let (te, le) = (t * (1.0 + EPS), l * (1.0 + EPS));
@@ -157,10 +158,17 @@ impl Front {
     /// candidates of the DP are dominated, so that is decided first, on `t` and `l` alone;
     /// a candidate that would be the worst of a full front leaves again at once, so it is
     /// never pushed.
+    #[inline(always)]
     fn insert(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
-        if self.dominates(t, l) {
-            return;
+        if !self.dominates(t, l) {
+            self.insert_undominated(t, l, tree, m);
         }
+    }
+
+    /// [`Front::insert`] of a point no point of the front dominates (out of line: the DP's
+    /// inner loop inlines only the test).
+    #[inline(never)]
+    fn insert_undominated(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
         let n = self.len;
         let removes_any = (0..n).any(|i| t <= self.t[i] && l <= self.l[i]);
         let new = Point { t, l, tree };
