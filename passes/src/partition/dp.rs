@@ -111,6 +111,9 @@ struct Front {
 }
 
 impl Front {
+    /// The relative tolerance of dominance.
+    const EPS: f64 = 1e-12;
+
     fn point(&self, i: usize) -> Point {
         Point {
             t: self.t[i],
@@ -120,12 +123,12 @@ impl Front {
     }
 
     /// The points, in the order they were kept.
-    fn to_vec(&self) -> Vec<Point> {
+    fn points(&self) -> Vec<Point> {
         (0..self.len).map(|i| self.point(i)).collect()
     }
 
     /// The points, copied out: the first `len` are the front.
-    fn to_array(&self) -> [Point; FRONT] {
+    fn point_array(&self) -> [Point; FRONT] {
         std::array::from_fn(|i| self.point(i))
     }
 
@@ -148,9 +151,22 @@ impl Front {
     /// Monotone: it then holds for every point at least as large in both.
     #[inline(always)]
     fn dominates(&self, t: f64, l: f64) -> bool {
-        const EPS: f64 = 1e-12;
-        let (te, le) = (t * (1.0 + EPS), l * (1.0 + EPS));
+        let (te, le) = (t * (1.0 + Self::EPS), l * (1.0 + Self::EPS));
         (0..self.len).any(|i| self.t[i] <= te && self.l[i] <= le)
+    }
+
+    /// The least `l` of the points with `t` at most `te` (infinite if none): (`t`, `l`) is
+    /// dominated, as [`Front::dominates`] decides, exactly when this is at most
+    /// `l · (1 + EPS)`, for `te = t · (1 + EPS)`.
+    #[inline(always)]
+    fn least_l_within(&self, te: f64) -> f64 {
+        let mut least = f64::INFINITY;
+        for i in 0..self.len {
+            if self.t[i] <= te && self.l[i] < least {
+                least = self.l[i];
+            }
+        }
+        least
     }
 
     /// Insert (`t`, `l`, `tree`), kept to [`FRONT`] points by the scalar objective: past
@@ -165,10 +181,11 @@ impl Front {
         }
     }
 
-    /// [`Front::insert`] of a point no point of the front dominates (out of line: the DP's
-    /// inner loop inlines only the test).
-    #[inline(never)]
+    /// [`Front::insert`] of a point no point of the front dominates (the sequential DP
+    /// decides that itself, more cheaply).
+    #[inline(always)]
     fn insert_undominated(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
+        debug_assert!(!self.dominates(t, l));
         let n = self.len;
         let removes_any = (0..n).any(|i| t <= self.t[i] && l <= self.l[i]);
         let new = Point { t, l, tree };
@@ -483,7 +500,7 @@ impl<'a> Solver<'a> {
                             front.insert(p.t, p.l, p.tree, self.m);
                         }
                     }
-                    self.memo.insert((id, j), front.to_vec().into());
+                    self.memo.insert((id, j), front.points().into());
                 }
             }
         }
@@ -550,12 +567,8 @@ impl<'a> Solver<'a> {
                 let mut from = dp[j * row + i];
                 self.build_front(&mut from);
                 dp[j * row + i] = from;
-                let pts = from.to_array();
+                let pts = from.point_array();
                 let pts = &pts[..from.len];
-                // Every candidate of a run is at least (max(min t, run), min l + cut + run):
-                // when the target front dominates that corner, it dominates them all.
-                let min_t = pts.iter().map(|p| p.t).fold(f64::INFINITY, f64::min);
-                let min_l = pts.iter().map(|p| p.l).fold(f64::INFINITY, f64::min);
                 // A run of children on one stage.
                 let targets = &mut dp[(j + 1) * row + i + 1..(j + 2) * row];
                 for (r, (&t, target)) in runs.iter().zip(targets.iter_mut()).enumerate() {
@@ -563,10 +576,21 @@ impl<'a> Solver<'a> {
                     if short(i2, k - j - 1) {
                         break;
                     }
-                    if target.dominates(min_t.max(t), min_l + cut + t) {
-                        continue;
-                    }
+                    // The candidates of points no slower than the run all have slowest stage
+                    // `t`: for them the dominance test is against the least `l` among the
+                    // target's points within `t` (kept until the target changes).
+                    let te = t * (1.0 + Front::EPS);
+                    let mut least_l = target.least_l_within(te);
                     for p in pts {
+                        let (ct, cl) = (p.t.max(t), p.l + cut + t);
+                        let dominated = if p.t <= t {
+                            least_l <= cl * (1.0 + Front::EPS)
+                        } else {
+                            target.dominates(ct, cl)
+                        };
+                        if dominated {
+                            continue;
+                        }
                         let tree = TreeRef::JoinRun {
                             left: Self::built(p.tree),
                             parent: id as u32,
@@ -574,7 +598,8 @@ impl<'a> Solver<'a> {
                             from: i as u32,
                             to: i2 as u32,
                         };
-                        target.insert(p.t.max(t), p.l + cut + t, tree, self.m);
+                        target.insert_undominated(ct, cl, tree, self.m);
+                        least_l = target.least_l_within(te);
                     }
                 }
                 // One child on several stages.
@@ -608,7 +633,7 @@ impl<'a> Solver<'a> {
         row.iter_mut()
             .map(|f| {
                 self.build_front(f);
-                f.to_vec()
+                f.points()
             })
             .collect()
     }
@@ -633,7 +658,7 @@ impl<'a> Solver<'a> {
                 let mut from = dp[i * w + j];
                 self.build_front(&mut from);
                 dp[i * w + j] = from;
-                let pts = from.to_array();
+                let pts = from.point_array();
                 let pts = &pts[..from.len];
                 let mut acc = Cost::default();
                 for i2 in i + 1..=n {
@@ -704,5 +729,42 @@ impl<'a> Solver<'a> {
                 v
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sequential DP decides dominance by `least_l_within`: it must agree with
+    /// `dominates` everywhere, ties and near-ties within the tolerance included.
+    #[test]
+    fn least_l_within_decides_dominance_as_dominates_does() {
+        let mut seed: u64 = 0x9e3779b97f4a7c15;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Few distinct values, so that ties and near-ties are common.
+            let v = (seed >> 33) % 8;
+            let nudge = match (seed >> 40) % 3 {
+                0 => 1.0,
+                1 => 1.0 + 1e-13,
+                _ => 1.0 - 1e-13,
+            };
+            (1.0 + v as f64) * nudge
+        };
+        for _ in 0..2000 {
+            let mut f = Front::default();
+            for _ in 0..(next() as usize % (FRONT + 1)) {
+                f.insert(next(), next(), TreeRef::default(), 16.0);
+            }
+            for _ in 0..16 {
+                let (t, l) = (next(), next());
+                let te = t * (1.0 + Front::EPS);
+                let by_least = f.least_l_within(te) <= l * (1.0 + Front::EPS);
+                assert_eq!(by_least, f.dominates(t, l), "front {f:?}, point ({t}, {l})");
+            }
+        }
     }
 }
