@@ -100,68 +100,110 @@ pub struct Point {
 const FRONT: usize = 8;
 
 /// A Pareto front of at most [`FRONT`] points, inline (the DP keeps one per (child,
-/// stages) pair and reads and writes them in its innermost loop).
+/// stages) pair and reads and writes them in its innermost loop). Stored by field: most
+/// insertions are decided by `t` and `l` alone, so those are read side by side.
 #[derive(Clone, Copy, Debug, Default)]
 struct Front {
     len: usize,
-    pts: [Point; FRONT + 1],
+    t: [f64; FRONT],
+    l: [f64; FRONT],
+    tree: [TreeRef; FRONT],
 }
 
 impl Front {
-    fn points(&self) -> &[Point] {
-        &self.pts[..self.len]
+    /// The relative tolerance of dominance.
+    const EPS: f64 = 1e-12;
+
+    fn point(&self, i: usize) -> Point {
+        Point {
+            t: self.t[i],
+            l: self.l[i],
+            tree: self.tree[i],
+        }
+    }
+
+    /// The points, in the order they were kept.
+    fn points(&self) -> Vec<Point> {
+        (0..self.len).map(|i| self.point(i)).collect()
+    }
+
+    /// The points, copied out: the first `len` are the front.
+    fn point_array(&self) -> [Point; FRONT] {
+        std::array::from_fn(|i| self.point(i))
     }
 
     fn push(&mut self, p: Point) {
-        self.pts[self.len] = p;
+        let i = self.len;
+        self.t[i] = p.t;
+        self.l[i] = p.l;
+        self.tree[i] = p.tree;
         self.len += 1;
     }
 
     fn remove(&mut self, i: usize) {
-        self.pts.copy_within(i + 1..self.len, i);
+        self.t.copy_within(i + 1..self.len, i);
+        self.l.copy_within(i + 1..self.len, i);
+        self.tree.copy_within(i + 1..self.len, i);
         self.len -= 1;
     }
 
     /// Whether a point of the front makes (`t`, `l`) not worth keeping (up to rounding).
     /// Monotone: it then holds for every point at least as large in both.
+    #[inline(always)]
     fn dominates(&self, t: f64, l: f64) -> bool {
-        const EPS: f64 = 1e-12;
-        self.points()
-            .iter()
-            .any(|q| q.t <= t * (1.0 + EPS) && q.l <= l * (1.0 + EPS))
+        let (te, le) = (t * (1.0 + Self::EPS), l * (1.0 + Self::EPS));
+        (0..self.len).any(|i| self.t[i] <= te && self.l[i] <= le)
+    }
+
+    /// The least `l` of the points with `t` at most `te` (infinite if none): (`t`, `l`) is
+    /// dominated, as [`Front::dominates`] decides, exactly when this is at most
+    /// `l · (1 + EPS)`, for `te = t · (1 + EPS)`.
+    #[inline(always)]
+    fn least_l_within(&self, te: f64) -> f64 {
+        let mut least = f64::INFINITY;
+        for i in 0..self.len {
+            if self.t[i] <= te && self.l[i] < least {
+                least = self.l[i];
+            }
+        }
+        least
     }
 
     /// Insert (`t`, `l`, `tree`), kept to [`FRONT`] points by the scalar objective: past
-    /// that, the worst goes (the last one of equal worst, as `max_by` picks). The outcome is
-    /// decided in one pass over the front: most candidates of the DP are dominated, or would
-    /// be the worst of a full front and leave again at once.
+    /// that, the worst goes (the last one of equal worst, as `max_by` picks). Most
+    /// candidates of the DP are dominated, so that is decided first, on `t` and `l` alone;
+    /// a candidate that would be the worst of a full front leaves again at once, so it is
+    /// never pushed.
+    #[inline(always)]
     fn insert(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
-        const EPS: f64 = 1e-12;
-        let obj = |q: &Point| (m - 1.0) * q.t + q.l;
-        // One pass: whether a point dominates the new one ([`Front::dominates`]), whether
-        // the new one removes any, and the worst point by the objective (the last of equal
-        // worst, as `max_by` picks).
-        let (te, le) = (t * (1.0 + EPS), l * (1.0 + EPS));
-        let mut removes_any = false;
-        let mut worst = 0;
-        let mut worst_obj = f64::NEG_INFINITY;
-        for (i, q) in self.points().iter().enumerate() {
-            if q.t <= te && q.l <= le {
-                return;
-            }
-            removes_any |= t <= q.t && l <= q.l;
-            let o = obj(q);
-            if i == 0 || o.total_cmp(&worst_obj) != std::cmp::Ordering::Less {
-                worst = i;
-                worst_obj = o;
-            }
+        if !self.dominates(t, l) {
+            self.insert_undominated(t, l, tree, m);
         }
+    }
+
+    /// [`Front::insert`] of a point no point of the front dominates (the sequential DP
+    /// decides that itself, more cheaply).
+    #[inline(always)]
+    fn insert_undominated(&mut self, t: f64, l: f64, tree: TreeRef, m: f64) {
+        debug_assert!(!self.dominates(t, l));
+        let n = self.len;
+        let removes_any = (0..n).any(|i| t <= self.t[i] && l <= self.l[i]);
         let new = Point { t, l, tree };
-        if !removes_any && self.len >= FRONT {
+        if !removes_any && n >= FRONT {
             // One over after the push: nothing changes when the new point is the worst (on
             // a tie too: of equal worst, the last one goes, and the new point would be
-            // last). Decided without copying the front.
-            if obj(&new).total_cmp(&worst_obj) == std::cmp::Ordering::Less {
+            // last).
+            let obj = |t: f64, l: f64| (m - 1.0) * t + l;
+            let mut worst = 0;
+            let mut worst_obj = f64::NEG_INFINITY;
+            for i in 0..n {
+                let o = obj(self.t[i], self.l[i]);
+                if i == 0 || o.total_cmp(&worst_obj) != std::cmp::Ordering::Less {
+                    worst = i;
+                    worst_obj = o;
+                }
+            }
+            if obj(t, l).total_cmp(&worst_obj) == std::cmp::Ordering::Less {
                 self.remove(worst);
                 self.push(new);
             }
@@ -169,26 +211,18 @@ impl Front {
         }
         if removes_any {
             let mut kept = 0;
-            for i in 0..self.len {
-                let q = self.pts[i];
-                if !(t <= q.t && l <= q.l) {
-                    self.pts[kept] = q;
+            for i in 0..n {
+                if !(t <= self.t[i] && l <= self.l[i]) {
+                    self.t[kept] = self.t[i];
+                    self.l[kept] = self.l[i];
+                    self.tree[kept] = self.tree[i];
                     kept += 1;
                 }
             }
             self.len = kept;
         }
+        // Not full, or one removed: room for the new point.
         self.push(new);
-        if self.len > FRONT {
-            let w = self
-                .points()
-                .iter()
-                .enumerate()
-                .max_by(|a, b| obj(a.1).total_cmp(&obj(b.1)))
-                .map(|(i, _)| i)
-                .unwrap_or(0);
-            self.remove(w);
-        }
     }
 }
 
@@ -380,8 +414,8 @@ impl<'a> Solver<'a> {
     /// Build the trees of a front's points (once it is final: nothing better can come).
     fn build_front(&mut self, f: &mut Front) {
         for i in 0..f.len {
-            let id = self.build(f.pts[i].tree);
-            f.pts[i].tree = TreeRef::Built(id);
+            let id = self.build(f.tree[i]);
+            f.tree[i] = TreeRef::Built(id);
         }
     }
 
@@ -492,48 +526,71 @@ impl<'a> Solver<'a> {
         let pinned: Vec<bool> = (0..n)
             .map(|i| id == self.root && self.pinned.contains(&i))
             .collect();
-        // dp[i·(k+1) + j]: plans of children 0..i on j stages.
-        let w = k + 1;
-        let mut dp = vec![Front::default(); (n + 1) * w];
+        // dp[j·(n+1) + i]: plans of children 0..i on j stages. Stage-major, so the targets
+        // of the runs from one entry (children i+1.., one more stage) lie side by side.
+        let row = n + 1;
+        let mut dp = vec![Front::default(); (k + 1) * row];
         dp[0].push(Point {
             t: 0.0,
             l: 0.0,
             tree: TreeRef::Built(0),
         });
+        // The times of the runs of children from i on one stage, up to the first that is
+        // cut by a pinned child or does not fit: the same for every stage count, so summed
+        // once per i (in the same order, so to the same bits).
+        let mut runs: Vec<f64> = Vec::with_capacity(n);
         for i in 0..n {
+            if (0..k).all(|j| dp[j * row + i].len == 0) {
+                continue;
+            }
+            runs.clear();
+            let mut acc = Cost::default();
+            for i2 in i + 1..=n {
+                if i2 - 1 > i && pinned[i2 - 1] {
+                    break;
+                }
+                acc += a.cost[ch[i2 - 1]];
+                if !self.memory.fits(&acc) {
+                    break;
+                }
+                runs.push(acc.time());
+            }
+            let cut = if i > 0 {
+                2.0 * (self.comm)(a.cut_bytes[id][i])
+            } else {
+                0.0
+            };
             for j in 0..k {
-                if dp[i * w + j].len == 0 {
+                if dp[j * row + i].len == 0 {
                     continue;
                 }
-                let mut from = dp[i * w + j];
+                let mut from = dp[j * row + i];
                 self.build_front(&mut from);
-                dp[i * w + j] = from;
-                let pts = from.points();
-                let cut = if i > 0 {
-                    2.0 * (self.comm)(a.cut_bytes[id][i])
-                } else {
-                    0.0
-                };
-                // Every candidate of a run is at least (max(min t, run), min l + cut + run):
-                // when the target front dominates that corner, it dominates them all.
-                let min_t = pts.iter().map(|p| p.t).fold(f64::INFINITY, f64::min);
-                let min_l = pts.iter().map(|p| p.l).fold(f64::INFINITY, f64::min);
+                dp[j * row + i] = from;
+                let pts = from.point_array();
+                let pts = &pts[..from.len];
                 // A run of children on one stage.
-                let mut acc = Cost::default();
-                for i2 in i + 1..=n {
-                    if i2 - 1 > i && pinned[i2 - 1] {
+                let targets = &mut dp[(j + 1) * row + i + 1..(j + 2) * row];
+                for (r, (&t, target)) in runs.iter().zip(targets.iter_mut()).enumerate() {
+                    let i2 = i + 1 + r;
+                    if short(i2, k - j - 1) {
                         break;
                     }
-                    acc += a.cost[ch[i2 - 1]];
-                    if !self.memory.fits(&acc) || short(i2, k - j - 1) {
-                        break;
-                    }
-                    let t = acc.time();
-                    let target = &mut dp[i2 * w + j + 1];
-                    if target.dominates(min_t.max(t), min_l + cut + t) {
-                        continue;
-                    }
+                    // The candidates of points no slower than the run all have slowest stage
+                    // `t`: for them the dominance test is against the least `l` among the
+                    // target's points within `t` (kept until the target changes).
+                    let te = t * (1.0 + Front::EPS);
+                    let mut least_l = target.least_l_within(te);
                     for p in pts {
+                        let (ct, cl) = (p.t.max(t), p.l + cut + t);
+                        let dominated = if p.t <= t {
+                            least_l <= cl * (1.0 + Front::EPS)
+                        } else {
+                            target.dominates(ct, cl)
+                        };
+                        if dominated {
+                            continue;
+                        }
                         let tree = TreeRef::JoinRun {
                             left: Self::built(p.tree),
                             parent: id as u32,
@@ -541,7 +598,8 @@ impl<'a> Solver<'a> {
                             from: i as u32,
                             to: i2 as u32,
                         };
-                        target.insert(p.t.max(t), p.l + cut + t, tree, self.m);
+                        target.insert_undominated(ct, cl, tree, self.m);
+                        least_l = target.least_l_within(te);
                     }
                 }
                 // One child on several stages.
@@ -551,7 +609,7 @@ impl<'a> Solver<'a> {
                             continue;
                         }
                         let sub = self.best(ch[i], j2);
-                        let target = &mut dp[(i + 1) * w + j + j2];
+                        let target = &mut dp[(j + j2) * row + i + 1];
                         for p in pts {
                             for s in sub.iter() {
                                 target.insert(
@@ -566,7 +624,8 @@ impl<'a> Solver<'a> {
                 }
             }
         }
-        self.final_rows(&mut dp[n * w..])
+        let mut last: Vec<Front> = (0..=k).map(|j| dp[j * row + n]).collect();
+        self.final_rows(&mut last)
     }
 
     /// Build the trees of a table's last row and return it, one front per stage count.
@@ -574,7 +633,7 @@ impl<'a> Solver<'a> {
         row.iter_mut()
             .map(|f| {
                 self.build_front(f);
-                f.points().to_vec()
+                f.points()
             })
             .collect()
     }
@@ -599,7 +658,8 @@ impl<'a> Solver<'a> {
                 let mut from = dp[i * w + j];
                 self.build_front(&mut from);
                 dp[i * w + j] = from;
-                let pts = from.points();
+                let pts = from.point_array();
+                let pts = &pts[..from.len];
                 let mut acc = Cost::default();
                 for i2 in i + 1..=n {
                     acc += a.cost[br[i2 - 1]];
@@ -669,5 +729,42 @@ impl<'a> Solver<'a> {
                 v
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sequential DP decides dominance by `least_l_within`: it must agree with
+    /// `dominates` everywhere, ties and near-ties within the tolerance included.
+    #[test]
+    fn least_l_within_decides_dominance_as_dominates_does() {
+        let mut seed: u64 = 0x9e3779b97f4a7c15;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Few distinct values, so that ties and near-ties are common.
+            let v = (seed >> 33) % 8;
+            let nudge = match (seed >> 40) % 3 {
+                0 => 1.0,
+                1 => 1.0 + 1e-13,
+                _ => 1.0 - 1e-13,
+            };
+            (1.0 + v as f64) * nudge
+        };
+        for _ in 0..2000 {
+            let mut f = Front::default();
+            for _ in 0..(next() as usize % (FRONT + 1)) {
+                f.insert(next(), next(), TreeRef::default(), 16.0);
+            }
+            for _ in 0..16 {
+                let (t, l) = (next(), next());
+                let te = t * (1.0 + Front::EPS);
+                let by_least = f.least_l_within(te) <= l * (1.0 + Front::EPS);
+                assert_eq!(by_least, f.dominates(t, l), "front {f:?}, point ({t}, {l})");
+            }
+        }
     }
 }

@@ -458,12 +458,20 @@ fn root_tree(g: &graph::NodeGraph, pinned: &[usize], chain: bool) -> (sp::Sp, Ve
 
 /// Bytes of the distinct values produced in nodes `a` and read in nodes `b`.
 fn crossing_bytes(g: &graph::NodeGraph, a: &[usize], b: &[usize]) -> f64 {
-    let sa: HashSet<usize> = a.iter().copied().collect();
-    let sb: HashSet<usize> = b.iter().copied().collect();
+    // Membership by node index, not hashed: the DP asks this for every cut of every series.
+    const IN_A: u8 = 1;
+    const IN_B: u8 = 2;
+    let mut side = vec![0u8; g.nodes.len()];
+    for &n in a {
+        side[n] |= IN_A;
+    }
+    for &n in b {
+        side[n] |= IN_B;
+    }
     let mut seen = HashSet::new();
     g.edges
         .iter()
-        .filter(|e| sa.contains(&e.from) && sb.contains(&e.to) && seen.insert(e.value))
+        .filter(|e| side[e.from] & IN_A != 0 && side[e.to] & IN_B != 0 && seen.insert(e.value))
         .map(|e| e.bytes)
         .sum()
 }
