@@ -333,13 +333,7 @@ mod tests {
             // SAFETY: the function has this signature in gpu_math.ll.
             unsafe { ee.get_function(name) }.unwrap_or_else(|e| panic!("{name}: {e}"))
         };
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut next = uniform(0x2545_F491_4F6C_DD1Du64);
         let rel = |a: f64, b: f64| {
             if a == b || (a.is_nan() && b.is_nan()) {
                 0.0
@@ -405,6 +399,16 @@ mod tests {
         }
         // SAFETY: as above.
         assert!(unsafe { pow.call(-2.0, 0.5) }.is_nan());
+    }
+
+    /// Pseudo-random numbers in [0, 1) (xorshift64 from `seed`).
+    fn uniform(mut seed: u64) -> impl FnMut() -> f64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        }
     }
 
     /// erf by its Taylor series (|x| < 3) and continued fraction (beyond), in plain f64
@@ -480,13 +484,7 @@ mod tests {
             // SAFETY: the function has this signature in gpu_math.ll.
             unsafe { ee.get_function(name) }.unwrap_or_else(|e| panic!("{name}: {e}"))
         };
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut next = uniform(0x9E37_79B9_7F4A_7C15u64);
         // (function, reference in f64, lowest, highest argument, log-uniform, relative
         // tolerance, absolute tolerance): an error passes if within either.
         type Check = (&'static str, fn(f64) -> f64, f64, f64, bool, f64, f64);

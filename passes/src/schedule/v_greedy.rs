@@ -50,7 +50,8 @@ struct Build<'a> {
     p: usize,
     m: usize,
     costs: &'a CostTable,
-    cap: usize,
+    /// Chunk activations each rank may hold.
+    cap: Vec<usize>,
     /// Next micro-batch of (kind, chunk) per rank.
     done: Vec<[[usize; 2]; 3]>,
     /// End time of (F or I, chunk, rank, micro-batch); NaN until it runs.
@@ -72,7 +73,7 @@ struct Build<'a> {
 struct Stuck;
 
 impl<'a> Build<'a> {
-    fn new(p: usize, m: usize, costs: &'a CostTable, cap: usize) -> Self {
+    fn new(p: usize, m: usize, costs: &'a CostTable, cap: Vec<usize>) -> Self {
         Build {
             p,
             m,
@@ -166,7 +167,7 @@ impl<'a> Build<'a> {
             None => {}
         }
         match kind {
-            F if self.stash[r] >= self.cap => return Err(Stuck),
+            F if self.stash[r] >= self.cap[r] => return Err(Stuck),
             F => self.stash[r] += 1,
             W => self.stash[r] = self.stash[r].saturating_sub(1),
             _ => {}
@@ -261,7 +262,7 @@ impl<'a> Build<'a> {
                     .costs
                     .comm_between(self.stage(1, r + 1), self.stage(1, r));
                 let back = self.ended(F, 1, r + 1, 0).ok_or(Stuck)? + comm;
-                while self.stash[r] + 2 + 2 * r <= self.cap
+                while self.stash[r] + 2 + 2 * r <= self.cap[r]
                     && self.free[r] + self.duration(F, 0, r) <= back
                     && self.done[r][F][0] < m
                 {
@@ -350,7 +351,7 @@ impl<'a> Build<'a> {
                 let Some(chunk) = chunk.filter(|&c| self.can(F, c, r)) else {
                     continue;
                 };
-                while self.stash[r] >= self.cap {
+                while self.stash[r] >= self.cap[r] {
                     self.put_w(r)?;
                 }
                 self.fill(F, chunk, r, fill_f)?;
@@ -380,12 +381,31 @@ pub fn zb_v_greedy(
     fill_b: bool,
     fill_f: bool,
 ) -> Option<Schedule> {
+    zb_v_greedy_caps(
+        ranks,
+        microbatches,
+        costs,
+        &vec![cap; ranks],
+        fill_b,
+        fill_f,
+    )
+}
+
+/// [`zb_v_greedy`] with a cap of chunk activations per rank (`caps[r]`).
+pub fn zb_v_greedy_caps(
+    ranks: usize,
+    microbatches: usize,
+    costs: &CostTable,
+    caps: &[usize],
+    fill_b: bool,
+    fill_f: bool,
+) -> Option<Schedule> {
     let (p, m) = (ranks, microbatches);
-    if p == 0 || m == 0 || costs.stages.len() != 2 * p {
+    if p == 0 || m == 0 || costs.stages.len() != 2 * p || caps.len() != p {
         return None;
     }
     let run = |approved: Option<(Vec<f64>, f64)>| -> Option<(Vec<Vec<Action>>, Vec<f64>)> {
-        let mut b = Build::new(p, m, costs, cap);
+        let mut b = Build::new(p, m, costs, caps.to_vec());
         b.approved = approved;
         b.warm_up().ok()?;
         b.steady(fill_b, fill_f).ok()?;
@@ -433,8 +453,8 @@ pub fn even_costs(costs: &CostTable) -> CostTable {
 
 /// ZB-V for these costs: the fastest under the simulator of the construction
 /// ([`super::generators::zb_v`], with its `W`s moved into idle time when that is faster)
-/// and the four [`zb_v_greedy`] variants built at [`even_costs`], all within `cap` chunk activations per rank
-/// (`2·ranks`: 1F1B's count).
+/// and the four [`zb_v_greedy`] variants built at [`even_costs`], all within `cap` chunk
+/// activations per rank (`2·ranks`: 1F1B's count) and the construction's peak memory.
 pub fn zb_v_measured(ranks: usize, microbatches: usize, costs: &CostTable, cap: usize) -> Schedule {
     let base = super::generators::better_with_filled_w(
         super::generators::zb_v(ranks, microbatches),
@@ -444,20 +464,30 @@ pub fn zb_v_measured(ranks: usize, microbatches: usize, costs: &CostTable, cap: 
     let Ok(base_report) = simulate(&base, costs) else {
         return base;
     };
+    // No more memory than the construction: no rank holds more chunk activations than it
+    // does there (with fewer micro-batches than `2p`, fewer than `cap`), and no more bytes.
+    let budget = base_report.peak_memory.iter().copied().fold(0.0, f64::max);
+    let caps: Vec<usize> = match simulate(&super::generators::zb_v(ranks, microbatches), costs) {
+        Ok(r) => r.peak_stash.iter().map(|&n| n.min(cap)).collect(),
+        Err(_) => return base,
+    };
     let mut best = (base_report.makespan, base);
     let even = even_costs(costs);
     for fill_b in [true, false] {
         for fill_f in [true, false] {
-            let Some(s) = zb_v_greedy(ranks, microbatches, &even, cap, fill_b, fill_f) else {
+            let Some(s) = zb_v_greedy_caps(ranks, microbatches, &even, &caps, fill_b, fill_f)
+            else {
                 continue;
             };
             if super::validate(&super::generators::insert_communication(&s)).is_err() {
                 continue;
             }
-            if let Ok(r) = simulate(&s, costs) {
-                if r.makespan < best.0 * (1.0 - 1e-12) {
-                    best = (r.makespan, s);
-                }
+            let Ok(r) = simulate(&s, costs) else {
+                continue;
+            };
+            let peak = r.peak_memory.iter().copied().fold(0.0, f64::max);
+            if peak <= budget * (1.0 + 1e-9) && r.makespan < best.0 * (1.0 - 1e-12) {
+                best = (r.makespan, s);
             }
         }
     }
