@@ -458,6 +458,18 @@ impl Module {
     pub fn function_mut(&mut self, name: &str) -> Option<&mut Function> {
         self.functions.iter_mut().find(|f| f.name == name)
     }
+
+    /// A copy of the functions without the weights' values, for analyses that transform
+    /// the program (autodiff for costs, the stash model) and never read a weight: copying a
+    /// large model's weights costs more than the analysis. The verifier then checks the
+    /// weights' types across functions instead of against the values.
+    pub fn clone_without_weights(&self) -> Module {
+        Module {
+            name: self.name.clone(),
+            functions: self.functions.clone(),
+            weights: BTreeMap::new(),
+        }
+    }
 }
 
 impl fmt::Display for Module {

@@ -693,7 +693,7 @@ fn stash_model(
     o: &PlannerOptions,
     part: &Partition,
 ) -> Result<StashModel, PassError> {
-    let mut copy = m.clone();
+    let mut copy = m.clone_without_weights();
     apply(&mut copy, &o.function, part)?;
     let mut ad = o.autodiff.clone();
     ad.function = o.function.clone();

@@ -67,7 +67,7 @@ pub fn attribute_costs(
     profile: &DeviceProfile,
     timer: Option<&super::OpTimer>,
 ) -> Result<Vec<Cost>, PassError> {
-    let mut copy = m.clone();
+    let mut copy = m.clone_without_weights();
     let f = copy
         .function_mut(main)
         .ok_or_else(|| fail(format!("the module has no @{main}")))?;
