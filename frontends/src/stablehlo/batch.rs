@@ -419,13 +419,7 @@ fn flatten(
             subst.insert(res.clone(), v.clone());
         }
     }
-    Err(StableHloError {
-        kind: ErrorKind::Invalid,
-        file: String::new(),
-        pos: None,
-        op: None,
-        message: "a block does not end with a return".into(),
-    })
+    Err(StableHloError::missing_return())
 }
 
 /// Unify `slots` of sizes `a` and `b` when both are that size (a size-1 dim broadcasting

@@ -447,13 +447,7 @@ impl<'a> Lowerer<'a> {
                 env.insert(name.clone(), v);
             }
         }
-        Err(StableHloError {
-            kind: ErrorKind::Invalid,
-            file: String::new(),
-            pos: None,
-            op: None,
-            message: "a block does not end with a return".into(),
-        })
+        Err(StableHloError::missing_return())
     }
 
     fn attr<'o>(&self, op: &'o Op, h: &Here, name: &str) -> R<&'o AVal> {

@@ -113,6 +113,17 @@ impl StableHloError {
         }
     }
 
+    /// A region whose block has no `return` (the parser accepts it; lowering cannot).
+    pub(crate) fn missing_return() -> Self {
+        StableHloError {
+            kind: ErrorKind::Invalid,
+            file: String::new(),
+            pos: None,
+            op: None,
+            message: "a block does not end with a return".into(),
+        }
+    }
+
     pub(crate) fn at(kind: ErrorKind, pos: Pos, op: &str, message: impl Into<String>) -> Self {
         StableHloError {
             kind,

@@ -46,6 +46,11 @@ pub(super) fn known(d: Dim, what: &str) -> R<usize> {
     }
 }
 
+/// Known sizes of every dimension, or an error naming the input.
+pub(super) fn known_dims(dims: &[Dim], what: &str) -> R<Vec<usize>> {
+    dims.iter().map(|&d| known(d, what)).collect()
+}
+
 /// A reshape target from dimensions: the symbolic batch size becomes -1.
 pub(super) fn reshape_spec(dims: &[Dim]) -> R<Vec<i64>> {
     let spec: Vec<i64> = dims

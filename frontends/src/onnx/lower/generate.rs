@@ -13,7 +13,7 @@ use super::super::attrs::NodeAttrs;
 use super::super::import::{invalid, Importer, Val, R};
 use super::super::proto::NodeProto;
 use super::super::tensor::dtype_from_onnx;
-use super::attention::known;
+use super::attention::{known, known_dims};
 use super::{norm_axis, OrInvalid};
 
 /// The largest constant these ops build (elements).
@@ -32,11 +32,7 @@ impl Importer<'_> {
     pub(super) fn lower_eye_like(&mut self, node: &NodeProto, a: &NodeAttrs) -> R<Val> {
         let x = self.req(node, 0)?;
         let xt = self.ty(&x)?;
-        let dims = xt
-            .dims
-            .iter()
-            .map(|&d| known(d, "a dimension of the input"))
-            .collect::<R<Vec<_>>>()?;
+        let dims = known_dims(&xt.dims, "a dimension of the input")?;
         let (rows, cols) = match dims[..] {
             [n] => (n, n),
             [r, c] => (r, c),

@@ -25,7 +25,7 @@ use ppir::{Attrs, DType, Dim, OpKind, Tensor};
 use super::super::attrs::NodeAttrs;
 use super::super::import::{invalid, unsupported, Fail, Importer, Val, BATCH_NEEDED, R};
 use super::super::proto::NodeProto;
-use super::attention::known;
+use super::attention::{known, known_dims};
 use super::{norm_axis, OrInvalid};
 
 use OpKind as K;
@@ -246,10 +246,7 @@ impl Importer<'_> {
         }
         axes.sort_unstable();
         axes.dedup();
-        let sizes = dims
-            .iter()
-            .map(|&d| known(d, "a dimension of ReduceProd's input"))
-            .collect::<R<Vec<_>>>()?;
+        let sizes = known_dims(&dims, "a dimension of ReduceProd's input")?;
         let kept: Vec<usize> = (0..rank).filter(|i| !axes.contains(i)).collect();
         let mut perm: Vec<i64> = kept.iter().map(|&i| i as i64).collect();
         perm.extend(axes.iter().map(|&i| i as i64));

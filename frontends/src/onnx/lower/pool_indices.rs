@@ -19,7 +19,7 @@ use ppir::{Attrs, DType, OpKind, Tensor};
 use super::super::attrs::NodeAttrs;
 use super::super::import::{invalid, unsupported, Importer, Val, R};
 use super::super::proto::NodeProto;
-use super::attention::known;
+use super::attention::known_dims;
 use super::OrInvalid;
 
 /// The largest window table built at import time (output positions × kernel elements).
@@ -56,22 +56,13 @@ impl Importer<'_> {
         let (strides, pads, dilations) = self.conv_common(a, &x, &kernel)?;
         let column_major = a.int_or("storage_order", 0).inv()? != 0;
         let xt = self.ty(&x)?;
-        let dims = xt
-            .dims
-            .iter()
-            .map(|&d| known(d, "a dimension of the input"))
-            .collect::<R<Vec<_>>>()?;
+        let dims = known_dims(&xt.dims, "a dimension of the input")?;
         let nsp = kernel.len();
         if dims.len() != nsp + 2 {
             invalid!("the input must have rank {}, not {xt}", nsp + 2);
         }
         let (n, c, spatial) = (dims[0], dims[1], &dims[2..]);
-        let out_dims = self
-            .ty(&y)?
-            .dims
-            .iter()
-            .map(|&d| known(d, "a dimension of the result"))
-            .collect::<R<Vec<_>>>()?;
+        let out_dims = known_dims(&self.ty(&y)?.dims, "a dimension of the result")?;
         let out_sp = &out_dims[2..];
         let kdims: Vec<usize> = kernel.iter().map(|&k| k.max(0) as usize).collect();
         let s: usize = spatial.iter().product();
@@ -181,11 +172,7 @@ impl Importer<'_> {
         if it.dtype.is_float() || it.dims != xt.dims {
             invalid!("the indices must be integers of X's shape {xt}, not {it}");
         }
-        let dims = xt
-            .dims
-            .iter()
-            .map(|&d| known(d, "a dimension of X"))
-            .collect::<R<Vec<_>>>()?;
+        let dims = known_dims(&xt.dims, "a dimension of X")?;
         if dims.len() != nsp + 2 {
             invalid!("X must have rank {}, not {xt}", nsp + 2);
         }

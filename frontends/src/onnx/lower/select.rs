@@ -18,7 +18,7 @@ use ppir::{Attrs, DType, Dim, OpKind, Tensor};
 use super::super::attrs::NodeAttrs;
 use super::super::import::{invalid, scalar, unsupported, Importer, Val, R};
 use super::super::proto::NodeProto;
-use super::attention::{known, reshape_spec};
+use super::attention::{known, known_dims, reshape_spec};
 use super::{norm_axis, OrInvalid};
 
 /// The most gathered elements one scatter with a reduction may unroll into (repeated
@@ -27,11 +27,6 @@ const MAX_SCATTER_ELEMENTS: usize = 1 << 26;
 
 /// The largest `K` a `TopK` is unrolled for (a few ops per selected element).
 const MAX_TOP_K: usize = 256;
-
-/// Known sizes of every dimension, or an error naming the input.
-fn known_dims(dims: &[Dim], what: &str) -> R<Vec<usize>> {
-    dims.iter().map(|&d| known(d, what)).collect()
-}
 
 /// Row-major strides of `shape`.
 fn strides(shape: &[usize]) -> Vec<usize> {
