@@ -13,6 +13,8 @@
 # 2. Each PTX file assembled by ptxas (when on PATH) for the architecture it was written for.
 # 3. Benchmarks: two generated models (a GPT and a two-tower MLP), time per step on the GPU
 #    and on this machine's CPU, and the cost model's h100 prediction.
+# 4. With 2 GPUs or more: the 2-stage GPT again with its tensors over NCCL (--nccl), whose
+#    losses must equal the CPU run's too.
 set -u
 PPCC=${1:-target/release/ppcc}
 OUT=${2:-target/gpu-check}
@@ -108,6 +110,17 @@ for (m, k, n) in [(64, 1536, 1536), (2048, 256, 1024), (4096, 4096, 4096)]:
     torch.cuda.synchronize(); dt = (time.perf_counter() - t) / r
     print(f"cuBLAS (torch) f32 GEMM {m}x{k}x{n}: {2*m*k*n/dt/1e12:.1f} TFLOP/s")
 EOF
+fi
+say ""
+say "## 4. NCCL between GPUs (--nccl; needs 2 GPUs)"
+ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+if [ "$ngpu" -ge 2 ] && [ -d "$W/gpt_cuda" ]; then
+  timeout 300 "$PPCC" run "$W/gpt_cuda" --steps 10 --nccl >"$OUT/gpt_nccl.run.log" 2>&1 \
+    || { say "gpt: run --nccl FAILED:"; tail -5 "$OUT/gpt_nccl.run.log" | tee -a "$OUT/summary.txt"; fail=1; }
+  compare "gpt --nccl" "$OUT/gpt_nccl.run.log" "$OUT/gpt_cpu.run.log" || fail=1
+  say "   step time: --nccl $(step_time "$OUT/gpt_nccl.run.log"), without $(step_time "$OUT/gpt_cuda.run.log")"
+else
+  say "$ngpu GPU(s): skipped (NCCL puts each device on its own GPU)"
 fi
 rm -rf "$W"
 say ""

@@ -65,6 +65,15 @@ pub struct RunArgs {
     /// How devices talk.
     #[arg(long, value_enum, default_value_t = Transport::Local)]
     pub transport: Transport,
+    /// Move the tensors that stages send each other over NCCL, GPU to GPU (a plan compiled
+    /// with --target cuda; one GPU per device). --transport still says threads or MPI
+    /// processes, and carries NCCL's set-up, the message headers and the gradient
+    /// all-reduces. The library is loaded at run time: libnccl.so.2, or PPCC_NCCL_LIB.
+    #[arg(long)]
+    pub nccl: bool,
+    /// Test hook: frame the tensors as --nccl does, over memory (threads only).
+    #[arg(long, hide = true, conflicts_with = "nccl")]
+    pub test_link: bool,
     /// Write a Chrome/Perfetto trace of what ran (one lane per device).
     #[arg(long, value_name = "FILE.json")]
     pub trace: Option<PathBuf>,
@@ -114,6 +123,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         data: a.data,
         seed: a.seed,
         transport: a.transport,
+        nccl: a.nccl,
+        test_link: a.test_link,
         trace: a.trace,
         checkpoint_dir: a.checkpoint_dir,
         checkpoint_every: a.checkpoint_every,

@@ -124,15 +124,20 @@ fn a_cuda_plan_without_a_gpu_stops_with_a_clear_error() {
         &dir,
         &["--stages", "2", "--target", "cuda"],
     );
-    let out = ppcc(&["run", dir.to_str().unwrap(), "--steps", "1"]);
-    assert!(!out.ok, "{}", out.stdout);
-    assert!(
-        out.stderr
-            .contains("CUDA driver library (libcuda.so.1) cannot be loaded"),
-        "{}",
-        out.stderr
-    );
-    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    // With tensors over NCCL too: the missing driver is what is named.
+    for extra in [&[][..], &["--nccl"][..]] {
+        let mut args = vec!["run", dir.to_str().unwrap(), "--steps", "1"];
+        args.extend_from_slice(extra);
+        let out = ppcc(&args);
+        assert!(!out.ok, "{extra:?}: {}", out.stdout);
+        assert!(
+            out.stderr
+                .contains("CUDA driver library (libcuda.so.1) cannot be loaded"),
+            "{extra:?}: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -116,6 +116,59 @@ fn gpt_run_equals_train() {
     matches_train("examples/gpt.onnx", &["--microbatches", "1"]);
 }
 
+/// `--test-link`: the framing that `--nccl` uses (payloads over an ordered byte link,
+/// headers over the transport, messages kept until asked for), over memory, trains with
+/// exactly the losses of the plain transport: a stage DAG, a V schedule whose neighbours
+/// send both ways, and a chain; `--nccl` on a CPU plan is refused.
+#[test]
+fn framed_links_train_like_the_plain_transport() {
+    let cases: [(&str, &[&str]); 3] = [
+        (
+            "examples/two_tower.onnx",
+            &["--stages", "3", "--microbatches", "4", "--loss", "mse"],
+        ),
+        (
+            "examples/mlp.onnx",
+            &[
+                "--stages",
+                "2",
+                "--schedule",
+                "zb-v",
+                "--partition",
+                "sequential",
+                "--microbatches",
+                "4",
+            ],
+        ),
+        (
+            "examples/gpt.onnx",
+            &["--stages", "3", "--schedule", "1f1b", "--microbatches", "1"],
+        ),
+    ];
+    for (model, opts) in cases {
+        let dir = tmp(&format!("framed-{}", opts.join("_")));
+        compile(model, &dir, opts);
+        let d = dir.to_str().unwrap();
+        let plain = ppcc(&["run", d, "--steps", "4"]);
+        assert!(plain.ok, "{model} {opts:?}: {}", plain.stderr);
+        let framed = ppcc(&["run", d, "--steps", "4", "--test-link"]);
+        assert!(framed.ok, "{model} {opts:?} --test-link: {}", framed.stderr);
+        let (want, got) = (losses(&plain.stdout), losses(&framed.stdout));
+        assert_eq!(want.len(), 4);
+        assert_eq!(got, want, "{model} {opts:?}: framed vs plain losses");
+        if model.contains("mlp") {
+            let out = ppcc(&["run", d, "--steps", "1", "--nccl"]);
+            assert!(!out.ok);
+            assert!(
+                out.stderr.contains("--nccl") && out.stderr.contains("--target cuda"),
+                "{}",
+                out.stderr
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// `--split`: a plan whose ops are cut into pieces (the LM head along its vocabulary or
 /// its contraction, an MLP's layers) trains like the unsplit model on one device, on the
 /// interpreter and as native code, and `--save-onnx` writes the original, joined weights.

@@ -27,6 +27,8 @@ use ppir::{Module, Tensor, TensorType};
 
 use crate::data::npz_source;
 
+mod nccl;
+
 /// How devices talk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
@@ -48,6 +50,10 @@ pub struct RunOptions {
     /// Seed of synthetic data.
     pub seed: u64,
     pub transport: Transport,
+    /// Send/recv payloads between GPUs over NCCL (CUDA plans).
+    pub nccl: bool,
+    /// Test hook: the framing of `nccl` over an in-memory link (threads only).
+    pub test_link: bool,
     /// Write a Chrome/Perfetto trace of what ran.
     pub trace: Option<PathBuf>,
     pub checkpoint_dir: Option<PathBuf>,
@@ -79,6 +85,8 @@ impl RunOptions {
             data: "synthetic".into(),
             seed: 0,
             transport: Transport::Local,
+            nccl: false,
+            test_link: false,
             trace: None,
             checkpoint_dir: None,
             checkpoint_every: None,
@@ -604,13 +612,15 @@ fn parse_fault(f: &str) -> Result<Fault> {
     })
 }
 
-/// The workers of `ranks`, with weights from the plan (or the checkpoint `resume`).
+/// The workers of `ranks`, with weights from the plan (or the checkpoint `resume`); `mpi`:
+/// this process is one of an MPI job's.
 fn build_workers(
     plan: &PlanSpec,
     ranks: &[usize],
     config: &RunConfig,
     resume: Option<&Path>,
     target: Target,
+    mpi: bool,
 ) -> Result<Vec<RankWorker>> {
     // Worker `rank` runs device `rank % devices` of replica `rank / devices`.
     let devices = plan.devices.max(1);
@@ -628,9 +638,13 @@ fn build_workers(
                 replica: rank / devices,
                 ..config.clone()
             },
+            link: None,
         });
     }
     for (wi, &rank) in ranks.iter().enumerate() {
+        // A CUDA plan: each device's stages on one GPU, the device's own (under mpirun, the
+        // process's rank on its node).
+        let gpu = if mpi { local_gpu_rank() } else { None }.unwrap_or(rank);
         for s in 0..plan.stages.len() {
             if plan.stages[s].device != rank % devices {
                 continue;
@@ -661,8 +675,10 @@ fn build_workers(
                     );
                     }
                     let bytes = plan.read_file(&so).with_context(|| format!("stage {s}"))?;
-                    let native = NativeModule::load_verified(&so, &bytes, &module, None)
-                        .with_context(|| format!("stage {s}"))?;
+                    let native = ppcc_runtime::gpu::on_device(gpu, || {
+                        NativeModule::load_verified(&so, &bytes, &module, None)
+                    })
+                    .with_context(|| format!("stage {s}"))?;
                     Box::new(NativeStage::new(module, native))
                 }
             };
@@ -671,6 +687,19 @@ fn build_workers(
         }
     }
     Ok(workers)
+}
+
+/// This process's rank among the processes on its node, where the MPI launcher says
+/// (Open MPI, MPICH/Hydra, MVAPICH, Slurm).
+fn local_gpu_rank() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
 /// A checkpoint's stage file must hold exactly the stage's weights and optimizer state,
@@ -814,7 +843,28 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
         None if plan.target == "cuda" => Target::Cuda,
         None => Target::Interp,
     };
-    let mut workers = build_workers(&plan, &ranks, &config, resume_dir.as_deref(), target)?;
+    if a.nccl && target != Target::Cuda {
+        bail!(
+            "--nccl moves tensors between GPUs: it needs a plan compiled with --target cuda (this one runs as {})",
+            target.name()
+        );
+    }
+    let mut workers = build_workers(
+        &plan,
+        &ranks,
+        &config,
+        resume_dir.as_deref(),
+        target,
+        a.transport == Transport::Mpi,
+    )?;
+    if a.nccl {
+        nccl::connect(&plan, &mut driver, &mut workers, recv_timeout)?;
+    } else if a.test_link {
+        if a.transport != Transport::Local {
+            bail!("--test-link runs with --transport local only");
+        }
+        nccl::memory_links(&plan, &mut workers)?;
+    }
     // ZeRO-1: every replica's optimizer state shards go into checkpoints.
     let sharded = plan.collectives.iter().any(|c| c.reduce_scatter);
     let leader = driver.leader();
@@ -826,7 +876,7 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
             )));
         }
         events(RunEvent::Note(format!(
-            "running {}: {} stages on {} devices{}, schedule {}, {} micro-batches of {} rows{}, transport {}",
+            "running {}: {} stages on {} devices{}, schedule {}, {} micro-batches of {} rows{}, transport {}{}",
             a.dir.display(),
             plan.stages.len(),
             plan.devices,
@@ -842,6 +892,13 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
             match a.transport {
                 Transport::Local => "local",
                 Transport::Mpi => "mpi",
+            },
+            if a.nccl {
+                ", tensors over NCCL"
+            } else if a.test_link {
+                ", tensors framed over memory (test hook)"
+            } else {
+                ""
             }
         )));
     }

@@ -645,7 +645,7 @@ pub fn search_report(plan: &Plan, memory_limit: f64) -> String {
     if let Some(r) = faster_over {
         let _ = write!(
             out,
-            "; {} would take {:.3} ms but needs {}",
+            "; {} would take {:.3} ms but needs about {} (the estimate above)",
             r.trial.name,
             r.trial.makespan * 1e3,
             human_bytes(r.trial.peak_memory)

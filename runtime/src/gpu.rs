@@ -117,7 +117,7 @@ fn describe(r: sys::CUresult) -> String {
     }
 }
 
-fn check(call: &'static str, r: sys::CUresult) -> Result<(), GpuError> {
+pub(crate) fn check(call: &'static str, r: sys::CUresult) -> Result<(), GpuError> {
     if r == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
@@ -178,6 +178,29 @@ pub fn next_device() -> Result<Arc<GpuDevice>, GpuError> {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let n = device_count()?;
     device(NEXT.fetch_add(1, Ordering::Relaxed) % n)
+}
+
+thread_local! {
+    /// The device [`on_device`] chose for the modules loaded on this thread.
+    static PREFERRED: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Run `f` (which loads stage modules) with the CUDA modules it loads placed on device
+/// `ordinal` (modulo the devices there are) rather than the next in turn: a pipeline rank's
+/// stages share its GPU.
+pub fn on_device<T>(ordinal: usize, f: impl FnOnce() -> T) -> T {
+    let before = PREFERRED.with(|p| p.replace(Some(ordinal)));
+    let r = f();
+    PREFERRED.with(|p| p.set(before));
+    r
+}
+
+/// The device for a CUDA module being loaded: [`on_device`]'s, else [`next_device`].
+pub(crate) fn device_for_module() -> Result<Arc<GpuDevice>, GpuError> {
+    match PREFERRED.with(|p| p.get()) {
+        Some(o) => device(o % device_count()?),
+        None => next_device(),
+    }
 }
 
 /// One CUDA device as the runtime uses it.

@@ -493,7 +493,7 @@ fn attach_gpu(
         path: so.to_path_buf(),
         message,
     };
-    let device = crate::gpu::next_device().map_err(|e| load_err(e.to_string()))?;
+    let device = crate::gpu::device_for_module().map_err(|e| load_err(e.to_string()))?;
     // SAFETY: `API` is a static of the layout the shim expects (checked by its version).
     if unsafe { set(&crate::gpu::API) } != 0 {
         return Err(load_err(format!(
@@ -683,6 +683,22 @@ fn bind(lib: &libloading::Library, so: &Path, f: &Function) -> Result<NativeFn, 
         recvs,
         reductions,
     })
+}
+
+/// `t` in its native byte layout (what a stage function reads), for transports that move
+/// bytes.
+pub(crate) fn tensor_bytes(t: &Tensor) -> Vec<u8> {
+    Buffer::from_tensor(t).bytes().to_vec()
+}
+
+/// The tensor of `dtype` and `shape` whose native bytes are `bytes`; `None` when the
+/// length does not match.
+pub(crate) fn tensor_from_bytes(bytes: &[u8], dtype: DType, shape: &[usize]) -> Option<Tensor> {
+    let ty = Static {
+        dtype,
+        shape: shape.to_vec(),
+    };
+    (ty.len().checked_mul(dtype.size_bytes())? == bytes.len()).then(|| Buffer::decode(bytes, &ty))
 }
 
 /// The context the generated code receives (layout: `ppcc_codegen::lower::CTX_LAYOUT`,
@@ -1121,6 +1137,10 @@ impl crate::pipeline::StageExecutable for NativeStage {
 
     fn take_temporary_peak(&mut self) -> Option<u64> {
         self.native.take_temporary_peak()
+    }
+
+    fn gpu_device(&self) -> Option<std::sync::Arc<crate::gpu::GpuDevice>> {
+        self.native.gpu().cloned()
     }
 
     fn gpu_memory(&self) -> Option<crate::pipeline::GpuMemory> {

@@ -309,6 +309,10 @@ pub trait StageExecutable: Send {
     fn gpu_memory(&self) -> Option<GpuMemory> {
         None
     }
+    /// The GPU the executable runs on; `None` for CPU executables.
+    fn gpu_device(&self) -> Option<std::sync::Arc<crate::gpu::GpuDevice>> {
+        None
+    }
 }
 
 /// Memory of one GPU, as [`StageExecutable::gpu_memory`] reports it.
@@ -585,6 +589,15 @@ pub struct RankWorker {
     pub stages: Vec<StageWorker>,
     pub actions: Vec<Action>,
     pub config: RunConfig,
+    /// Send/recv payloads to the ranks it reaches go over this link (NCCL between GPUs),
+    /// framed by the step's transport ([`crate::transport::framed`]).
+    pub link: Option<LinkSlot>,
+}
+
+/// A worker's byte link and its framing state, kept across steps.
+pub struct LinkSlot {
+    pub link: Box<dyn crate::transport::framed::Link>,
+    pub state: crate::transport::framed::FramedState,
 }
 
 /// `Comm` for one call: send/recv ops of stage `stage`, micro-batch `mb`.
@@ -916,8 +929,30 @@ impl RankWorker {
     }
 
     /// Run this device's actions of step `step` on the global batch `batch`, then the
-    /// optimizer step of each of its stages.
+    /// optimizer step of each of its stages. With a [`LinkSlot`], send/recv payloads to
+    /// the ranks the link reaches go over it, framed by `transport`.
     pub fn step(
+        &mut self,
+        step: u64,
+        batch: &Batch,
+        transport: &mut dyn Transport,
+    ) -> Result<RankReport, WorkerError> {
+        let Some(mut slot) = self.link.take() else {
+            return self.step_on(step, batch, transport);
+        };
+        let r = {
+            let mut framed = crate::transport::framed::Framed {
+                inner: transport,
+                link: slot.link.as_mut(),
+                state: &mut slot.state,
+            };
+            self.step_on(step, batch, &mut framed)
+        };
+        self.link = Some(slot);
+        r
+    }
+
+    fn step_on(
         &mut self,
         step: u64,
         batch: &Batch,

@@ -67,6 +67,7 @@ fn worker(stage: u32, exec: Option<Box<dyn StageExecutable>>, fault: Option<Faul
         stages: vec![StageWorker::new(spec(stage), exec, BTreeMap::new()).unwrap()],
         actions: vec![Action::new(ActionKind::Forward, stage as usize, 0, 0)],
         config: config(fault),
+        link: None,
     }
 }
 

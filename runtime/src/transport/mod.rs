@@ -10,14 +10,19 @@
 //!   (a mutex-protected map and a condition variable). No setup.
 //! - `mpi` (feature `mpi`): one process per rank under `mpirun`, point-to-point MPI.
 //!   `mpi::MpiTransport::init()` gives this process's endpoint (see `src/bin/mpi_pingpong.rs`).
+//! - [`framed::Framed`]: either of those with the tensors' bytes moved over a [`framed::Link`]
+//!   instead — NCCL between GPUs ([`nccl::NcclLink`], `ppcc run --nccl`) — and only small
+//!   headers over the transport.
 //!
 //! Sends never block (the sender's buffer is handed over), so communication overlaps the
 //! sender's next compute. A receive waits at most its timeout, and gives up early when
 //! another rank has failed ([`Transport::abort`]), naming what it waited for.
 
+pub mod framed;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod nccl;
 
 use std::time::Duration;
 
