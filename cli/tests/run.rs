@@ -156,6 +156,15 @@ fn framed_links_train_like_the_plain_transport() {
         let (want, got) = (losses(&plain.stdout), losses(&framed.stdout));
         assert_eq!(want.len(), 4);
         assert_eq!(got, want, "{model} {opts:?}: framed vs plain losses");
+        if model.contains("two_tower") {
+            // The interpreter passes tensors, not native bytes: the other way in.
+            let args = ["run", d, "--steps", "4", "--target", "interp"];
+            let plain = ppcc(&args);
+            assert!(plain.ok, "{}", plain.stderr);
+            let framed = ppcc(&[&args[..], &["--test-link"]].concat());
+            assert!(framed.ok, "{}", framed.stderr);
+            assert_eq!(losses(&framed.stdout), losses(&plain.stdout), "interp");
+        }
         if model.contains("mlp") {
             let out = ppcc(&["run", d, "--steps", "1", "--nccl"]);
             assert!(!out.ok);

@@ -749,7 +749,14 @@ extern "C" fn send_cb(ctx: *mut Ctx, peer: i64, channel: i64, data: *mut u8) -> 
             .comm
             .as_deref_mut()
             .ok_or(CallbackError::NoTransport { sending: true })?;
-        // SAFETY: `data` is the dense buffer of the send's operand, of type `ty`.
+        let n = ty.len() * ty.dtype.size_bytes();
+        // SAFETY: `data` is the dense buffer of the send's operand, of type `ty` (`n`
+        // bytes), which the generated code does not touch during the call.
+        let bytes = unsafe { std::slice::from_raw_parts(data as *const u8, n) };
+        if let Some(r) = comm.send_bytes(peer as u32, channel, ty.dtype, &ty.shape, bytes) {
+            return Ok(r?);
+        }
+        // SAFETY: as above.
         let t = unsafe { Buffer::read_raw(data, ty) };
         Ok(comm.send(peer as u32, channel, t)?)
     })
@@ -766,6 +773,15 @@ extern "C" fn recv_cb(ctx: *mut Ctx, peer: i64, channel: i64, data: *mut u8) -> 
             .comm
             .as_deref_mut()
             .ok_or(CallbackError::NoTransport { sending: false })?;
+        let n = want.len() * want.dtype.size_bytes();
+        {
+            // SAFETY: `data` is a fresh buffer of `want`'s size in bytes, which the
+            // generated code does not touch during the call.
+            let out = unsafe { std::slice::from_raw_parts_mut(data, n) };
+            if let Some(r) = comm.recv_bytes(peer as u32, channel, ty, out) {
+                return Ok(r?);
+            }
+        }
         let t = comm.recv(peer as u32, channel, ty)?;
         if t.dtype != want.dtype || t.shape != want.shape {
             return Err(CommError::Mismatch {

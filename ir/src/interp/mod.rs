@@ -81,6 +81,33 @@ pub trait Comm {
     fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError>;
     /// Receive a tensor of type `ty` (its `?` dimensions are whatever the sender sent).
     fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, CommError>;
+    /// [`Comm::send`] of a tensor given as the dense native bytes that generated code holds
+    /// (`dtype`, `shape`), so a transport can move them without converting them (from GPU
+    /// memory to GPU memory, say); `None` when this communicator takes tensors only (the
+    /// caller converts and calls `send`).
+    fn send_bytes(
+        &mut self,
+        peer: u32,
+        channel: i64,
+        dtype: crate::DType,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Option<Result<(), CommError>> {
+        let _ = (peer, channel, dtype, shape, bytes);
+        None
+    }
+    /// [`Comm::recv`] into `out`, the dense native bytes of a tensor of the static type
+    /// `ty`; `None` when this communicator gives tensors only.
+    fn recv_bytes(
+        &mut self,
+        peer: u32,
+        channel: i64,
+        ty: &TensorType,
+        out: &mut [u8],
+    ) -> Option<Result<(), CommError>> {
+        let _ = (peer, channel, ty, out);
+        None
+    }
     /// The sum of `t` over the participants of an `all_reduce` op (see
     /// [`AllReduceAttrs`]). The default: a communicator without collectives.
     fn all_reduce(&mut self, op: &AllReduceAttrs, t: Tensor) -> Result<Tensor, CommError> {

@@ -655,6 +655,62 @@ impl Comm for CallComm<'_> {
             .map_err(|e| self.comm_error(peer, channel, e))
     }
 
+    fn send_bytes(
+        &mut self,
+        peer: u32,
+        channel: i64,
+        dtype: ppir::DType,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Option<Result<(), CommError>> {
+        let Some(to_rank) = self.config.rank(self.config.replica, peer) else {
+            return Some(Err(CommError::UnknownStage {
+                peer,
+                sending: true,
+            }));
+        };
+        let tag = Tag {
+            from: self.stage,
+            to: peer,
+            channel,
+            micro_batch: self.mb,
+            step: self.step,
+        };
+        Some(
+            self.transport
+                .send_bytes(to_rank, tag, dtype, shape, bytes)
+                .map_err(|e| self.comm_error(peer, channel, e)),
+        )
+    }
+
+    fn recv_bytes(
+        &mut self,
+        peer: u32,
+        channel: i64,
+        ty: &TensorType,
+        out: &mut [u8],
+    ) -> Option<Result<(), CommError>> {
+        let Some(from_rank) = self.config.rank(self.config.replica, peer) else {
+            return Some(Err(CommError::UnknownStage {
+                peer,
+                sending: false,
+            }));
+        };
+        let tag = Tag {
+            from: peer,
+            to: self.stage,
+            channel,
+            micro_batch: self.mb,
+            step: self.step,
+        };
+        let t0 = Instant::now();
+        let r = self
+            .transport
+            .recv_bytes(from_rank, tag, ty, self.config.recv_timeout, out);
+        self.waiting += t0.elapsed();
+        Some(r.map_err(|e| self.comm_error(peer, channel, e)))
+    }
+
     fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, CommError> {
         let from_rank =
             self.config

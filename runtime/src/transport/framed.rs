@@ -24,25 +24,69 @@ use super::{check_type, PendingReduce, Tag, Transport, TransportError};
 
 /// An ordered byte pipe to some peers.
 pub trait Link: Send {
-    /// What the link is, for messages (`NCCL 2.21.5 on GPU 0`).
+    /// What the link is, for messages (`NCCL (libnccl.so.2) on GPU 0 of rank 1`).
     fn describe(&self) -> String;
     /// Whether messages to `rank` go over the link.
     fn sends_to(&self, rank: usize) -> bool;
     /// Whether messages from `rank` come over the link.
     fn receives_from(&self, rank: usize) -> bool;
-    /// Queue `bytes` for `to` and return without waiting for the receiver; messages to one
-    /// peer arrive in the order sent.
-    fn send(&mut self, to: usize, bytes: Vec<u8>) -> Result<(), TransportError>;
-    /// The next message from `from`, which has `len` bytes; `None` when `deadline` passes
-    /// first (the link is unusable after that).
+    /// Queue a copy of `bytes` for `to` and return without waiting for the receiver;
+    /// messages to one peer arrive in the order sent. `bytes` may be a stage function's
+    /// buffer (GPU memory in a CUDA plan): the link copies it before it returns.
+    fn send(&mut self, to: usize, bytes: &[u8]) -> Result<(), TransportError>;
+    /// The next message from `from`, which has `len` bytes, held by the link (on the GPU,
+    /// for NCCL) until copied out; `None` when `deadline` passes first (the link is
+    /// unusable after that).
     fn recv(
         &mut self,
         from: usize,
         len: usize,
         deadline: Instant,
-    ) -> Result<Option<Vec<u8>>, TransportError>;
+    ) -> Result<Option<Box<dyn Held>>, TransportError>;
     /// Give up every transfer in flight (a rank failed).
     fn abort(&mut self);
+}
+
+/// A message a [`Link`] received, where the link keeps it.
+pub trait Held: Send {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copy it into `out` (of its length): a stage function's buffer, GPU memory in a CUDA
+    /// plan.
+    fn copy_to(&self, out: &mut [u8]) -> Result<(), TransportError>;
+    /// Its bytes in host memory.
+    fn to_vec(&self) -> Result<Vec<u8>, TransportError>;
+}
+
+impl Held for Vec<u8> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn copy_to(&self, out: &mut [u8]) -> Result<(), TransportError> {
+        if out.len() != self.len() {
+            return Err(TransportError::Failed(format!(
+                "{} bytes received for a buffer of {}",
+                self.len(),
+                out.len()
+            )));
+        }
+        out.copy_from_slice(self);
+        Ok(())
+    }
+
+    fn to_vec(&self) -> Result<Vec<u8>, TransportError> {
+        Ok(self.clone())
+    }
+}
+
+/// A received message: its type and bytes.
+struct Message {
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: Box<dyn Held>,
 }
 
 /// A rank's bookkeeping of its framed messages, kept across steps.
@@ -52,7 +96,7 @@ pub struct FramedState {
     sent: HashMap<usize, u64>,
     read: HashMap<usize, u64>,
     /// Messages that arrived before they were asked for, by sender and tag.
-    early: HashMap<(usize, Tag), Tensor>,
+    early: HashMap<(usize, Tag), Message>,
 }
 
 impl FramedState {
@@ -89,24 +133,24 @@ fn header_tag(from: usize, to: usize, seq: u64) -> Tag {
     }
 }
 
-fn encode_header(tag: &Tag, t: &Tensor) -> Result<Tensor, TransportError> {
-    if t.shape.len() > MAX_DIMS {
+fn encode_header(tag: &Tag, dtype: DType, shape: &[usize]) -> Result<Tensor, TransportError> {
+    if shape.len() > MAX_DIMS {
         return Err(TransportError::Failed(format!(
             "{tag}: a tensor of {} dimensions; the GPU link's header holds at most {MAX_DIMS}",
-            t.shape.len()
+            shape.len()
         )));
     }
-    let dtype = DType::ALL.iter().position(|&d| d == t.dtype).unwrap_or(0);
+    let code = DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0);
     let mut h = vec![
         tag.from as i64,
         tag.to as i64,
         tag.channel,
         tag.micro_batch as i64,
         tag.step as i64,
-        dtype as i64,
-        t.shape.len() as i64,
+        code as i64,
+        shape.len() as i64,
     ];
-    h.extend(t.shape.iter().map(|&d| d as i64));
+    h.extend(shape.iter().map(|&d| d as i64));
     h.resize(HEADER, 0);
     Ok(Tensor::from_i64(DType::I64, vec![HEADER], h))
 }
@@ -133,41 +177,17 @@ fn decode_header(h: &Tensor) -> Option<(Tag, DType, Vec<usize>)> {
     Some((tag, dtype, shape))
 }
 
-impl Transport for Framed<'_> {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-
-    fn send(&mut self, to_rank: usize, tag: Tag, t: Tensor) -> Result<(), TransportError> {
-        if !self.link.sends_to(to_rank) {
-            return self.inner.send(to_rank, tag, t);
-        }
-        let header = encode_header(&tag, &t)?;
-        self.link.send(to_rank, crate::native::tensor_bytes(&t))?;
-        let me = self.inner.rank();
-        let seq = self.state.sent.entry(to_rank).or_insert(0);
-        let h = header_tag(me, to_rank, *seq);
-        *seq += 1;
-        self.inner.send(to_rank, h, header)
-    }
-
-    fn recv(
+impl Framed<'_> {
+    /// The message `tag` from `from_rank`: kept from before, or read off the link after the
+    /// ones that came first (see the module comment).
+    fn message(
         &mut self,
         from_rank: usize,
         tag: Tag,
-        ty: &TensorType,
         timeout: Duration,
-    ) -> Result<Tensor, TransportError> {
-        if !self.link.receives_from(from_rank) {
-            return self.inner.recv(from_rank, tag, ty, timeout);
-        }
-        if let Some(t) = self.state.early.remove(&(from_rank, tag)) {
-            check_type(&tag, &t, ty)?;
-            return Ok(t);
+    ) -> Result<Message, TransportError> {
+        if let Some(m) = self.state.early.remove(&(from_rank, tag)) {
+            return Ok(m);
         }
         let me = self.inner.rank();
         let start = Instant::now();
@@ -204,19 +224,130 @@ impl Transport for Framed<'_> {
             let Some(bytes) = self.link.recv(from_rank, len, deadline)? else {
                 return Err(timed_out());
             };
-            let t = crate::native::tensor_from_bytes(&bytes, dtype, &shape).ok_or_else(|| {
-                TransportError::Failed(format!(
+            if bytes.len() != len {
+                return Err(TransportError::Failed(format!(
                     "{got}: {} bytes came over {}, {len} expected",
                     bytes.len(),
                     self.link.describe()
+                )));
+            }
+            let m = Message {
+                dtype,
+                shape,
+                bytes,
+            };
+            if got == tag {
+                return Ok(m);
+            }
+            self.state.early.insert((from_rank, got), m);
+        }
+    }
+}
+
+impl Transport for Framed<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn send(&mut self, to_rank: usize, tag: Tag, t: Tensor) -> Result<(), TransportError> {
+        if !self.link.sends_to(to_rank) {
+            return self.inner.send(to_rank, tag, t);
+        }
+        let bytes = crate::native::tensor_bytes(&t);
+        self.send_bytes(to_rank, tag, t.dtype, &t.shape, &bytes)
+    }
+
+    fn send_bytes(
+        &mut self,
+        to_rank: usize,
+        tag: Tag,
+        dtype: DType,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        if !self.link.sends_to(to_rank) {
+            let t = crate::native::tensor_from_bytes(bytes, dtype, shape).ok_or_else(|| {
+                TransportError::Failed(format!(
+                    "{tag}: {} bytes do not hold a {dtype} tensor of shape {shape:?}",
+                    bytes.len()
                 ))
             })?;
-            if got == tag {
-                check_type(&tag, &t, ty)?;
-                return Ok(t);
-            }
-            self.state.early.insert((from_rank, got), t);
+            return self.inner.send(to_rank, tag, t);
         }
+        let header = encode_header(&tag, dtype, shape)?;
+        self.link.send(to_rank, bytes)?;
+        let me = self.inner.rank();
+        let seq = self.state.sent.entry(to_rank).or_insert(0);
+        let h = header_tag(me, to_rank, *seq);
+        *seq += 1;
+        self.inner.send(to_rank, h, header)
+    }
+
+    fn recv(
+        &mut self,
+        from_rank: usize,
+        tag: Tag,
+        ty: &TensorType,
+        timeout: Duration,
+    ) -> Result<Tensor, TransportError> {
+        if !self.link.receives_from(from_rank) {
+            return self.inner.recv(from_rank, tag, ty, timeout);
+        }
+        let m = self.message(from_rank, tag, timeout)?;
+        let bytes = m.bytes.to_vec()?;
+        let t = crate::native::tensor_from_bytes(&bytes, m.dtype, &m.shape).ok_or_else(|| {
+            TransportError::Failed(format!(
+                "{tag}: {} bytes do not hold a {} tensor of shape {:?}",
+                bytes.len(),
+                m.dtype,
+                m.shape
+            ))
+        })?;
+        check_type(&tag, &t, ty)?;
+        Ok(t)
+    }
+
+    fn recv_bytes(
+        &mut self,
+        from_rank: usize,
+        tag: Tag,
+        ty: &TensorType,
+        timeout: Duration,
+        out: &mut [u8],
+    ) -> Result<(), TransportError> {
+        if !self.link.receives_from(from_rank) {
+            let t = self.inner.recv(from_rank, tag, ty, timeout)?;
+            let b = crate::native::tensor_bytes(&t);
+            if b.len() != out.len() {
+                return Err(TransportError::Failed(format!(
+                    "{tag}: received {} bytes, the receiving buffer has {}",
+                    b.len(),
+                    out.len()
+                )));
+            }
+            out.copy_from_slice(&b);
+            return Ok(());
+        }
+        let m = self.message(from_rank, tag, timeout)?;
+        let same = m.dtype == ty.dtype
+            && m.shape.len() == ty.dims.len()
+            && m.shape
+                .iter()
+                .zip(&ty.dims)
+                .all(|(&n, d)| d.known().is_none_or(|k| k == n as u64));
+        if !same || m.bytes.len() != out.len() {
+            return Err(TransportError::Failed(format!(
+                "{tag}: received {} {:?}, expected {ty}",
+                m.dtype, m.shape
+            )));
+        }
+        m.bytes
+            .copy_to(out)
+            .map_err(|e| TransportError::Failed(format!("{tag}: {e}")))
     }
 
     fn abort(&mut self, reason: &str) {
@@ -322,13 +453,15 @@ impl Link for MemoryLink {
         self.from.contains(&rank)
     }
 
-    fn send(&mut self, to: usize, bytes: Vec<u8>) -> Result<(), TransportError> {
+    fn send(&mut self, to: usize, bytes: &[u8]) -> Result<(), TransportError> {
         let mut q = self
             .pipes
             .queues
             .lock()
             .map_err(|_| TransportError::Failed("the in-memory link is poisoned".into()))?;
-        q.entry((self.me, to)).or_default().push_back(bytes);
+        q.entry((self.me, to))
+            .or_default()
+            .push_back(bytes.to_vec());
         self.pipes.arrived.notify_all();
         Ok(())
     }
@@ -338,12 +471,12 @@ impl Link for MemoryLink {
         from: usize,
         _len: usize,
         deadline: Instant,
-    ) -> Result<Option<Vec<u8>>, TransportError> {
+    ) -> Result<Option<Box<dyn Held>>, TransportError> {
         let poisoned = |_| TransportError::Failed("the in-memory link is poisoned".into());
         let mut q = self.pipes.queues.lock().map_err(poisoned)?;
         loop {
             if let Some(b) = q.get_mut(&(from, self.me)).and_then(|v| v.pop_front()) {
-                return Ok(Some(b));
+                return Ok(Some(Box::new(b)));
             }
             let now = Instant::now();
             if now >= deadline {

@@ -82,6 +82,47 @@ pub trait Transport: Send {
         ty: &TensorType,
         timeout: Duration,
     ) -> Result<Tensor, TransportError>;
+    /// [`Transport::send`] of a tensor given as its dense native bytes (a stage function's
+    /// buffer: GPU memory in a CUDA plan). This default decodes them and sends the tensor;
+    /// a transport that moves bytes ([`framed::Framed`]) overrides it.
+    fn send_bytes(
+        &mut self,
+        to_rank: usize,
+        tag: Tag,
+        dtype: ppir::DType,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        let t = crate::native::tensor_from_bytes(bytes, dtype, shape).ok_or_else(|| {
+            TransportError::Failed(format!(
+                "{tag}: {} bytes do not hold a {dtype} tensor of shape {shape:?}",
+                bytes.len()
+            ))
+        })?;
+        self.send(to_rank, tag, t)
+    }
+    /// [`Transport::recv`] into `out`, the dense native bytes of a tensor of the static type
+    /// `ty`. This default receives the tensor and encodes it.
+    fn recv_bytes(
+        &mut self,
+        from_rank: usize,
+        tag: Tag,
+        ty: &TensorType,
+        timeout: Duration,
+        out: &mut [u8],
+    ) -> Result<(), TransportError> {
+        let t = self.recv(from_rank, tag, ty, timeout)?;
+        let b = crate::native::tensor_bytes(&t);
+        if b.len() != out.len() {
+            return Err(TransportError::Failed(format!(
+                "{tag}: received {} bytes, the receiving buffer has {}",
+                b.len(),
+                out.len()
+            )));
+        }
+        out.copy_from_slice(&b);
+        Ok(())
+    }
     /// Tell every rank to stop (their pending and later receives fail with
     /// [`TransportError::Aborted`] carrying `reason`).
     fn abort(&mut self, reason: &str);

@@ -14,10 +14,14 @@
 //!   makes the unique id and sends it over the inner transport, then both join. Each pair's
 //!   join waits only for the two, and the order is the same everywhere, so it cannot
 //!   deadlock.
-//! - A send copies the bytes to a device buffer and posts `ncclSend` on the pair's stream,
-//!   and returns; the buffer is freed once the stream has passed it. A receive posts
-//!   `ncclRecv`, polls the stream until the data is there or its deadline passes (then the
-//!   communicators are aborted), and copies the bytes back.
+//! - A send copies the stage function's buffer (GPU memory: device to device) into a
+//!   buffer of its own on the link's copy stream, waits for that copy only, posts
+//!   `ncclSend` on the pair's stream and returns; the buffer is freed once the stream has
+//!   passed it. A receive posts `ncclRecv` into a new device buffer and polls the stream
+//!   until the data is there or its deadline passes (then the communicators are aborted);
+//!   the buffer is then copied into the receiving function's buffer, device to device, at
+//!   once or, for a message that came before the one asked for, when it is asked for.
+//!   Tensors do not cross the host.
 //!
 //! What has run where: this file has been compiled and its failure paths (no library, no
 //! GPU) tested on machines without a GPU; it has not yet run on GPUs (see BENCHMARKS.md).
@@ -30,7 +34,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use ppir::{DType, Tensor, TensorType};
 
-use super::framed::Link;
+use super::framed::{Held, Link};
 use super::{Tag, Transport, TransportError};
 use crate::gpu::GpuDevice;
 
@@ -160,8 +164,57 @@ struct Pair {
 struct InFlight {
     done: sys::CUevent,
     buffer: sys::CUdeviceptr,
-    /// The host bytes the copy reads, kept until it ran.
-    _host: Vec<u8>,
+}
+
+/// A received message in a device buffer of the link's GPU.
+struct DeviceBytes {
+    device: Arc<GpuDevice>,
+    buffer: sys::CUdeviceptr,
+    len: usize,
+}
+
+// SAFETY: a device allocation, used with the device's context current (see `NcclLink`).
+unsafe impl Send for DeviceBytes {}
+
+impl Held for DeviceBytes {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn copy_to(&self, out: &mut [u8]) -> Result<(), TransportError> {
+        if out.len() != self.len {
+            return Err(TransportError::Failed(format!(
+                "{} bytes received for a buffer of {}",
+                self.len,
+                out.len()
+            )));
+        }
+        let _on = self
+            .device
+            .enter()
+            .map_err(|e| TransportError::Failed(e.to_string()))?;
+        // SAFETY: `out` is `len` bytes of memory the driver addresses (a CUDA module's
+        // managed buffer, or host memory: unified addressing tells which); the buffer has
+        // `len` bytes.
+        cuda("cuMemcpy", unsafe {
+            sys::cuMemcpy(out.as_mut_ptr() as sys::CUdeviceptr, self.buffer, self.len)
+        })
+    }
+
+    fn to_vec(&self) -> Result<Vec<u8>, TransportError> {
+        let mut v = vec![0u8; self.len];
+        self.copy_to(&mut v)?;
+        Ok(v)
+    }
+}
+
+impl Drop for DeviceBytes {
+    fn drop(&mut self) {
+        if let Ok(_on) = self.device.enter() {
+            // SAFETY: the receive that wrote it has completed; nothing else holds it.
+            unsafe { sys::cuMemFree_v2(self.buffer) };
+        }
+    }
 }
 
 /// This rank's NCCL communicators to the ranks it exchanges messages with.
@@ -171,6 +224,8 @@ pub struct NcclLink {
     me: usize,
     to: HashMap<usize, Pair>,
     from: HashMap<usize, Pair>,
+    /// Where a send's bytes are copied into the link's buffer.
+    copy_stream: sys::CUstream,
     in_flight: Vec<InFlight>,
     /// A transfer timed out or a rank failed: the communicators are aborted.
     broken: bool,
@@ -236,12 +291,18 @@ impl NcclLink {
             .collect();
         pairs.sort_unstable();
         pairs.dedup();
+        let mut copy_stream = std::ptr::null_mut();
+        // SAFETY: creates a stream in the current context (CU_STREAM_NON_BLOCKING).
+        cuda("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut copy_stream, 1)
+        })?;
         let mut link = NcclLink {
             lib,
             device: device.clone(),
             me,
             to: HashMap::new(),
             from: HashMap::new(),
+            copy_stream,
             in_flight: vec![],
             broken: false,
         };
@@ -358,40 +419,47 @@ impl Link for NcclLink {
         self.from.contains_key(&rank)
     }
 
-    fn send(&mut self, to: usize, bytes: Vec<u8>) -> Result<(), TransportError> {
+    fn send(&mut self, to: usize, bytes: &[u8]) -> Result<(), TransportError> {
         let _on = self.enter()?;
         self.reap()?;
         let pair = self
             .to
             .get(&to)
             .ok_or_else(|| TransportError::Failed(format!("no NCCL link to rank {to}")))?;
-        let (comm, stream) = (pair.comm, pair.stream);
+        let (comm, stream, len) = (pair.comm, pair.stream, bytes.len());
         let mut buffer: sys::CUdeviceptr = 0;
         // SAFETY: allocates at least one byte; freed by `reap` or on drop.
         cuda("cuMemAlloc", unsafe {
-            sys::cuMemAlloc_v2(&mut buffer, bytes.len().max(1))
+            sys::cuMemAlloc_v2(&mut buffer, len.max(1))
         })?;
+        // The caller's buffer may be freed once this returns: copy it now (on the copy
+        // stream, so that the sends queued on the pair's stream do not hold it up).
+        // SAFETY: `bytes` is memory the driver addresses (a CUDA module's managed buffer,
+        // or host memory), `len` bytes, as is the new buffer.
+        let copied = cuda("cuMemcpyAsync", unsafe {
+            sys::cuMemcpyAsync(
+                buffer,
+                bytes.as_ptr() as sys::CUdeviceptr,
+                len,
+                self.copy_stream,
+            )
+        })
+        .and_then(|()| {
+            // SAFETY: a live stream of this context.
+            cuda("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(self.copy_stream)
+            })
+        });
+        if let Err(e) = copied {
+            // SAFETY: nothing was posted on the buffer.
+            unsafe { sys::cuMemFree_v2(buffer) };
+            return Err(e);
+        }
         let mut done = std::ptr::null_mut();
         let posted = (|| {
-            // SAFETY: `bytes` lives in the InFlight entry until the stream passed the copy.
-            cuda("cuMemcpyHtoDAsync", unsafe {
-                sys::cuMemcpyHtoDAsync_v2(
-                    buffer,
-                    bytes.as_ptr() as *const c_void,
-                    bytes.len(),
-                    stream,
-                )
-            })?;
-            // SAFETY: the buffer holds `bytes.len()` bytes, on the pair's stream.
+            // SAFETY: the buffer holds `len` bytes, on the pair's stream.
             self.lib.check("ncclSend", unsafe {
-                (self.lib.send)(
-                    buffer as *const c_void,
-                    bytes.len(),
-                    NCCL_UINT8,
-                    1,
-                    comm,
-                    stream,
-                )
+                (self.lib.send)(buffer as *const c_void, len, NCCL_UINT8, 1, comm, stream)
             })?;
             // SAFETY: makes one event (CU_EVENT_DISABLE_TIMING).
             cuda("cuEventCreate", unsafe { sys::cuEventCreate(&mut done, 2) })?;
@@ -404,11 +472,7 @@ impl Link for NcclLink {
             self.abort_all();
             return Err(e);
         }
-        self.in_flight.push(InFlight {
-            done,
-            buffer,
-            _host: bytes,
-        });
+        self.in_flight.push(InFlight { done, buffer });
         Ok(())
     }
 
@@ -417,7 +481,7 @@ impl Link for NcclLink {
         from: usize,
         len: usize,
         deadline: Instant,
-    ) -> Result<Option<Vec<u8>>, TransportError> {
+    ) -> Result<Option<Box<dyn Held>>, TransportError> {
         let _on = self.enter()?;
         self.reap()?;
         let pair = self
@@ -426,7 +490,8 @@ impl Link for NcclLink {
             .ok_or_else(|| TransportError::Failed(format!("no NCCL link from rank {from}")))?;
         let (comm, stream) = (pair.comm, pair.stream);
         let mut buffer: sys::CUdeviceptr = 0;
-        // SAFETY: allocates at least one byte, freed below (or left to a broken link).
+        // SAFETY: allocates at least one byte, owned by the returned message (or left to a
+        // broken link).
         cuda("cuMemAlloc", unsafe {
             sys::cuMemAlloc_v2(&mut buffer, len.max(1))
         })?;
@@ -460,15 +525,11 @@ impl Link for NcclLink {
             }
             std::thread::sleep(Duration::from_micros(20));
         }
-        let mut host = vec![0u8; len];
-        // SAFETY: the receive has completed; `host` has `len` bytes.
-        let copied = cuda("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(host.as_mut_ptr() as *mut c_void, buffer, len)
-        });
-        // SAFETY: nothing uses the buffer any more.
-        unsafe { sys::cuMemFree_v2(buffer) };
-        copied?;
-        Ok(Some(host))
+        Ok(Some(Box::new(DeviceBytes {
+            device: self.device.clone(),
+            buffer,
+            len,
+        })))
     }
 
     fn abort(&mut self) {
@@ -523,6 +584,8 @@ impl Drop for NcclLink {
                 sys::cuStreamDestroy_v2(p.stream);
             }
         }
+        // SAFETY: every copy on it was waited for.
+        unsafe { sys::cuStreamDestroy_v2(self.copy_stream) };
     }
 }
 

@@ -36,11 +36,9 @@ impl Link for ChannelLink {
         self.inner.receives_from(rank)
     }
 
-    fn send(&mut self, to: usize, mut bytes: Vec<u8>) -> Result<(), TransportError> {
-        if self.truncate {
-            bytes.pop();
-        }
-        self.inner.send(to, bytes)
+    fn send(&mut self, to: usize, bytes: &[u8]) -> Result<(), TransportError> {
+        let n = bytes.len() - usize::from(self.truncate && !bytes.is_empty());
+        self.inner.send(to, &bytes[..n])
     }
 
     fn recv(
@@ -48,7 +46,7 @@ impl Link for ChannelLink {
         from: usize,
         len: usize,
         deadline: Instant,
-    ) -> Result<Option<Vec<u8>>, TransportError> {
+    ) -> Result<Option<Box<dyn Held>>, TransportError> {
         self.inner.recv(from, len, deadline)
     }
 
@@ -274,14 +272,60 @@ fn headers_round_trip_and_refuse_what_they_cannot_hold() {
         micro_batch: 7,
         step: 1 << 40,
     };
-    let h = encode_header(&tg, &t).unwrap();
+    let h = encode_header(&tg, t.dtype, &t.shape).unwrap();
     assert_eq!(decode_header(&h), Some((tg, DType::F16, vec![1, 2, 3])));
     let deep = Tensor::from_f64(DType::F32, vec![1; MAX_DIMS + 1], vec![0.0]);
-    let e = encode_header(&tg, &deep).unwrap_err().to_string();
+    let e = encode_header(&tg, deep.dtype, &deep.shape)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("dimensions"), "{e}");
     let mut bad = h.clone();
     if let ppir::TensorData::Int(v) = &mut bad.data {
         v[5] = 99;
     }
     assert_eq!(decode_header(&bad), None);
+}
+
+#[test]
+fn bytes_in_and_out_in_any_order_as_stage_functions_pass_them() {
+    let net = LocalNet::new(2);
+    let pipes = Arc::new(Pipes::default());
+    let (mut l0, mut l1) = ChannelLink::pair(&pipes, 0, 1);
+    let (mut s0, mut s1) = (FramedState::default(), FramedState::default());
+    let a = Tensor::from_f32(vec![2, 2], vec![1.5, -2.0, 0.25, 8.0]);
+    let b = Tensor::from_i64(DType::I32, vec![3], vec![7, -1, 0]);
+    let mut ep0 = net.endpoint(0);
+    let mut f0 = Framed {
+        inner: &mut ep0,
+        link: &mut l0,
+        state: &mut s0,
+    };
+    for (i, t) in [&a, &b].into_iter().enumerate() {
+        let bytes = crate::native::tensor_bytes(t);
+        f0.send_bytes(1, tag(i as i64, 0), t.dtype, &t.shape, &bytes)
+            .unwrap();
+    }
+    let mut ep1 = net.endpoint(1);
+    let mut f1 = Framed {
+        inner: &mut ep1,
+        link: &mut l1,
+        state: &mut s1,
+    };
+    for (i, t) in [(1, &b), (0, &a)] {
+        let mut out = vec![0u8; crate::native::tensor_bytes(t).len()];
+        f1.recv_bytes(0, tag(i, 0), &t.tensor_type(), LONG, &mut out)
+            .unwrap();
+        assert_eq!(out, crate::native::tensor_bytes(t), "message {i}");
+    }
+    // A message of another shape than the receiving buffer's is refused, naming it.
+    let bytes = crate::native::tensor_bytes(&a);
+    f0.send_bytes(1, tag(9, 0), a.dtype, &a.shape, &bytes)
+        .unwrap();
+    let want = TensorType::of(DType::F32, &[4, 1]);
+    let mut out = vec![0u8; 16];
+    let e = f1
+        .recv_bytes(0, tag(9, 0), &want, LONG, &mut out)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("channel 9") && e.contains("expected"), "{e}");
 }
