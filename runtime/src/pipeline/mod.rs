@@ -634,22 +634,33 @@ impl CallComm<'_> {
     }
 }
 
-impl Comm for CallComm<'_> {
-    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError> {
-        let to_rank =
-            self.config
-                .rank(self.config.replica, peer)
-                .ok_or(CommError::UnknownStage {
-                    peer,
-                    sending: true,
-                })?;
+impl CallComm<'_> {
+    /// The rank of stage `peer` and the tag of this call's message to it (`sending`) or
+    /// from it.
+    fn address(&self, peer: u32, channel: i64, sending: bool) -> Result<(usize, Tag), CommError> {
+        let rank = self
+            .config
+            .rank(self.config.replica, peer)
+            .ok_or(CommError::UnknownStage { peer, sending })?;
+        let (from, to) = if sending {
+            (self.stage, peer)
+        } else {
+            (peer, self.stage)
+        };
         let tag = Tag {
-            from: self.stage,
-            to: peer,
+            from,
+            to,
             channel,
             micro_batch: self.mb,
             step: self.step,
         };
+        Ok((rank, tag))
+    }
+}
+
+impl Comm for CallComm<'_> {
+    fn send(&mut self, peer: u32, channel: i64, t: Tensor) -> Result<(), CommError> {
+        let (to_rank, tag) = self.address(peer, channel, true)?;
         self.transport
             .send(to_rank, tag, t)
             .map_err(|e| self.comm_error(peer, channel, e))
@@ -663,18 +674,9 @@ impl Comm for CallComm<'_> {
         shape: &[usize],
         bytes: &[u8],
     ) -> Option<Result<(), CommError>> {
-        let Some(to_rank) = self.config.rank(self.config.replica, peer) else {
-            return Some(Err(CommError::UnknownStage {
-                peer,
-                sending: true,
-            }));
-        };
-        let tag = Tag {
-            from: self.stage,
-            to: peer,
-            channel,
-            micro_batch: self.mb,
-            step: self.step,
+        let (to_rank, tag) = match self.address(peer, channel, true) {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
         };
         Some(
             self.transport
@@ -690,18 +692,9 @@ impl Comm for CallComm<'_> {
         ty: &TensorType,
         out: &mut [u8],
     ) -> Option<Result<(), CommError>> {
-        let Some(from_rank) = self.config.rank(self.config.replica, peer) else {
-            return Some(Err(CommError::UnknownStage {
-                peer,
-                sending: false,
-            }));
-        };
-        let tag = Tag {
-            from: peer,
-            to: self.stage,
-            channel,
-            micro_batch: self.mb,
-            step: self.step,
+        let (from_rank, tag) = match self.address(peer, channel, false) {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
         };
         let t0 = Instant::now();
         let r = self
@@ -712,20 +705,7 @@ impl Comm for CallComm<'_> {
     }
 
     fn recv(&mut self, peer: u32, channel: i64, ty: &TensorType) -> Result<Tensor, CommError> {
-        let from_rank =
-            self.config
-                .rank(self.config.replica, peer)
-                .ok_or(CommError::UnknownStage {
-                    peer,
-                    sending: false,
-                })?;
-        let tag = Tag {
-            from: peer,
-            to: self.stage,
-            channel,
-            micro_batch: self.mb,
-            step: self.step,
-        };
+        let (from_rank, tag) = self.address(peer, channel, false)?;
         let t0 = Instant::now();
         let r = self
             .transport

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use ppir::{DType, Tensor, TensorType};
 
-use super::{check_type, PendingReduce, Tag, Transport, TransportError};
+use super::{
+    check_type, tensor_into, tensor_of_bytes, PendingReduce, Tag, Transport, TransportError,
+};
 
 /// An ordered byte pipe to some peers.
 pub trait Link: Send {
@@ -270,12 +272,7 @@ impl Transport for Framed<'_> {
         bytes: &[u8],
     ) -> Result<(), TransportError> {
         if !self.link.sends_to(to_rank) {
-            let t = crate::native::tensor_from_bytes(bytes, dtype, shape).ok_or_else(|| {
-                TransportError::Failed(format!(
-                    "{tag}: {} bytes do not hold a {dtype} tensor of shape {shape:?}",
-                    bytes.len()
-                ))
-            })?;
+            let t = tensor_of_bytes(&tag, dtype, shape, bytes)?;
             return self.inner.send(to_rank, tag, t);
         }
         let header = encode_header(&tag, dtype, shape)?;
@@ -298,15 +295,7 @@ impl Transport for Framed<'_> {
             return self.inner.recv(from_rank, tag, ty, timeout);
         }
         let m = self.message(from_rank, tag, timeout)?;
-        let bytes = m.bytes.to_vec()?;
-        let t = crate::native::tensor_from_bytes(&bytes, m.dtype, &m.shape).ok_or_else(|| {
-            TransportError::Failed(format!(
-                "{tag}: {} bytes do not hold a {} tensor of shape {:?}",
-                bytes.len(),
-                m.dtype,
-                m.shape
-            ))
-        })?;
+        let t = tensor_of_bytes(&tag, m.dtype, &m.shape, &m.bytes.to_vec()?)?;
         check_type(&tag, &t, ty)?;
         Ok(t)
     }
@@ -321,16 +310,7 @@ impl Transport for Framed<'_> {
     ) -> Result<(), TransportError> {
         if !self.link.receives_from(from_rank) {
             let t = self.inner.recv(from_rank, tag, ty, timeout)?;
-            let b = crate::native::tensor_bytes(&t);
-            if b.len() != out.len() {
-                return Err(TransportError::Failed(format!(
-                    "{tag}: received {} bytes, the receiving buffer has {}",
-                    b.len(),
-                    out.len()
-                )));
-            }
-            out.copy_from_slice(&b);
-            return Ok(());
+            return tensor_into(&tag, &t, out);
         }
         let m = self.message(from_rank, tag, timeout)?;
         let same = m.dtype == ty.dtype

@@ -93,13 +93,7 @@ pub trait Transport: Send {
         shape: &[usize],
         bytes: &[u8],
     ) -> Result<(), TransportError> {
-        let t = crate::native::tensor_from_bytes(bytes, dtype, shape).ok_or_else(|| {
-            TransportError::Failed(format!(
-                "{tag}: {} bytes do not hold a {dtype} tensor of shape {shape:?}",
-                bytes.len()
-            ))
-        })?;
-        self.send(to_rank, tag, t)
+        self.send(to_rank, tag, tensor_of_bytes(&tag, dtype, shape, bytes)?)
     }
     /// [`Transport::recv`] into `out`, the dense native bytes of a tensor of the static type
     /// `ty`. This default receives the tensor and encodes it.
@@ -112,16 +106,7 @@ pub trait Transport: Send {
         out: &mut [u8],
     ) -> Result<(), TransportError> {
         let t = self.recv(from_rank, tag, ty, timeout)?;
-        let b = crate::native::tensor_bytes(&t);
-        if b.len() != out.len() {
-            return Err(TransportError::Failed(format!(
-                "{tag}: received {} bytes, the receiving buffer has {}",
-                b.len(),
-                out.len()
-            )));
-        }
-        out.copy_from_slice(&b);
-        Ok(())
+        tensor_into(&tag, &t, out)
     }
     /// Tell every rank to stop (their pending and later receives fail with
     /// [`TransportError::Aborted`] carrying `reason`).
@@ -422,6 +407,35 @@ pub fn sum_parts(parts: &[Tensor]) -> Result<Tensor, String> {
         }
     }
     Ok(out)
+}
+
+/// The tensor of `dtype` and `shape` whose dense native bytes are `bytes` (message `tag`).
+pub(crate) fn tensor_of_bytes(
+    tag: &Tag,
+    dtype: ppir::DType,
+    shape: &[usize],
+    bytes: &[u8],
+) -> Result<Tensor, TransportError> {
+    crate::native::tensor_from_bytes(bytes, dtype, shape).ok_or_else(|| {
+        TransportError::Failed(format!(
+            "{tag}: {} bytes do not hold a {dtype} tensor of shape {shape:?}",
+            bytes.len()
+        ))
+    })
+}
+
+/// `t`'s dense native bytes written to `out`, which must have their length (message `tag`).
+pub(crate) fn tensor_into(tag: &Tag, t: &Tensor, out: &mut [u8]) -> Result<(), TransportError> {
+    let b = crate::native::tensor_bytes(t);
+    if b.len() != out.len() {
+        return Err(TransportError::Failed(format!(
+            "{tag}: received {} bytes, the receiving buffer has {}",
+            b.len(),
+            out.len()
+        )));
+    }
+    out.copy_from_slice(&b);
+    Ok(())
 }
 
 /// Check that a received tensor has the receiver's dtype, rank and every known dimension.
