@@ -38,12 +38,14 @@ pub trait Link: Send {
     fn send(&mut self, to: usize, bytes: &[u8]) -> Result<(), TransportError>;
     /// The next message from `from`, which has `len` bytes, held by the link (on the GPU,
     /// for NCCL) until copied out; `None` when `deadline` passes first (the link is
-    /// unusable after that).
+    /// unusable after that). While it waits it asks `stopped` now and then, and gives up
+    /// with [`TransportError::Aborted`] once that says why the run stopped.
     fn recv(
         &mut self,
         from: usize,
         len: usize,
         deadline: Instant,
+        stopped: &dyn Fn() -> Option<String>,
     ) -> Result<Option<Box<dyn Held>>, TransportError>;
     /// Give up every transfer in flight (a rank failed).
     fn abort(&mut self);
@@ -223,7 +225,9 @@ impl Framed<'_> {
                 .ok_or_else(|| {
                     TransportError::Failed(format!("{got}: a shape of {shape:?} is too large"))
                 })?;
-            let Some(bytes) = self.link.recv(from_rank, len, deadline)? else {
+            let inner = &*self.inner;
+            let stopped = || inner.aborted();
+            let Some(bytes) = self.link.recv(from_rank, len, deadline, &stopped)? else {
                 return Err(timed_out());
             };
             if bytes.len() != len {
@@ -328,6 +332,10 @@ impl Transport for Framed<'_> {
         m.bytes
             .copy_to(out)
             .map_err(|e| TransportError::Failed(format!("{tag}: {e}")))
+    }
+
+    fn aborted(&self) -> Option<String> {
+        self.inner.aborted()
     }
 
     fn abort(&mut self, reason: &str) {
@@ -451,6 +459,7 @@ impl Link for MemoryLink {
         from: usize,
         _len: usize,
         deadline: Instant,
+        stopped: &dyn Fn() -> Option<String>,
     ) -> Result<Option<Box<dyn Held>>, TransportError> {
         let poisoned = |_| TransportError::Failed("the in-memory link is poisoned".into());
         let mut q = self.pipes.queues.lock().map_err(poisoned)?;
@@ -458,14 +467,18 @@ impl Link for MemoryLink {
             if let Some(b) = q.get_mut(&(from, self.me)).and_then(|v| v.pop_front()) {
                 return Ok(Some(Box::new(b)));
             }
+            if let Some(reason) = stopped() {
+                return Err(TransportError::Aborted(reason));
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Ok(None);
             }
+            let slice = (deadline - now).min(Duration::from_millis(50));
             q = self
                 .pipes
                 .arrived
-                .wait_timeout(q, deadline - now)
+                .wait_timeout(q, slice)
                 .map_err(|_| TransportError::Failed("the in-memory link is poisoned".into()))?
                 .0;
         }

@@ -86,15 +86,13 @@ pub struct LocalEndpoint {
     shared: Arc<Shared>,
 }
 
-impl LocalEndpoint {
-    fn aborted(&self) -> Option<String> {
-        self.shared.abort.lock().ok().and_then(|g| g.clone())
-    }
-}
-
 impl Transport for LocalEndpoint {
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    fn aborted(&self) -> Option<String> {
+        self.shared.abort.lock().ok().and_then(|g| g.clone())
     }
 
     fn size(&self) -> usize {

@@ -108,6 +108,12 @@ pub trait Transport: Send {
         let t = self.recv(from_rank, tag, ty, timeout)?;
         tensor_into(&tag, &t, out)
     }
+    /// Why the run stopped, if another rank has aborted it — checked without waiting, by
+    /// whoever waits on something else than this transport (a GPU link). This default
+    /// knows nothing (an MPI abort ends the processes instead).
+    fn aborted(&self) -> Option<String> {
+        None
+    }
     /// Tell every rank to stop (their pending and later receives fail with
     /// [`TransportError::Aborted`] carrying `reason`).
     fn abort(&mut self, reason: &str);

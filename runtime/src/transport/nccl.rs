@@ -481,6 +481,7 @@ impl Link for NcclLink {
         from: usize,
         len: usize,
         deadline: Instant,
+        stopped: &dyn Fn() -> Option<String>,
     ) -> Result<Option<Box<dyn Held>>, TransportError> {
         let _on = self.enter()?;
         self.reap()?;
@@ -517,6 +518,11 @@ impl Link for NcclLink {
             if let Err(e) = self.async_error(comm) {
                 self.abort_all();
                 return Err(e);
+            }
+            if let Some(reason) = stopped() {
+                // Another device failed: its send may never come.
+                self.abort_all();
+                return Err(TransportError::Aborted(reason));
             }
             if Instant::now() >= deadline {
                 // The receive may still write the buffer: it stays allocated.

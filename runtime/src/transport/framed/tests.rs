@@ -11,6 +11,8 @@ use crate::transport::local::LocalNet;
 struct ChannelLink {
     inner: MemoryLink,
     truncate: bool,
+    /// Send nothing at all (a peer that died between its header and its payload).
+    swallow: bool,
 }
 
 impl ChannelLink {
@@ -18,6 +20,7 @@ impl ChannelLink {
         let link = |me: usize, other: usize| ChannelLink {
             inner: MemoryLink::new(me, &[other], &[other], pipes.clone()),
             truncate: false,
+            swallow: false,
         };
         (link(a, b), link(b, a))
     }
@@ -37,6 +40,9 @@ impl Link for ChannelLink {
     }
 
     fn send(&mut self, to: usize, bytes: &[u8]) -> Result<(), TransportError> {
+        if self.swallow {
+            return Ok(());
+        }
         let n = bytes.len() - usize::from(self.truncate && !bytes.is_empty());
         self.inner.send(to, &bytes[..n])
     }
@@ -46,8 +52,9 @@ impl Link for ChannelLink {
         from: usize,
         len: usize,
         deadline: Instant,
+        stopped: &dyn Fn() -> Option<String>,
     ) -> Result<Option<Box<dyn Held>>, TransportError> {
-        self.inner.recv(from, len, deadline)
+        self.inner.recv(from, len, deadline, stopped)
     }
 
     fn abort(&mut self) {}
@@ -328,4 +335,47 @@ fn bytes_in_and_out_in_any_order_as_stage_functions_pass_them() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("channel 9") && e.contains("expected"), "{e}");
+}
+
+#[test]
+fn a_payload_that_never_comes_stops_on_abort_not_at_the_timeout() {
+    let net = LocalNet::new(2);
+    let pipes = Arc::new(Pipes::default());
+    let (mut l0, mut l1) = ChannelLink::pair(&pipes, 0, 1);
+    l0.swallow = true;
+    let t = Tensor::from_f32(vec![1], vec![1.0]);
+    let mut ep0 = net.endpoint(0);
+    let mut s0 = FramedState::default();
+    Framed {
+        inner: &mut ep0,
+        link: &mut l0,
+        state: &mut s0,
+    }
+    .send(1, tag(3, 0), t.clone())
+    .unwrap();
+    let n0 = net.clone();
+    let aborter = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(100));
+        n0.endpoint(0).abort("device 0 failed: test");
+    });
+    let mut ep1 = net.endpoint(1);
+    let mut s1 = FramedState::default();
+    let start = Instant::now();
+    let e = Framed {
+        inner: &mut ep1,
+        link: &mut l1,
+        state: &mut s1,
+    }
+    .recv(0, tag(3, 0), &ty(&t), LONG)
+    .unwrap_err();
+    aborter.join().unwrap();
+    assert!(
+        matches!(&e, TransportError::Aborted(m) if m.contains("device 0 failed")),
+        "{e:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
 }
