@@ -156,6 +156,29 @@ fn framed_links_train_like_the_plain_transport() {
         let (want, got) = (losses(&plain.stdout), losses(&framed.stdout));
         assert_eq!(want.len(), 4);
         assert_eq!(got, want, "{model} {opts:?}: framed vs plain losses");
+        // Every device's tensors went over the link: each sent and received some.
+        let lines: Vec<&str> = framed
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("device ") && l.contains("over the in-memory link"))
+            .collect();
+        assert_eq!(
+            lines.len(),
+            opts[1].parse::<usize>().unwrap(),
+            "{}",
+            framed.stderr
+        );
+        for l in lines {
+            let count = |what: &str| -> u64 {
+                let at = l.find(what).unwrap();
+                let before = l[..at].trim_end();
+                before[before.rfind(' ').unwrap() + 1..].parse().unwrap()
+            };
+            assert!(
+                count(" messages sent") > 0 && count(" received (") > 0,
+                "{l}"
+            );
+        }
         if model.contains("two_tower") {
             // The interpreter passes tensors, not native bytes: the other way in.
             let args = ["run", d, "--steps", "4", "--target", "interp"];

@@ -1038,8 +1038,20 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
                     )
                 })
                 .collect();
+            // What went over NCCL (or the test hook's link), so a run shows that it did.
+            let link = w.link.as_ref().map_or(String::new(), |s| {
+                let t = s.state.traffic();
+                format!(
+                    "; over {}: {} messages sent ({}), {} received ({})",
+                    s.link.describe(),
+                    t.sent,
+                    mib(t.sent_bytes as f64),
+                    t.received,
+                    mib(t.received_bytes as f64)
+                )
+            });
             events(RunEvent::Note(format!(
-                "device {r} ({}stage {}): busy {} per step, peak memory {} (weights and optimizer state {}, gradients {}, stash {}{temporaries}){gpus}, predicted {}",
+                "device {r} ({}stage {}): busy {} per step, peak memory {} (weights and optimizer state {}, gradients {}, stash {}{temporaries}){gpus}, predicted {}{link}",
                 if plan.replicas > 1 {
                     format!("replica {}, ", w.config.replica)
                 } else {

@@ -101,12 +101,27 @@ pub struct FramedState {
     read: HashMap<usize, u64>,
     /// Messages that arrived before they were asked for, by sender and tag.
     early: HashMap<(usize, Tag), Message>,
+    traffic: Traffic,
+}
+
+/// Messages and bytes that went over a rank's link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub sent: u64,
+    pub sent_bytes: u64,
+    pub received: u64,
+    pub received_bytes: u64,
 }
 
 impl FramedState {
     /// Messages received and not yet asked for.
     pub fn early(&self) -> usize {
         self.early.len()
+    }
+
+    /// What went over the link so far.
+    pub fn traffic(&self) -> Traffic {
+        self.traffic
     }
 }
 
@@ -237,6 +252,8 @@ impl Framed<'_> {
                     self.link.describe()
                 )));
             }
+            self.state.traffic.received += 1;
+            self.state.traffic.received_bytes += len as u64;
             let m = Message {
                 dtype,
                 shape,
@@ -281,6 +298,8 @@ impl Transport for Framed<'_> {
         }
         let header = encode_header(&tag, dtype, shape)?;
         self.link.send(to_rank, bytes)?;
+        self.state.traffic.sent += 1;
+        self.state.traffic.sent_bytes += bytes.len() as u64;
         let me = self.inner.rank();
         let seq = self.state.sent.entry(to_rank).or_insert(0);
         let h = header_tag(me, to_rank, *seq);

@@ -122,6 +122,13 @@ fn messages_arrive_in_any_order_with_their_dtype_and_shape() {
         }
     }
     assert_eq!(state.early(), 0);
+    let t = state.traffic();
+    assert_eq!((t.received, t.sent), (4, 0));
+    let bytes: usize = sent
+        .iter()
+        .map(|(_, t)| crate::native::tensor_bytes(t).len())
+        .sum();
+    assert_eq!(t.received_bytes, bytes as u64);
     sender.join().unwrap();
 }
 
