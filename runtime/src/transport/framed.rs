@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use ppir::{DType, Tensor, TensorType};
 
 use super::{
-    check_type, tensor_into, tensor_of_bytes, PendingReduce, Tag, Transport, TransportError,
+    check_parts, check_type, tensor_into, tensor_of_bytes, PendingReduce, Tag, Transport,
+    TransportError,
 };
 
 /// An ordered byte pipe to some peers.
@@ -336,16 +337,12 @@ impl Transport for Framed<'_> {
             return tensor_into(&tag, &t, out);
         }
         let m = self.message(from_rank, tag, timeout)?;
-        let same = m.dtype == ty.dtype
-            && m.shape.len() == ty.dims.len()
-            && m.shape
-                .iter()
-                .zip(&ty.dims)
-                .all(|(&n, d)| d.known().is_none_or(|k| k == n as u64));
-        if !same || m.bytes.len() != out.len() {
+        check_parts(&tag, m.dtype, &m.shape, ty)?;
+        if m.bytes.len() != out.len() {
             return Err(TransportError::Failed(format!(
-                "{tag}: received {} {:?}, expected {ty}",
-                m.dtype, m.shape
+                "{tag}: received {} bytes, the receiving buffer has {}",
+                m.bytes.len(),
+                out.len()
             )));
         }
         m.bytes

@@ -446,15 +446,24 @@ pub(crate) fn tensor_into(tag: &Tag, t: &Tensor, out: &mut [u8]) -> Result<(), T
 
 /// Check that a received tensor has the receiver's dtype, rank and every known dimension.
 pub(crate) fn check_type(tag: &Tag, t: &Tensor, ty: &TensorType) -> Result<(), TransportError> {
-    let same_dims = t.shape.len() == ty.dims.len()
-        && t.shape
+    check_parts(tag, t.dtype, &t.shape, ty)
+}
+
+/// [`check_type`] of a message known by its dtype and shape.
+pub(crate) fn check_parts(
+    tag: &Tag,
+    dtype: ppir::DType,
+    shape: &[usize],
+    ty: &TensorType,
+) -> Result<(), TransportError> {
+    let same_dims = shape.len() == ty.dims.len()
+        && shape
             .iter()
             .zip(&ty.dims)
             .all(|(&n, d)| d.known().is_none_or(|k| k == n as u64));
-    if t.dtype != ty.dtype || !same_dims {
+    if dtype != ty.dtype || !same_dims {
         return Err(TransportError::Failed(format!(
-            "{tag}: received {:?} {:?}, expected {ty}",
-            t.dtype, t.shape
+            "{tag}: received {dtype:?} {shape:?}, expected {ty}"
         )));
     }
     Ok(())
