@@ -143,6 +143,12 @@ pub struct CompileArgs {
     /// H100/H200): the PTX is written for it and runs on it and on newer GPUs.
     #[arg(long, value_name = "sm_NN", default_value = "sm_90")]
     pub cuda_arch: String,
+    /// Who multiplies matrices (and the GEMMs of convolutions) under `--target cuda`:
+    /// `kernels` (the default), kernels generated like every other op; `cublas`, NVIDIA's
+    /// cuBLAS, which `ppcc run` loads (PPCC_CUBLAS_LIB, else libcublas.so.13/.12). cuBLAS
+    /// has not yet been measured against the kernels on a GPU (BENCHMARKS.md).
+    #[arg(long, value_name = "kernels|cublas", value_parser = ["kernels", "cublas"])]
+    pub gpu_gemm: Option<String>,
     /// Write every intermediate form of the generated code: DIR/stage<i>/mlir/NN-<pass>.mlir
     /// after each pass of the MLIR pipeline, module.llvm.mlir and module.ll.
     #[arg(long)]
@@ -218,6 +224,10 @@ impl CompileArgs {
             plan_only: self.plan_only,
             target: self.target,
             cuda_arch: self.cuda_arch.clone(),
+            gpu_gemm: self
+                .gpu_gemm
+                .as_deref()
+                .and_then(ppcc_codegen::GpuGemm::parse),
             keep_mlir: self.keep_mlir,
             split: self.split.clone(),
             recompute: RecomputeMode::from_name(&self.recompute)

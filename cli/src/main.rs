@@ -79,22 +79,8 @@ fn keep_freed_memory() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn keep_freed_memory() {}
 
-/// A closed pipe on stdout (`ppcc run DIR | head`) ends ppcc quietly, as it ends other
-/// Unix tools, instead of a panic in `println!` (Rust ignores SIGPIPE by default).
-fn default_sigpipe() {
-    extern "C" {
-        fn signal(signum: i32, handler: usize) -> usize;
-    }
-    const SIGPIPE: i32 = 13;
-    const SIG_DFL: usize = 0;
-    // SAFETY: restores the default disposition of SIGPIPE before any other thread exists.
-    unsafe {
-        signal(SIGPIPE, SIG_DFL);
-    }
-}
-
 fn main() -> ExitCode {
-    default_sigpipe();
+    ppcc_driver::default_sigpipe();
     keep_freed_memory();
     let cli = Cli::parse();
     let result = match (cli.command, cli.compile) {

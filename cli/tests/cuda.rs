@@ -1,7 +1,8 @@
 //! `--target cuda` without a GPU: compiling works anywhere and writes PTX for every stage
 //! that NVIDIA's `ptxas` assembles for the architecture it was written for (sm_80 and
 //! sm_90); `ppcc run` of a CUDA plan on a machine without the CUDA driver stops with an
-//! error naming it; a bad `--cuda-arch` is refused before anything is written.
+//! error naming it; a bad `--cuda-arch` is refused before anything is written; with
+//! `--gpu-gemm cublas` the host code multiplies through the runtime's cuBLAS entry.
 //!
 //! `ptxas` comes from the test venv (PyPI `nvidia-cuda-nvcc-cu12`), `$PPCC_PTXAS` or PATH;
 //! without one the assembly step is skipped, except in CI (`CI` set), where it must run.
@@ -107,6 +108,70 @@ fn cuda_plans_compile_anywhere_and_their_ptx_assembles() {
     }
 }
 
+/// `--gpu-gemm cublas`: every stage's host code multiplies through the runtime's cuBLAS
+/// entry (`ppcc_gpu_sgemm`) and never the CPU's GEMM, the kernels that remain assemble,
+/// and the plan says so. A GPT (matmuls, batched attention products, transposed operands
+/// in the backward) and a CNN (convolutions as im2col + GEMM, with a bias broadcast).
+#[test]
+fn cublas_plans_call_the_gpu_gemm_and_their_kernels_assemble() {
+    for model in ["examples/gpt.onnx", "examples/cnn.onnx"] {
+        let dir = tmp(&format!(
+            "cublas-{}",
+            Path::new(model).file_stem().unwrap().to_string_lossy()
+        ));
+        compile(
+            model,
+            &dir,
+            &[
+                "--stages",
+                "2",
+                "--target",
+                "cuda",
+                "--gpu-gemm",
+                "cublas",
+                "--keep-mlir",
+            ],
+        );
+        let plan = std::fs::read_to_string(dir.join("plan.json")).unwrap();
+        assert!(plan.contains("\"gpu_gemm\": \"cublas\""), "{plan}");
+        for s in 0..2 {
+            let ll = std::fs::read_to_string(dir.join(format!("stage{s}/module.ll"))).unwrap();
+            assert!(
+                ll.contains("@ppcc_gpu_sgemm("),
+                "{model} stage {s}: no call of the GPU's GEMM"
+            );
+            for cpu in [
+                "call void @ppcc_sgemm(",
+                "@ppcc_softmax_f32(",
+                "@ppcc_layernorm_f32(",
+            ] {
+                assert!(!ll.contains(cpu), "{model} stage {s} calls {cpu}");
+            }
+        }
+        assemble(&ptx_files(&dir, 2).concat(), "sm_90");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn gpu_gemm_needs_the_cuda_target() {
+    let dir = tmp("gemm-cpu");
+    let out = ppcc(&[
+        "examples/mlp.onnx",
+        "-o",
+        dir.to_str().unwrap(),
+        "--gpu-gemm",
+        "cublas",
+    ]);
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("--gpu-gemm cublas") && out.stderr.contains("--target cuda"),
+        "{}",
+        out.stderr
+    );
+    assert!(!dir.exists(), "nothing is written for a refused --gpu-gemm");
+}
+
 #[test]
 fn a_cuda_plan_without_a_gpu_stops_with_a_clear_error() {
     // Only meaningful where there is no CUDA driver (CI, this project's machines).
@@ -124,8 +189,15 @@ fn a_cuda_plan_without_a_gpu_stops_with_a_clear_error() {
         &dir,
         &["--stages", "2", "--target", "cuda"],
     );
-    // With tensors over NCCL too: the missing driver is what is named.
-    for extra in [&[][..], &["--nccl"][..]] {
+    let blas = tmp("nogpu-cublas");
+    compile(
+        "examples/mlp.onnx",
+        &blas,
+        &["--stages", "2", "--target", "cuda", "--gpu-gemm", "cublas"],
+    );
+    // With tensors over NCCL or matrix products on cuBLAS too: the missing driver is what
+    // is named.
+    for (dir, extra) in [(&dir, &[][..]), (&dir, &["--nccl"][..]), (&blas, &[][..])] {
         let mut args = vec!["run", dir.to_str().unwrap(), "--steps", "1"];
         args.extend_from_slice(extra);
         let out = ppcc(&args);
@@ -139,6 +211,7 @@ fn a_cuda_plan_without_a_gpu_stops_with_a_clear_error() {
         assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&blas);
 }
 
 #[test]

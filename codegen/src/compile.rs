@@ -214,7 +214,13 @@ fn parse_and_lower<'c>(
     // use (`free_early`).
     let mut passes = pipeline_passes(&opts.pipeline);
     let cpu = opts.cuda.is_none();
-    if cpu {
+    // The CUDA target swaps in library versions only for cuBLAS (then the lowering wrote
+    // GEMM-only ones, [`crate::lower::LowerOptions::gpu_gemm`]), and names the GPU's GEMM.
+    let gpu_gemm = opts
+        .cuda
+        .as_ref()
+        .is_some_and(|c| c.gemm == crate::gpu::GpuGemm::Cublas);
+    if cpu || gpu_gemm {
         if let Some(at) = passes
             .iter()
             .position(|p| p.starts_with("buffer-results-to-out-params"))
@@ -232,7 +238,12 @@ fn parse_and_lower<'c>(
         .filter(|_| cpu);
     let ours = |pass: &str, module: &mut Module<'c>| -> Result<(), CompileError> {
         if pass == USE_LIBRARY {
-            crate::library::use_library_routines(module.as_operation().to_raw());
+            let m = module.as_operation().to_raw();
+            crate::library::use_library_routines(m);
+            if gpu_gemm {
+                crate::library::rename_callee(m, "ppcc_sgemm", "ppcc_gpu_sgemm");
+                crate::library::rename_callee(m, "ppcc_dgemm", "ppcc_gpu_dgemm");
+            }
         } else {
             crate::free_early::free_after_last_use(module.as_operation().to_raw());
         }
@@ -845,10 +856,11 @@ mod tests {
 }
 "#;
         let m = ppir::text::parse_module(src).unwrap();
-        for library_calls in [true, false] {
+        for (library_calls, gpu_gemm) in [(true, false), (false, false), (true, true)] {
             let opts = crate::lower::LowerOptions {
                 profile_ops: false,
                 library_calls,
+                gpu_gemm,
             };
             let f = &m.functions[0];
             let (text, _) = crate::lower::lower_functions_with(&[f], &opts).unwrap();
@@ -1015,6 +1027,7 @@ mod tests {
         let opts = crate::lower::LowerOptions {
             profile_ops: true,
             library_calls: true,
+            gpu_gemm: false,
         };
         let (text, _) = crate::lower::lower_functions_with(&[&m.functions[0]], &opts).unwrap();
         let header = header_prototypes();

@@ -27,7 +27,7 @@ pub const GPU_MATH_LL: &str = include_str!("gpu_math.ll");
 pub const GPU_SHIM_C: &str = include_str!("gpu_shim.c");
 
 /// The version of the table `gpu_shim.c` takes from the runtime (`PPCC_GPU_API_VERSION`).
-pub const GPU_API_VERSION: u32 = 1;
+pub const GPU_API_VERSION: u32 = 2;
 
 /// Threads per block of the generated kernels.
 pub const BLOCK_THREADS: u64 = 256;
@@ -47,12 +47,48 @@ pub fn tile_sizes() -> String {
 pub struct CudaOptions {
     /// The GPU architecture, `sm_<major><minor>` with an optional `a` (`sm_90a`).
     pub arch: String,
+    /// Who computes matrix products (and the GEMM of convolutions).
+    pub gemm: GpuGemm,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
             arch: "sm_90".to_string(),
+            gemm: GpuGemm::default(),
+        }
+    }
+}
+
+/// Who computes a CUDA module's matrix products (`--gpu-gemm`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GpuGemm {
+    /// Generated kernels: the contraction's `linalg` loops, tiled and mapped like every
+    /// other op (verified on an H100; slow, one thread per output element).
+    #[default]
+    Kernels,
+    /// NVIDIA's cuBLAS, which the runtime loads when the module first multiplies: the
+    /// host code calls `ppcc_gpu_sgemm`/`ppcc_gpu_dgemm` (`gpu_shim.c`) with device
+    /// buffers, C0 already broadcast into the result by a kernel
+    /// ([`crate::lower::LowerOptions::gpu_gemm`]).
+    Cublas,
+}
+
+impl GpuGemm {
+    pub const NAMES: [&'static str; 2] = ["kernels", "cublas"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuGemm::Kernels => "kernels",
+            GpuGemm::Cublas => "cublas",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<GpuGemm> {
+        match s {
+            "kernels" => Some(GpuGemm::Kernels),
+            "cublas" => Some(GpuGemm::Cublas),
+            _ => None,
         }
     }
 }
@@ -66,6 +102,7 @@ impl CudaOptions {
     pub fn new(arch: &str) -> Result<Self, ArchError> {
         let o = CudaOptions {
             arch: arch.to_string(),
+            gemm: GpuGemm::default(),
         };
         o.sm().ok_or_else(|| ArchError(arch.to_string()))?;
         Ok(o)

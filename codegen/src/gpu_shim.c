@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PPCC_GPU_API_VERSION 1u
+#define PPCC_GPU_API_VERSION 2u
 
 typedef struct {
   uint32_t version;
@@ -37,6 +37,14 @@ typedef struct {
   void (*memcpy)(void *dst, const void *src, uint64_t bytes, void *stream);
   void (*memset32)(void *dst, uint32_t value, uint64_t count, void *stream);
   void (*memset16)(void *dst, uint16_t value, uint64_t count, void *stream);
+  /* Matrix products (`--gpu-gemm cublas`): `ppcc_sgemm`'s row-major contract
+   * (ppcc_support.h) on device buffers, with C0 NULL or C itself; complete on return. */
+  void (*sgemm)(int64_t flags, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                int64_t lda, const float *b, int64_t ldb, float beta, const float *c0,
+                int64_t c0_rs, int64_t c0_cs, float *c, int64_t ldc);
+  void (*dgemm)(int64_t flags, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+                int64_t lda, const double *b, int64_t ldb, double beta, const double *c0,
+                int64_t c0_rs, int64_t c0_cs, double *c, int64_t ldc);
 } ppcc_gpu_api;
 
 static const ppcc_gpu_api *ppcc_gpu;
@@ -145,4 +153,22 @@ void *ppcc_gpu_aligned_alloc(size_t alignment, size_t bytes) {
 void ppcc_gpu_free(void *ptr) {
   if (ppcc_gpu && ptr)
     ppcc_gpu->free(ptr);
+}
+
+/* ---- matrix products (`--gpu-gemm cublas`: the CUDA pipeline renames the library
+ * versions' `ppcc_sgemm`/`ppcc_dgemm` calls to these; the module also links the CPU's
+ * support library, whose names they must not take) ---- */
+
+void ppcc_gpu_sgemm(int64_t flags, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                    int64_t lda, const float *b, int64_t ldb, float beta, const float *c0,
+                    int64_t c0_rs, int64_t c0_cs, float *c, int64_t ldc) {
+  if (ppcc_gpu)
+    ppcc_gpu->sgemm(flags, m, n, k, alpha, a, lda, b, ldb, beta, c0, c0_rs, c0_cs, c, ldc);
+}
+
+void ppcc_gpu_dgemm(int64_t flags, int64_t m, int64_t n, int64_t k, double alpha,
+                    const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
+                    const double *c0, int64_t c0_rs, int64_t c0_cs, double *c, int64_t ldc) {
+  if (ppcc_gpu)
+    ppcc_gpu->dgemm(flags, m, n, k, alpha, a, lda, b, ldb, beta, c0, c0_rs, c0_cs, c, ldc);
 }

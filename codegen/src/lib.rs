@@ -17,7 +17,7 @@ pub mod support_cache;
 pub use compile::{
     compile_to_object, compile_to_shared_object, link_shared, CompileError, CompileOptions,
 };
-pub use gpu::CudaOptions;
+pub use gpu::{CudaOptions, GpuGemm};
 pub use lower::{
     lower_function, lower_functions, lower_functions_with, LowerError, LowerOptions, Signature,
 };

@@ -20,8 +20,8 @@ use mlir_sys::{
     mlirFlatSymbolRefAttrGet, mlirFlatSymbolRefAttrGetValue, mlirIdentifierStr,
     mlirOperationGetAttributeByName, mlirOperationGetContext, mlirOperationGetName,
     mlirOperationGetNextInBlock, mlirOperationGetNumRegions, mlirOperationGetRegion,
-    mlirOperationSetAttributeByName, mlirRegionGetFirstBlock, mlirStringAttrGetValue,
-    MlirAttribute, MlirOperation, MlirStringRef,
+    mlirOperationSetAttributeByName, mlirRegionGetFirstBlock, mlirStringAttrGet,
+    mlirStringAttrGetValue, MlirAttribute, MlirOperation, MlirStringRef,
 };
 
 use crate::lower::LIBRARY_SUFFIX;
@@ -111,4 +111,50 @@ pub(crate) fn use_library_routines(module: MlirOperation) -> usize {
         }
     });
     swapped
+}
+
+/// Point every `llvm.call @from` of `module` at `@to` and rename the declaration
+/// `llvm.func @from` to `@to` (the CUDA target's GEMM calls, which the lowering names as
+/// the CPU's); returns how many calls were renamed.
+pub(crate) fn rename_callee(module: MlirOperation, from: &str, to: &str) -> usize {
+    let mut renamed = 0;
+    walk(module, &mut |op| {
+        let name = op_name(op);
+        let (attr, is_ref) = match name.as_str() {
+            "llvm.call" => ("callee", true),
+            "llvm.func" => ("sym_name", false),
+            _ => return,
+        };
+        let Some(a) = attribute(op, attr) else {
+            return;
+        };
+        // SAFETY: `a` is a live attribute of `op`; the new one is created in its context.
+        unsafe {
+            let current = if is_ref {
+                if !mlirAttributeIsAFlatSymbolRef(a) {
+                    return;
+                }
+                string(mlirFlatSymbolRefAttrGetValue(a))
+            } else {
+                if !mlirAttributeIsAString(a) {
+                    return;
+                }
+                string(mlirStringAttrGetValue(a))
+            };
+            if current != from {
+                return;
+            }
+            let ctx = mlirOperationGetContext(op);
+            let new = if is_ref {
+                mlirFlatSymbolRefAttrGet(ctx, str_ref(to))
+            } else {
+                mlirStringAttrGet(ctx, str_ref(to))
+            };
+            mlirOperationSetAttributeByName(op, str_ref(attr), new);
+        }
+        if is_ref {
+            renamed += 1;
+        }
+    });
+    renamed
 }

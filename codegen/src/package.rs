@@ -72,9 +72,14 @@ pub fn build_module(
             .filter(|f| functions.contains(&f.name.as_str()))
             .collect()
     };
+    let gpu_gemm = opts
+        .cuda
+        .as_ref()
+        .is_some_and(|c| c.gemm == crate::gpu::GpuGemm::Cublas);
     let lopts = LowerOptions {
         profile_ops: opts.profile_ops,
-        library_calls: opts.cuda.is_none() && !opts.cuda_loops_on_cpu,
+        library_calls: (opts.cuda.is_none() && !opts.cuda_loops_on_cpu) || gpu_gemm,
+        gpu_gemm,
     };
     let (mlir, sigs) = lower_functions_with(&fs, &lopts).map_err(|source| CodegenError::Lower {
         what: what.to_string(),

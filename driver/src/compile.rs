@@ -130,6 +130,9 @@ pub struct CompileOptions {
     pub target: Target,
     /// The GPU architecture of [`Target::Cuda`] (`sm_90`, `sm_80`, ...).
     pub cuda_arch: String,
+    /// Who computes matrix products on [`Target::Cuda`]; `None`: generated kernels (given
+    /// with another target, refused).
+    pub gpu_gemm: Option<ppcc_codegen::GpuGemm>,
     /// Keep every intermediate form of the generated code.
     pub keep_mlir: bool,
     /// Ops to split into pieces before partitioning (`NODE=K[:AXIS],...`).
@@ -163,6 +166,7 @@ impl CompileOptions {
             plan_only: false,
             target: Target::Cpu,
             cuda_arch: "sm_90".into(),
+            gpu_gemm: None,
             keep_mlir: false,
             split: None,
             recompute: RecomputeMode::Auto,
@@ -798,12 +802,20 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
     }
     // Refused before anything is read or written.
     let cuda = match a.target {
-        Target::Cuda => Some(
-            ppcc_codegen::CudaOptions::new(&a.cuda_arch)
-                .map_err(|e| DriverError::Invalid(e.to_string()))?,
-        ),
+        Target::Cuda => Some(ppcc_codegen::CudaOptions {
+            gemm: a.gpu_gemm.unwrap_or_default(),
+            ..ppcc_codegen::CudaOptions::new(&a.cuda_arch)
+                .map_err(|e| DriverError::Invalid(e.to_string()))?
+        }),
         _ => None,
     };
+    if let (Some(g), None) = (a.gpu_gemm, &cuda) {
+        bail!(
+            "--gpu-gemm {} chooses how GPUs multiply matrices: it needs --target cuda (this is --target {})",
+            g.name(),
+            a.target.name()
+        );
+    }
     let split_targets = match a.split.as_deref().map(str::trim) {
         None | Some("auto") => SplitChoice::Auto,
         Some("off") | Some("") => SplitChoice::Off,
@@ -1684,6 +1696,8 @@ fn plan_doc(d: &PlanDoc) -> doc::Plan {
         },
         program: d.program.is_some(),
         target: d.a.target.name().into(),
+        gpu_gemm: (d.a.target == Target::Cuda)
+            .then(|| d.a.gpu_gemm.unwrap_or_default().name().to_string()),
         channels: None,
         collectives: vec![],
         data_parallel: None,

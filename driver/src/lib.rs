@@ -49,3 +49,18 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     out
 }
+
+/// A closed pipe on stdout (`ppcc run DIR | head`, `ppcc-opt ... | head`) ends the program
+/// quietly, as it ends other Unix tools, instead of a panic in `println!` (Rust ignores
+/// SIGPIPE by default). For command-line front ends, first thing in `main`.
+pub fn default_sigpipe() {
+    extern "C" {
+        fn signal(signum: i32, handler: usize) -> usize;
+    }
+    const SIGPIPE: i32 = 13;
+    const SIG_DFL: usize = 0;
+    // SAFETY: restores the default disposition of SIGPIPE before any other thread exists.
+    unsafe {
+        signal(SIGPIPE, SIG_DFL);
+    }
+}

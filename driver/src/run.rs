@@ -857,6 +857,13 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
         target,
         a.transport == Transport::Mpi,
     )?;
+    // A plan whose matrix products are cuBLAS's needs the library before the first step.
+    let cublas = match (target, plan.doc.gpu_gemm.as_deref()) {
+        (Target::Cuda, Some("cublas")) => {
+            Some(ppcc_runtime::gpu::cublas_version().map_err(|e| invalid!("{e}"))?)
+        }
+        _ => None,
+    };
     if a.nccl {
         nccl::connect(&plan, &mut driver, &mut workers, recv_timeout)?;
     } else if a.test_link {
@@ -901,6 +908,9 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
                 ""
             }
         )));
+        if let Some(v) = &cublas {
+            events(RunEvent::Note(format!("matrix products on cuBLAS {v}")));
+        }
     }
     events(RunEvent::Started {
         steps: a.steps,

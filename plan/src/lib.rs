@@ -80,6 +80,10 @@ pub struct Plan {
     /// Where the stage functions run: `cpu` (`stage<i>/module.so`), `cuda` (`module.so`
     /// with PTX kernels, run on GPUs) or `interp`.
     pub target: String,
+    /// `cuda` plans: who computes matrix products, `kernels` (generated) or `cublas`
+    /// (`--gpu-gemm`). Absent: generated kernels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_gemm: Option<String>,
     /// Every send/recv pair (with a program).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channels: Option<Vec<Channel>>,

@@ -87,6 +87,7 @@ pub(crate) fn sample() -> Plan {
         }),
         program: true,
         target: "cpu".into(),
+        gpu_gemm: None,
         recompute: Some("auto".into()),
         channels: Some(vec![Channel {
             id: 0,

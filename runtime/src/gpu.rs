@@ -21,6 +21,36 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
 
+mod cublas;
+
+/// cuBLAS's version and path, or why it cannot be loaded (for plans compiled with
+/// `--gpu-gemm cublas`).
+pub fn cublas_version() -> Result<String, String> {
+    cublas::version()
+}
+
+/// Load the first library that opens of `$env` (when set) and `names`: the library and the
+/// name it was opened by, or every name tried with why it did not open.
+pub(crate) fn load_library(
+    env: &str,
+    names: &[&str],
+) -> Result<(libloading::Library, String), String> {
+    let mut tried = vec![];
+    let from_env = std::env::var_os(env).map(|p| p.to_string_lossy().into_owned());
+    for name in from_env
+        .into_iter()
+        .chain(names.iter().map(|n| n.to_string()))
+    {
+        // SAFETY: loading an NVIDIA library runs its initialisers, which only set up its
+        // own state.
+        match unsafe { libloading::Library::new(&name) } {
+            Ok(lib) => return Ok((lib, name)),
+            Err(e) => tried.push(format!("{name} ({e})")),
+        }
+    }
+    Err(tried.join(", "))
+}
+
 /// What went wrong setting up a CUDA device.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GpuError {
@@ -67,10 +97,31 @@ pub struct GpuApi {
     memcpy: extern "C" fn(*mut c_void, *const c_void, u64, *mut c_void),
     memset32: extern "C" fn(*mut c_void, u32, u64, *mut c_void),
     memset16: extern "C" fn(*mut c_void, u16, u64, *mut c_void),
+    sgemm: GemmAbi<f32>,
+    dgemm: GemmAbi<f64>,
 }
 
+/// `ppcc_gpu_sgemm`/`ppcc_gpu_dgemm`: `ppcc_support.h`'s `ppcc_sgemm` arguments.
+type GemmAbi<T> = extern "C" fn(
+    i64,
+    i64,
+    i64,
+    i64,
+    T,
+    *const T,
+    i64,
+    *const T,
+    i64,
+    T,
+    *const T,
+    i64,
+    i64,
+    *mut T,
+    i64,
+);
+
 /// The version of [`GpuApi`] (`PPCC_GPU_API_VERSION`).
-pub const GPU_API_VERSION: u32 = 1;
+pub const GPU_API_VERSION: u32 = 2;
 
 /// The table every CUDA module gets.
 pub static API: GpuApi = GpuApi {
@@ -86,6 +137,8 @@ pub static API: GpuApi = GpuApi {
     memcpy: abi_memcpy,
     memset32: abi_memset32,
     memset16: abi_memset16,
+    sgemm: abi_gemm::<f32>,
+    dgemm: abi_gemm::<f64>,
 };
 
 /// The driver, once per process.
@@ -216,6 +269,8 @@ pub struct GpuDevice {
     sizes: Mutex<HashMap<u64, u64>>,
     allocated: AtomicU64,
     peak: AtomicU64,
+    /// The cuBLAS handle on [`GpuDevice::stream`], made on the first product.
+    blas: OnceLock<Result<usize, String>>,
 }
 
 // SAFETY: the context, stream, modules and functions are driver handles, usable from any
@@ -294,6 +349,7 @@ impl GpuDevice {
                 sizes: Mutex::default(),
                 allocated: AtomicU64::new(0),
                 peak: AtomicU64::new(0),
+                blas: OnceLock::new(),
             })
         }
     }
@@ -694,6 +750,68 @@ extern "C" fn abi_memset16(dst: *mut c_void, value: u16, count: u64, _stream: *m
     })
 }
 
+/// A matrix product of the module's host code (`--gpu-gemm cublas`), on cuBLAS: queued on
+/// the device's stream after the kernels before it, and complete when this returns.
+#[allow(clippy::too_many_arguments)]
+extern "C" fn abi_gemm<T: cublas::Element + Into<f64>>(
+    flags: i64,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: T,
+    a: *const T,
+    lda: i64,
+    b: *const T,
+    ldb: i64,
+    beta: T,
+    c0: *const T,
+    c0_rs: i64,
+    c0_cs: i64,
+    c: *mut T,
+    ldc: i64,
+) {
+    guarded((), || {
+        if FAILED.with(|f| f.get()) {
+            return; // an earlier failure of this call is reported instead
+        }
+        let Some(d) = current() else {
+            fail("a matrix product outside a call of a CUDA module".into());
+            return;
+        };
+        if !c0.is_null() && !std::ptr::eq(c0, c) {
+            fail("a matrix product whose C0 is not its result (the module was built for another runtime?)".into());
+            return;
+        }
+        let r = cublas::RowMajor {
+            flags,
+            m,
+            n,
+            k,
+            lda,
+            ldb,
+            ldc,
+            c0: (!c0.is_null()).then_some((c0_rs, c0_cs)),
+        };
+        let run = || -> Result<(), String> {
+            let h = d
+                .blas
+                .get_or_init(|| cublas::create_handle(d.stream as *mut c_void))
+                .clone()?;
+            // SAFETY: the module passes device buffers of the sizes it describes; the
+            // handle was made in this device's context, which `enter` made current.
+            unsafe { cublas::gemm(h, &r, alpha.into(), a, b, beta.into(), c)? };
+            // SAFETY: the stream belongs to this device's context.
+            check("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(d.stream)
+            })
+            .map_err(|e| format!("running a matrix product on cuBLAS: {e}"))
+        };
+        if let Err(e) = run() {
+            fail(e);
+        }
+    })
+}
+
 /// A buffer of managed memory on one device, freed when dropped.
 pub struct DeviceBuffer {
     ptr: *mut u8,
@@ -744,3 +862,6 @@ impl Drop for DeviceBuffer {
         self.device.free(self.ptr);
     }
 }
+
+#[cfg(test)]
+mod tests;

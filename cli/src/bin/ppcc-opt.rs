@@ -106,6 +106,7 @@ enum OptError {
 }
 
 fn main() -> ExitCode {
+    ppcc_driver::default_sigpipe();
     let args = Args::parse();
     if args.list_ops {
         print!("{}", ppir::ops::table_text());
@@ -135,7 +136,7 @@ fn run(args: Args) -> Result<(), OptError> {
             }
         }
         println!(
-            "{:<16} lower every function to MLIR (func/linalg/tensor/arith/math) and print it; must be the last pass; {{target=cuda}}: every op kept in linalg on tensors (no support-library calls), the form the CUDA target turns into kernels; {{target=cuda-kernels}}: that form bufferized, tiled and outlined into gpu.func kernels (before NVVM)",
+            "{:<16} lower every function to MLIR (func/linalg/tensor/arith/math) and print it; must be the last pass; {{target=cuda}}: every op kept in linalg on tensors (no support-library calls), the form the CUDA target turns into kernels; {{target=cuda-kernels}}: that form bufferized, tiled and outlined into gpu.func kernels (before NVVM); {{target=cuda-cublas}}: the form of --gpu-gemm cublas (matrix products' library versions only, C0 broadcast into the result first)",
             LOWER_TO_MLIR
         );
         return Ok(());
@@ -165,10 +166,11 @@ fn run(args: Args) -> Result<(), OptError> {
     let mut to_mlir = None;
     for (i, spec) in args.passes.iter().enumerate() {
         if let Some(options) = spec.strip_prefix(LOWER_TO_MLIR) {
-            let (library_calls, kernels) = match options {
-                "" | "{target=cpu}" => (true, false),
-                "{target=cuda}" => (false, false),
-                "{target=cuda-kernels}" => (false, true),
+            let (library_calls, gpu_gemm, kernels) = match options {
+                "" | "{target=cpu}" => (true, false, false),
+                "{target=cuda}" => (false, false, false),
+                "{target=cuda-cublas}" => (true, true, false),
+                "{target=cuda-kernels}" => (false, false, true),
                 _ => return Err(OptError::LowerOptions { spec: spec.clone() }),
             };
             if i + 1 != args.passes.len() {
@@ -178,6 +180,7 @@ fn run(args: Args) -> Result<(), OptError> {
                 ppcc_codegen::lower::LowerOptions {
                     profile_ops: false,
                     library_calls,
+                    gpu_gemm,
                 },
                 kernels,
             ));

@@ -568,7 +568,13 @@ fn emit_gemm_call(
     let mty = memref_type(&out, d);
     let pa = tensor_ptr(e, a.name, a.shape, d);
     let pb = tensor_ptr(e, b.name, b.shape, d);
+    // The GPU's library GEMM takes C0 only in place ([`LowerOptions::gpu_gemm`]): it is
+    // broadcast into the result buffer first (below), and each call reads its own C.
+    let c0_in_place = e.gpu_gemm && c.is_some();
     let (pc0, c0_rs, c0_cs, beta) = match c {
+        // beta · C0 is the broadcast's (a zero beta still propagates C0's NaNs, as in
+        // the interpreter; a BLAS with beta 0 would not read C), the call adds it.
+        Some(_) if c0_in_place => (String::new(), n as i64, 1, 1.0),
         Some((cn, cs, beta)) => {
             let p = tensor_ptr(e, cn, cs, d);
             let (cr, cc) = match cs {
@@ -613,6 +619,11 @@ fn emit_gemm_call(
             tensor_type(&out, d)
         ));
     }
+    if let (true, Some((cn, cs, beta))) = (c0_in_place, c) {
+        let mut full = batch.to_vec();
+        full.extend([m, n]);
+        broadcast_into(e, (cn, cs, beta), &alloc, &out, &full, d);
+    }
     let mut ptrs = [pa.clone(), pb.clone(), pc.clone()];
     if !loops.is_empty() {
         let zero = e.op("arith.constant 0 : index");
@@ -646,6 +657,7 @@ fn emit_gemm_call(
         }
     }
     let [pa, pb, pc] = &ptrs;
+    let pc0 = if c0_in_place { pc } else { &pc0 };
     e.line(format!(
         "llvm.call @{sym}({flags}, {mv}, {nv}, {kv}, {al}, {pa}, {lda}, {pb}, {ldb}, {be}, {pc0}, {rs}, {cs}, {pc}, {ldc}) : (i64, i64, i64, i64, {t}, !llvm.ptr, i64, !llvm.ptr, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64) -> ()"
     ));
@@ -656,6 +668,81 @@ fn emit_gemm_call(
         "bufferization.to_tensor {alloc} restrict writable : {mty} to {}",
         tensor_type(&out, d)
     ))
+}
+
+/// `beta · c` (`c` of shape `cs`, rank <= 2, aligned right against `(m, n)`, size-1
+/// dimensions broadcast) written into every `m × n` matrix of `alloc`, a dense buffer of
+/// shape `out` that holds the `full` = `[batch.., m, n]` result: a `linalg.generic` on
+/// buffers (a kernel on the GPU), the initial value of a GEMM that adds its product to its
+/// result ([`crate::lower::LowerOptions::gpu_gemm`]).
+fn broadcast_into(
+    e: &mut Emitter,
+    (c, cs, beta): (&str, &[u64], f64),
+    alloc: &str,
+    out: &[u64],
+    full: &[u64],
+    d: DType,
+) {
+    let t = elem_type(d);
+    let c_ty = memref_type(cs, d);
+    let cm = e.op(format!(
+        "bufferization.to_buffer {c} read_only : {} to {c_ty}",
+        tensor_type(cs, d)
+    ));
+    let rank = full.len();
+    let (view, view_ty) = if out == full {
+        (alloc.to_string(), memref_type(out, d))
+    } else {
+        let mut strides = vec![1u64; rank];
+        for i in (0..rank.saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * full[i + 1];
+        }
+        let join =
+            |v: &[u64], sep: &str| v.iter().map(u64::to_string).collect::<Vec<_>>().join(sep);
+        let ty = format!(
+            "memref<{}x{t}, strided<[{}]>>",
+            join(full, "x"),
+            join(&strides, ", ")
+        );
+        let v = e.op(format!(
+            "memref.reinterpret_cast {alloc} to offset: [0], sizes: [{}], strides: [{}] : {} to {ty}",
+            join(full, ", "),
+            join(&strides, ", "),
+            memref_type(out, d)
+        ));
+        (v, ty)
+    };
+    let dims: Vec<String> = (0..rank).map(|i| format!("d{i}")).collect();
+    let c_map: Vec<String> = cs
+        .iter()
+        .enumerate()
+        .map(|(j, &s)| {
+            if s == 1 {
+                "0".to_string()
+            } else {
+                format!("d{}", rank - cs.len() + j)
+            }
+        })
+        .collect();
+    let domain = dims.join(", ");
+    e.line(format!(
+        "linalg.generic {{indexing_maps = [affine_map<({domain}) -> ({})>, affine_map<({domain}) -> ({domain})>], iterator_types = [{}]}} ins({cm} : {c_ty}) outs({view} : {view_ty}) {{",
+        c_map.join(", "),
+        vec!["\"parallel\""; rank].join(", ")
+    ));
+    e.out
+        .push_str(&format!("    ^bb0(%in0: {t}, %out0: {t}):\n"));
+    let value = if beta == 1.0 {
+        "%in0".to_string()
+    } else {
+        let b = e.fresh();
+        e.line(format!("  {b} = arith.constant {} : {t}", literal(d, beta)));
+        let y = e.fresh();
+        e.line(format!("  {y} = arith.mulf %in0, {b} : {t}"));
+        y
+    };
+    e.line(format!("  linalg.yield {value} : {t}"));
+    e.line("}");
 }
 
 /// [`emit_gemm_call`] as `linalg` on tensors, for targets without the support library

@@ -124,6 +124,17 @@ pub struct LowerOptions {
     /// leaves. `false` keeps every op in `linalg` on tensors: what the CUDA target needs
     /// (its kernels are those loops), and how the CPU can run the same loops.
     pub library_calls: bool,
+    /// With `library_calls`: library versions for matrix products only, in the form the
+    /// CUDA target hands to the GPU's BLAS (`--gpu-gemm cublas`): any C0 is first broadcast
+    /// into the result by a `linalg.generic` on its buffer (a kernel on the GPU) and the
+    /// GEMM accumulates into it in place (C0 = C), so the library call takes device buffers
+    /// and nothing else; softmax and layer norm stay in `linalg`, and constants are built
+    /// as without the library (kernels cannot read the module's globals). The calls still
+    /// name `ppcc_sgemm`/`ppcc_dgemm`: the CUDA pipeline renames them to the GPU's
+    /// (`ppcc_gpu_sgemm`/`ppcc_gpu_dgemm`, [`crate::compile`]), and a CPU build of the
+    /// same code runs them with the support library, which is how the tests check this
+    /// form without a GPU.
+    pub gpu_gemm: bool,
 }
 
 impl Default for LowerOptions {
@@ -131,6 +142,7 @@ impl Default for LowerOptions {
         LowerOptions {
             profile_ops: false,
             library_calls: true,
+            gpu_gemm: false,
         }
     }
 }
@@ -338,6 +350,8 @@ pub struct Emitter<'f> {
     profile_ops: bool,
     /// [`LowerOptions::library_calls`].
     pub library_calls: bool,
+    /// [`LowerOptions::gpu_gemm`].
+    pub gpu_gemm: bool,
     /// The MLIR location (`loc("node")`, [`mlir_loc`]) of the op being lowered, appended to
     /// every line that ends an operation, so that MLIR's diagnostics name the ONNX node.
     loc: Option<String>,
@@ -437,6 +451,7 @@ impl<'f> Emitter<'f> {
             decls: Vec::new(),
             profile_ops: false,
             library_calls: true,
+            gpu_gemm: false,
             loc: None,
         }
     }
@@ -453,6 +468,13 @@ impl<'f> Emitter<'f> {
     pub fn fresh(&mut self) -> String {
         self.tmp += 1;
         format!("%t{}", self.tmp)
+    }
+
+    /// Whether the op is being lowered for the CPU's support library (softmax and
+    /// layer-norm rows, constants as globals): [`LowerOptions::library_calls`] without
+    /// [`LowerOptions::gpu_gemm`].
+    pub fn cpu_library(&self) -> bool {
+        self.library_calls && !self.gpu_gemm
     }
 
     /// Emit one line of the function body.
@@ -541,7 +563,7 @@ impl<'f> Emitter<'f> {
     /// the host code into a fresh buffer, which kernels can read.
     pub fn constant_tensor(&mut self, lit: &str, shape: &[u64], d: DType) -> String {
         let ty = tensor_type(shape, d);
-        if self.library_calls {
+        if self.cpu_library() {
             return self.op(format!("arith.constant {lit} : {ty}"));
         }
         let splat = lit
@@ -781,6 +803,7 @@ fn lower_func_op(
     let mut e = Emitter::new(f);
     e.profile_ops = opts.profile_ops;
     e.library_calls = opts.library_calls;
+    e.gpu_gemm = opts.gpu_gemm;
     let mut params = vec!["%ctx: !llvm.ptr".to_string()];
     let mut inputs = Vec::new();
     for (i, v) in f.arg_values().enumerate() {

@@ -350,7 +350,7 @@ fn softmax(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
         return Err(op.invalid("softmax needs an operand of rank >= 1"));
     }
     let axis = op.axis(op.attrs::<SoftmaxAttrs>()?.axis, rank)?;
-    if d == DType::F32 && axis == rank - 1 && e.library_calls {
+    if d == DType::F32 && axis == rank - 1 && e.cpu_library() {
         return Ok(vec![softmax_rows_call(
             e,
             &src,
@@ -460,7 +460,7 @@ fn layer_norm_rows_call(
                 .eq(inner.iter().filter(|&&s| s != 1))
     };
     let n_out = op.out_shapes.len();
-    if !e.library_calls
+    if !e.cpu_library()
         || !(1..=3).contains(&op.in_shapes.len())
         || !(2..op.in_shapes.len()).all(dense)
         || !dense(1)

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ppcc_codegen::{
-    compile_to_shared_object, lower_functions, lower_functions_with, CompileOptions, LowerOptions,
+    compile_to_shared_object, lower_functions, lower_functions_with, CompileOptions, GpuGemm,
+    LowerOptions,
 };
 use ppcc_runtime::native::NativeModule;
 use ppir::interp::{run_function, Comm, CommError, InterpOptions};
@@ -125,6 +126,11 @@ pub struct Compiled {
     pub cpu: NativeModule,
     loops: NativeModule,
     loops_dir: PathBuf,
+    /// Where the module multiplies matrices: its `--gpu-gemm cublas` form (GEMM-only
+    /// library versions, C0 broadcast into the result by a loop nest, every other op as
+    /// GPU-mapped loops) run on the CPU, with the support library's GEMM standing in for
+    /// cuBLAS under the same in-place contract.
+    gemm: Option<(NativeModule, PathBuf)>,
 }
 
 impl Compiled {
@@ -152,6 +158,19 @@ impl Compiled {
                     &format!("@{function} result {i}, GPU-mapped loops vs CPU code"),
                 );
             }
+            if let Some((gemm, _)) = &self.gemm {
+                let g = gemm
+                    .call(function, args, None)
+                    .unwrap_or_else(|e| panic!("the --gpu-gemm cublas form on the CPU: {e}"));
+                for (i, (l, c)) in g.iter().zip(&got).enumerate() {
+                    assert_close(
+                        l,
+                        c,
+                        1e-4,
+                        &format!("@{function} result {i}, --gpu-gemm cublas form vs CPU code"),
+                    );
+                }
+            }
         }
         Ok(got)
     }
@@ -168,6 +187,9 @@ impl Compiled {
 impl Drop for Compiled {
     fn drop(&mut self) {
         cleanup(std::mem::take(&mut self.loops_dir));
+        if let Some((_, dir)) = self.gemm.take() {
+            cleanup(dir);
+        }
     }
 }
 
@@ -200,15 +222,47 @@ pub fn compile(m: &Module) -> (Compiled, PathBuf) {
         panic!("compile (GPU-mapped loops on the CPU):\n{e}\n--- MLIR ---\n{pmlir}")
     });
     let loops = NativeModule::load(&lso, m, None).unwrap_or_else(|e| panic!("load: {e}"));
-    check_cuda(m, &pmlir, &psigs);
+    check_cuda(m, &pmlir, &psigs, GpuGemm::Kernels);
     (
         Compiled {
             cpu,
             loops,
             loops_dir,
+            gemm: gemm_form(m, &fs, &lopts),
         },
         dir,
     )
+}
+
+/// The `--gpu-gemm cublas` lowering of `fs` compiled with `opts` (the GPU-mapped loops
+/// pipeline, whose library step swaps in the GEMM-only versions) and loaded, and the same
+/// lowering compiled for CUDA with its GEMMs on cuBLAS ([`check_cuda`]); `None` when no op
+/// of `fs` multiplies matrices (the form is then the GPU loops' own).
+fn gemm_form(
+    m: &Module,
+    fs: &[&Function],
+    opts: &CompileOptions,
+) -> Option<(NativeModule, PathBuf)> {
+    let lowering = LowerOptions {
+        gpu_gemm: true,
+        ..Default::default()
+    };
+    let (mlir, sigs) =
+        lower_functions_with(fs, &lowering).unwrap_or_else(|e| panic!("lower (gpu gemm): {e}"));
+    if !mlir.contains("llvm.call @ppcc_sgemm") && !mlir.contains("llvm.call @ppcc_dgemm") {
+        return None;
+    }
+    assert!(
+        !mlir.contains("@ppcc_softmax") && !mlir.contains("@ppcc_layernorm"),
+        "the cuBLAS form calls only GEMMs:\n{mlir}"
+    );
+    let dir = case_dir(&format!("{}-gpugemm", m.functions[0].name));
+    let so = compile_to_shared_object(&mlir, &sigs, &dir, opts).unwrap_or_else(|e| {
+        panic!("compile (--gpu-gemm cublas form on the CPU):\n{e}\n--- MLIR ---\n{mlir}")
+    });
+    let module = NativeModule::load(&so, m, None).unwrap_or_else(|e| panic!("load: {e}"));
+    check_cuda(m, &mlir, &sigs, GpuGemm::Cublas);
+    Some((module, dir))
 }
 
 /// `ptxas`: `$PPCC_PTXAS`, else the one of the test venv (PyPI `nvidia-cuda-nvcc-cu12`),
@@ -230,7 +284,7 @@ pub fn ptxas() -> Option<PathBuf> {
 
 /// Compile the portable lowering `mlir` of `m` for CUDA (sm_80 and sm_90) and assemble
 /// every kernel's PTX with `ptxas` for its architecture.
-pub fn check_cuda(m: &Module, mlir: &str, sigs: &[ppcc_codegen::Signature]) {
+pub fn check_cuda(m: &Module, mlir: &str, sigs: &[ppcc_codegen::Signature], gemm: GpuGemm) {
     let ptxas = ptxas();
     if ptxas.is_none() && std::env::var_os("CI").is_some() {
         panic!("ptxas not found (install nvidia-cuda-nvcc-cu12 in .venv, or set PPCC_PTXAS)");
@@ -251,13 +305,35 @@ pub fn check_cuda(m: &Module, mlir: &str, sigs: &[ppcc_codegen::Signature]) {
         &["sm_90"]
     };
     for &arch in archs {
-        let dir = case_dir(&format!("{name}-cuda-{arch}"));
+        let dir = case_dir(&format!("{name}-cuda-{arch}-{}", gemm.name()));
+        let cuda = ppcc_codegen::CudaOptions {
+            gemm,
+            ..ppcc_codegen::CudaOptions::new(arch).expect("arch")
+        };
         let opts = CompileOptions {
-            cuda: Some(ppcc_codegen::CudaOptions::new(arch).expect("arch")),
+            cuda: Some(cuda),
+            keep_intermediates: gemm == GpuGemm::Cublas,
             ..Default::default()
         };
         compile_to_shared_object(mlir, sigs, &dir, &opts)
             .unwrap_or_else(|e| panic!("compile for CUDA {arch}:\n{e}\n--- MLIR ---\n{mlir}"));
+        if gemm == GpuGemm::Cublas {
+            // The host code calls the GPU's GEMM, never the CPU's.
+            let ll: String = std::fs::read_dir(&dir)
+                .expect("build dir")
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "ll"))
+                .map(|e| std::fs::read_to_string(e.path()).expect("read .ll"))
+                .collect();
+            assert!(
+                ll.contains("@ppcc_gpu_sgemm(") || ll.contains("@ppcc_gpu_dgemm("),
+                "no call of the GPU's GEMM in the CUDA host code:\n{ll}"
+            );
+            assert!(
+                !ll.contains("call void @ppcc_sgemm(") && !ll.contains("call void @ppcc_dgemm("),
+                "the CUDA host code calls the CPU's GEMM"
+            );
+        }
         if let Some(ptxas) = &ptxas {
             for e in std::fs::read_dir(&dir).expect("build dir").flatten() {
                 let p = e.path();

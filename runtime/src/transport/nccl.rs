@@ -67,29 +67,16 @@ struct Nccl {
     error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
 }
 
-/// The library names tried, in order.
-fn candidates() -> Vec<String> {
-    let mut v = vec![];
-    if let Some(p) = std::env::var_os("PPCC_NCCL_LIB") {
-        v.push(p.to_string_lossy().into_owned());
-    }
-    v.extend(["libnccl.so.2".to_string(), "libnccl.so".to_string()]);
-    v
-}
-
 fn load() -> Result<Nccl, String> {
-    let mut tried = vec![];
-    for name in candidates() {
-        // SAFETY: loading NCCL runs its initialisers, which only set up its own state.
-        match unsafe { libloading::Library::new(&name) } {
-            Ok(lib) => return bind(lib, name),
-            Err(e) => tried.push(format!("{name} ({e})")),
-        }
-    }
-    Err(format!(
-        "--nccl: the NCCL library cannot be loaded (tried {}); install NCCL (Debian's libnccl2, or the nvidia-nccl-cu12 wheel) or set PPCC_NCCL_LIB to its path, or run without --nccl",
-        tried.join(", ")
-    ))
+    let (lib, path) =
+        crate::gpu::load_library("PPCC_NCCL_LIB", &["libnccl.so.2", "libnccl.so"]).map_err(
+            |tried| {
+                format!(
+                    "--nccl: the NCCL library cannot be loaded (tried {tried}); install NCCL (Debian's libnccl2, or the nvidia-nccl-cu12 wheel) or set PPCC_NCCL_LIB to its path, or run without --nccl"
+                )
+            },
+        )?;
+    bind(lib, path)
 }
 
 fn bind(lib: libloading::Library, path: String) -> Result<Nccl, String> {
