@@ -15,6 +15,10 @@
 #    and on this machine's CPU, and the cost model's h100 prediction.
 # 4. With 2 GPUs or more: the 2-stage GPT again with its tensors over NCCL (--nccl), whose
 #    losses must equal the CPU run's too.
+#
+# Sections 1 and 3 also run every model with its matrix products on cuBLAS
+# (--gpu-gemm cublas, "cublas" below); cuBLAS is looked for in PPCC_CUBLAS_LIB, the loader's
+# paths, then a pip-installed nvidia-cublas-cu12 (which torch brings).
 set -u
 PPCC=${1:-target/release/ppcc}
 OUT=${2:-target/gpu-check}
@@ -24,6 +28,11 @@ fail=0
 say() { echo "$@" | tee -a "$OUT/summary.txt"; }
 
 say "# ppcc GPU check, $(date -u +%Y-%m-%dT%H:%MZ)"
+if [ -z "${PPCC_CUBLAS_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.1[23] '; then
+  lib=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib", "libcublas.so.12"))' 2>/dev/null)
+  [ -n "$lib" ] && [ -e "$lib" ] && export PPCC_CUBLAS_LIB="$lib"
+fi
+say "cuBLAS: ${PPCC_CUBLAS_LIB:-on the loader search path}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$OUT/summary.txt"
 
 losses() { grep '^step ' "$1" | awk '{print $4}'; }
@@ -45,6 +54,15 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
+# The compile flags of a variant: cuda (generated kernels), cublas, cpu.
+target_flags() {
+  case $1 in
+    cuda) echo "--target cuda" ;;
+    cublas) echo "--target cuda --gpu-gemm cublas" ;;
+    *) echo "--target $1" ;;
+  esac
+}
+
 step_time() { grep -o 'measured [^(]*' "$1" | head -1 | sed 's/measured //'; }
 predicted() { grep -o 'predicted: iteration [0-9.]* [mu]*s' "$1" | head -1 | sed 's/predicted: iteration //'; }
 
@@ -53,8 +71,8 @@ say "## 1. 2-stage training, CUDA vs CPU (10 steps, synthetic data, seed 0)"
 for m in mlp gpt cnn two_tower; do
   extra=""
   [ "$m" = two_tower ] && extra="--loss mse"
-  for t in cuda cpu; do
-    if ! timeout 300 "$PPCC" "examples/$m.onnx" -o "$W/${m}_$t" --stages 2 --target "$t" $extra \
+  for t in cuda cublas cpu; do
+    if ! timeout 300 "$PPCC" "examples/$m.onnx" -o "$W/${m}_$t" --stages 2 $(target_flags $t) $extra \
         >"$OUT/${m}_$t.compile.log" 2>&1; then
       say "$m: compile --target $t FAILED:"; tail -5 "$OUT/${m}_$t.compile.log" | tee -a "$OUT/summary.txt"
       fail=1; continue
@@ -63,14 +81,15 @@ for m in mlp gpt cnn two_tower; do
       || { say "$m: run --target $t FAILED:"; tail -5 "$OUT/${m}_$t.run.log" | tee -a "$OUT/summary.txt"; fail=1; }
   done
   compare "$m" "$OUT/${m}_cuda.run.log" "$OUT/${m}_cpu.run.log" || fail=1
-  say "   step time: cuda $(step_time "$OUT/${m}_cuda.run.log"), cpu $(step_time "$OUT/${m}_cpu.run.log")"
+  compare "$m (cublas)" "$OUT/${m}_cublas.run.log" "$OUT/${m}_cpu.run.log" || fail=1
+  say "   step time: cuda $(step_time "$OUT/${m}_cuda.run.log"), cuda+cublas $(step_time "$OUT/${m}_cublas.run.log"), cpu $(step_time "$OUT/${m}_cpu.run.log")"
 done
 
 say ""
 say "## 2. ptxas"
 if command -v ptxas >/dev/null; then
   n=0; bad=0
-  for f in "$W"/*_cuda/stage*/*.ptx; do
+  for f in "$W"/*_cuda/stage*/*.ptx "$W"/*_cublas/stage*/*.ptx; do
     n=$((n + 1))
     ptxas -arch=sm_90 "$f" -o "$W/x.cubin" 2>>"$OUT/ptxas.log" || bad=$((bad + 1))
   done
@@ -87,14 +106,15 @@ python3 bench/gen_models.py --out "$W/models" --no-check --layers 4 --d-model 25
   || { say "generating the bench models failed"; tail -3 "$OUT/gen.log"; }
 bench() { # name model extra...
   local name=$1 model=$2; shift 2
-  for t in cuda cpu; do
-    timeout 300 "$PPCC" "$model" -o "$W/b_${name}_$t" --stages 2 --target "$t" "$@" \
+  for t in cuda cublas cpu; do
+    timeout 300 "$PPCC" "$model" -o "$W/b_${name}_$t" --stages 2 $(target_flags $t) "$@" \
       >"$OUT/b_${name}_$t.compile.log" 2>&1 || { say "$name: compile $t failed"; tail -3 "$OUT/b_${name}_$t.compile.log"; continue; }
     timeout 300 "$PPCC" run "$W/b_${name}_$t" --steps 6 >"$OUT/b_${name}_$t.run.log" 2>&1 \
       || { say "$name: run $t failed"; tail -3 "$OUT/b_${name}_$t.run.log"; }
   done
-  say "$name: cuda $(step_time "$OUT/b_${name}_cuda.run.log") | cpu $(step_time "$OUT/b_${name}_cpu.run.log") | h100 prediction $(predicted "$OUT/b_${name}_cuda.compile.log")"
+  say "$name: cuda $(step_time "$OUT/b_${name}_cuda.run.log") | cuda+cublas $(step_time "$OUT/b_${name}_cublas.run.log") | cpu $(step_time "$OUT/b_${name}_cpu.run.log") | h100 prediction $(predicted "$OUT/b_${name}_cuda.compile.log")"
   compare "$name" "$OUT/b_${name}_cuda.run.log" "$OUT/b_${name}_cpu.run.log" || true
+  compare "$name (cublas)" "$OUT/b_${name}_cublas.run.log" "$OUT/b_${name}_cpu.run.log" || true
 }
 bench gpt4-d256 "$W/models/gpt24.onnx" --batch 16 --microbatches 4
 bench two-tower-1536 "$W/models/two_tower_big.onnx" --batch 256 --microbatches 4 --loss mse
