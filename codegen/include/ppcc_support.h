@@ -26,6 +26,19 @@ void ppcc_dgemm(int64_t flags, int64_t m, int64_t n, int64_t k, double alpha, co
                 int64_t lda, const double *b, int64_t ldb, double beta, const double *c0,
                 int64_t c0_rs, int64_t c0_cs, double *c, int64_t ldc);
 
+/* `count` products C_i = alpha * op(A_i) op(B_i) [+ beta * C_i], X_i = x + i * stride_x (stride
+ * 0 repeats one matrix); beta 0: C_i is written, not read. BLAS's strided-batched GEMM, as
+ * the CUDA target's cuBLAS form calls it (there renamed ppcc_gpu_*; the CPU runs it in
+ * tests). */
+void ppcc_sgemm_batched(int64_t flags, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, int64_t stride_a, const float *b,
+                        int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
+                        int64_t stride_c, int64_t count);
+void ppcc_dgemm_batched(int64_t flags, int64_t m, int64_t n, int64_t k, double alpha,
+                        const double *a, int64_t lda, int64_t stride_a, const double *b,
+                        int64_t ldb, int64_t stride_b, double beta, double *c, int64_t ldc,
+                        int64_t stride_c, int64_t count);
+
 /* Threads one GEMM call may use (default 1: each pipeline stage runs on its own core). */
 void ppcc_set_num_threads(int n);
 int ppcc_get_num_threads(void);

@@ -241,8 +241,13 @@ fn parse_and_lower<'c>(
             let m = module.as_operation().to_raw();
             crate::library::use_library_routines(m);
             if gpu_gemm {
-                crate::library::rename_callee(m, "ppcc_sgemm", "ppcc_gpu_sgemm");
-                crate::library::rename_callee(m, "ppcc_dgemm", "ppcc_gpu_dgemm");
+                for f in ["sgemm", "dgemm", "sgemm_batched", "dgemm_batched"] {
+                    crate::library::rename_callee(
+                        m,
+                        &format!("ppcc_{f}"),
+                        &format!("ppcc_gpu_{f}"),
+                    );
+                }
             }
         } else {
             crate::free_early::free_after_last_use(module.as_operation().to_raw());
@@ -1029,7 +1034,24 @@ mod tests {
             library_calls: true,
             gpu_gemm: false,
         };
-        let (text, _) = crate::lower::lower_functions_with(&[&m.functions[0]], &opts).unwrap();
+        let (mut text, _) = crate::lower::lower_functions_with(&[&m.functions[0]], &opts).unwrap();
+        // The CUDA target's cuBLAS form declares the batched GEMMs.
+        let batched = r#"module {
+  func @main(%a: tensor<2x3x4x8xf32>, %b: tensor<2x3x8x5xf32>, %c: tensor<3x4x8xf64>, %d: tensor<3x8x2xf64>) -> (tensor<2x3x4x5xf32>, tensor<3x4x2xf64>) {
+    %p = "pp.matmul"(%a, %b) : (tensor<2x3x4x8xf32>, tensor<2x3x8x5xf32>) -> tensor<2x3x4x5xf32>
+    %q = "pp.matmul"(%c, %d) : (tensor<3x4x8xf64>, tensor<3x8x2xf64>) -> tensor<3x4x2xf64>
+    return %p, %q : tensor<2x3x4x5xf32>, tensor<3x4x2xf64>
+  }
+}
+"#;
+        let bm = ppir::text::parse_module(batched).unwrap();
+        let gpu = crate::lower::LowerOptions {
+            gpu_gemm: true,
+            ..opts
+        };
+        text += &crate::lower::lower_functions_with(&[&bm.functions[0]], &gpu)
+            .unwrap()
+            .0;
         let header = header_prototypes();
         let mut seen = Vec::new();
         for line in text.lines() {
@@ -1055,6 +1077,8 @@ mod tests {
         for f in [
             "ppcc_sgemm",
             "ppcc_dgemm",
+            "ppcc_sgemm_batched",
+            "ppcc_dgemm_batched",
             "ppcc_softmax_f32",
             "ppcc_layernorm_f32",
             "ppcc_prof_begin",

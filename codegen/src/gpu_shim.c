@@ -45,6 +45,15 @@ typedef struct {
   void (*dgemm)(int64_t flags, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
                 int64_t lda, const double *b, int64_t ldb, double beta, const double *c0,
                 int64_t c0_rs, int64_t c0_cs, double *c, int64_t ldc);
+  /* `ppcc_sgemm_batched`'s contract (ppcc_support.h): `count` products at strides. */
+  void (*sgemm_batched)(int64_t flags, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, int64_t stride_a, const float *b,
+                        int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
+                        int64_t stride_c, int64_t count);
+  void (*dgemm_batched)(int64_t flags, int64_t m, int64_t n, int64_t k, double alpha,
+                        const double *a, int64_t lda, int64_t stride_a, const double *b,
+                        int64_t ldb, int64_t stride_b, double beta, double *c, int64_t ldc,
+                        int64_t stride_c, int64_t count);
 } ppcc_gpu_api;
 
 static const ppcc_gpu_api *ppcc_gpu;
@@ -171,4 +180,22 @@ void ppcc_gpu_dgemm(int64_t flags, int64_t m, int64_t n, int64_t k, double alpha
                     const double *c0, int64_t c0_rs, int64_t c0_cs, double *c, int64_t ldc) {
   if (ppcc_gpu)
     ppcc_gpu->dgemm(flags, m, n, k, alpha, a, lda, b, ldb, beta, c0, c0_rs, c0_cs, c, ldc);
+}
+
+void ppcc_gpu_sgemm_batched(int64_t flags, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float *a, int64_t lda, int64_t stride_a, const float *b,
+                            int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
+                            int64_t stride_c, int64_t count) {
+  if (ppcc_gpu)
+    ppcc_gpu->sgemm_batched(flags, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
+                            ldc, stride_c, count);
+}
+
+void ppcc_gpu_dgemm_batched(int64_t flags, int64_t m, int64_t n, int64_t k, double alpha,
+                            const double *a, int64_t lda, int64_t stride_a, const double *b,
+                            int64_t ldb, int64_t stride_b, double beta, double *c, int64_t ldc,
+                            int64_t stride_c, int64_t count) {
+  if (ppcc_gpu)
+    ppcc_gpu->dgemm_batched(flags, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
+                            ldc, stride_c, count);
 }

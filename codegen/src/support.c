@@ -6,6 +6,8 @@
  * Exported (declared in codegen/include/ppcc_support.h, the ABI's one declaration):
  *   ppcc_sgemm / ppcc_dgemm   C = alpha * op(A) op(B) [+ beta * C0], row-major, the entry the
  *                             lowered matmul / batch matmul / gemm ops call;
+ *   ppcc_sgemm_batched / ppcc_dgemm_batched  strided batches of those (the CUDA target's
+ *                             cuBLAS form, run on the CPU by the tests);
  *   ppcc_set_num_threads(n)   threads one GEMM call may use (default 1: in pipelined
  *                             training each stage worker runs on its own core);
  *   ppcc_get_num_threads()
@@ -926,6 +928,23 @@ void PPCC_CAT(PPCC_CAT(ppcc_, PPCC_S), gemm)(int64_t flags, int64_t m, int64_t n
       pthread_join(tids[t], NULL);
     else
       F(run_part)(&parts[t]);
+  }
+}
+
+/* `count` products C_i = alpha * op(A_i) op(B_i) [+ beta * C_i] with X_i = x + i * stride_x
+ * (stride 0: the same matrix for every i); with beta 0, C_i is written and not read. The
+ * strided-batched GEMM of BLAS libraries: the form the CUDA target hands to cuBLAS
+ * (`--gpu-gemm cublas`), which CPU builds of that form run here. */
+void PPCC_CAT(PPCC_CAT(ppcc_, PPCC_S), gemm_batched)(int64_t flags, int64_t m, int64_t n, int64_t k,
+                                                    T alpha, const T *a, int64_t lda,
+                                                    int64_t stride_a, const T *b, int64_t ldb,
+                                                    int64_t stride_b, T beta, T *c, int64_t ldc,
+                                                    int64_t stride_c, int64_t count) {
+  for (int64_t i = 0; i < count; i++) {
+    T *ci = c + i * stride_c;
+    PPCC_CAT(PPCC_CAT(ppcc_, PPCC_S), gemm)(flags, m, n, k, alpha, a + i * stride_a, lda,
+                                            b + i * stride_b, ldb, beta, beta != 0 ? ci : NULL,
+                                            ldc, 1, ci, ldc);
   }
 }
 

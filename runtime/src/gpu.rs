@@ -99,7 +99,30 @@ pub struct GpuApi {
     memset16: extern "C" fn(*mut c_void, u16, u64, *mut c_void),
     sgemm: GemmAbi<f32>,
     dgemm: GemmAbi<f64>,
+    sgemm_batched: GemmBatchedAbi<f32>,
+    dgemm_batched: GemmBatchedAbi<f64>,
 }
+
+/// `ppcc_gpu_sgemm_batched`/`ppcc_gpu_dgemm_batched`: `ppcc_support.h`'s
+/// `ppcc_sgemm_batched` arguments.
+type GemmBatchedAbi<T> = extern "C" fn(
+    i64,
+    i64,
+    i64,
+    i64,
+    T,
+    *const T,
+    i64,
+    i64,
+    *const T,
+    i64,
+    i64,
+    T,
+    *mut T,
+    i64,
+    i64,
+    i64,
+);
 
 /// `ppcc_gpu_sgemm`/`ppcc_gpu_dgemm`: `ppcc_support.h`'s `ppcc_sgemm` arguments.
 type GemmAbi<T> = extern "C" fn(
@@ -139,6 +162,8 @@ pub static API: GpuApi = GpuApi {
     memset16: abi_memset16,
     sgemm: abi_gemm::<f32>,
     dgemm: abi_gemm::<f64>,
+    sgemm_batched: abi_gemm_batched::<f32>,
+    dgemm_batched: abi_gemm_batched::<f64>,
 };
 
 /// The driver, once per process.
@@ -791,25 +816,85 @@ extern "C" fn abi_gemm<T: cublas::Element + Into<f64>>(
             ldb,
             ldc,
             c0: (!c0.is_null()).then_some((c0_rs, c0_cs)),
+            count: 1,
+            strides: [0; 3],
         };
-        let run = || -> Result<(), String> {
-            let h = d
-                .blas
-                .get_or_init(|| cublas::create_handle(d.stream as *mut c_void))
-                .clone()?;
-            // SAFETY: the module passes device buffers of the sizes it describes; the
-            // handle was made in this device's context, which `enter` made current.
-            unsafe { cublas::gemm(h, &r, alpha.into(), a, b, beta.into(), c)? };
-            // SAFETY: the stream belongs to this device's context.
-            check("cuStreamSynchronize", unsafe {
-                sys::cuStreamSynchronize(d.stream)
-            })
-            .map_err(|e| format!("running a matrix product on cuBLAS: {e}"))
-        };
-        if let Err(e) = run() {
+        if let Err(e) = run_gemm(&d, &r, alpha.into(), a, b, beta.into(), c) {
             fail(e);
         }
     })
+}
+
+/// `count` matrix products of the module's host code at strides (`--gpu-gemm cublas`), as
+/// one strided-batched cuBLAS call; beta 0 writes C, else adds to it.
+#[allow(clippy::too_many_arguments)]
+extern "C" fn abi_gemm_batched<T: cublas::Element + Into<f64>>(
+    flags: i64,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: T,
+    a: *const T,
+    lda: i64,
+    stride_a: i64,
+    b: *const T,
+    ldb: i64,
+    stride_b: i64,
+    beta: T,
+    c: *mut T,
+    ldc: i64,
+    stride_c: i64,
+    count: i64,
+) {
+    guarded((), || {
+        if FAILED.with(|f| f.get()) {
+            return; // an earlier failure of this call is reported instead
+        }
+        let Some(d) = current() else {
+            fail("a matrix product outside a call of a CUDA module".into());
+            return;
+        };
+        let beta: f64 = beta.into();
+        let r = cublas::RowMajor {
+            flags,
+            m,
+            n,
+            k,
+            lda,
+            ldb,
+            ldc,
+            c0: (beta != 0.0).then_some((ldc, 1)),
+            count,
+            strides: [stride_a, stride_b, stride_c],
+        };
+        if let Err(e) = run_gemm(&d, &r, alpha.into(), a, b, beta, c) {
+            fail(e);
+        }
+    })
+}
+
+/// Run `r` on the device's cuBLAS handle (made on first use) and wait for it.
+fn run_gemm<T: cublas::Element>(
+    d: &GpuDevice,
+    r: &cublas::RowMajor,
+    alpha: f64,
+    a: *const T,
+    b: *const T,
+    beta: f64,
+    c: *mut T,
+) -> Result<(), String> {
+    let h = d
+        .blas
+        .get_or_init(|| cublas::create_handle(d.stream as *mut c_void))
+        .clone()?;
+    // SAFETY: the module passes device buffers of the sizes it describes; the handle was
+    // made in this device's context, which `enter` made current.
+    unsafe { cublas::gemm(h, r, alpha, a, b, beta, c)? };
+    // SAFETY: the stream belongs to this device's context.
+    check("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(d.stream)
+    })
+    .map_err(|e| format!("running a matrix product on cuBLAS: {e}"))
 }
 
 /// A buffer of managed memory on one device, freed when dropped.

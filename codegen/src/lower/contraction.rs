@@ -447,6 +447,21 @@ fn declare_gemm(e: &mut Emitter, d: DType) -> String {
     sym.to_string()
 }
 
+/// The support library's strided-batched GEMM for `d` (`ppcc_<s|d>gemm_batched`, see
+/// `ppcc_support.h`), declared in the module: the form of batched products under
+/// [`crate::lower::LowerOptions::gpu_gemm`].
+fn declare_gemm_batched(e: &mut Emitter, d: DType) -> String {
+    let sym = match d {
+        DType::F64 => "ppcc_dgemm_batched",
+        _ => "ppcc_sgemm_batched",
+    };
+    let t = elem_type(d);
+    e.declare(format!(
+        "llvm.func @{sym}(i64, i64, i64, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64, i64, {t}, !llvm.ptr, i64, i64, i64)"
+    ));
+    sym.to_string()
+}
+
 /// `!llvm.ptr` to the first element of an identity-layout memref (offset 0 by its type).
 pub(super) fn memref_ptr(e: &mut Emitter, memref: &str, mty: &str) -> String {
     let idx = e.op(format!(
@@ -611,7 +626,9 @@ fn emit_gemm_call(
         sc[i] = s;
         s *= batch[i];
     }
-    let loops = batch_loops(batch, &sa, &sb, &sc);
+    let mut loops = batch_loops(batch, &sa, &sb, &sc);
+    // The GPU's library takes the innermost batch loop as one strided-batched call.
+    let batched = if e.gpu_gemm { loops.pop() } else { None };
     if batch.contains(&0) || m * n == 0 {
         // Nothing to compute: the result has no elements.
         return e.op(format!(
@@ -657,10 +674,20 @@ fn emit_gemm_call(
         }
     }
     let [pa, pb, pc] = &ptrs;
-    let pc0 = if c0_in_place { pc } else { &pc0 };
-    e.line(format!(
-        "llvm.call @{sym}({flags}, {mv}, {nv}, {kv}, {al}, {pa}, {lda}, {pb}, {ldb}, {be}, {pc0}, {rs}, {cs}, {pc}, {ldc}) : (i64, i64, i64, i64, {t}, !llvm.ptr, i64, !llvm.ptr, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64) -> ()"
-    ));
+    if let Some((count, [stride_a, stride_b, stride_c])) = batched {
+        // C in place with beta 1 (C0 broadcast into it above), else written (beta 0).
+        let sym = declare_gemm_batched(e, d);
+        let [sa, sb, sc, n_batch] =
+            [stride_a, stride_b, stride_c, count].map(|x| i64_const(e, x as i64));
+        e.line(format!(
+            "llvm.call @{sym}({flags}, {mv}, {nv}, {kv}, {al}, {pa}, {lda}, {sa}, {pb}, {ldb}, {sb}, {be}, {pc}, {ldc}, {sc}, {n_batch}) : (i64, i64, i64, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64, i64, {t}, !llvm.ptr, i64, i64, i64) -> ()"
+        ));
+    } else {
+        let pc0 = if c0_in_place { pc } else { &pc0 };
+        e.line(format!(
+            "llvm.call @{sym}({flags}, {mv}, {nv}, {kv}, {al}, {pa}, {lda}, {pb}, {ldb}, {be}, {pc0}, {rs}, {cs}, {pc}, {ldc}) : (i64, i64, i64, i64, {t}, !llvm.ptr, i64, !llvm.ptr, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64) -> ()"
+        ));
+    }
     for _ in &loops {
         e.line("}");
     }

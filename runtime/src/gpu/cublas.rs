@@ -48,6 +48,27 @@ type Gemm<T> = unsafe extern "C" fn(
     c_int,
 ) -> Status;
 
+type GemmBatched<T> = unsafe extern "C" fn(
+    Handle,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    *const T,
+    *const T,
+    c_int,
+    i64,
+    *const T,
+    c_int,
+    i64,
+    *const T,
+    *mut T,
+    c_int,
+    i64,
+    c_int,
+) -> Status;
+
 /// The functions used, from the loaded library.
 struct Cublas {
     _lib: libloading::Library,
@@ -56,6 +77,8 @@ struct Cublas {
     set_stream: unsafe extern "C" fn(Handle, *mut c_void) -> Status,
     sgemm: Gemm<f32>,
     dgemm: Gemm<f64>,
+    sgemm_batched: GemmBatched<f32>,
+    dgemm_batched: GemmBatched<f64>,
     get_property: unsafe extern "C" fn(c_int, *mut c_int) -> Status,
     /// `cublasGetStatusString` (cuBLAS 11.4 and later).
     status_string: Option<unsafe extern "C" fn(Status) -> *const c_char>,
@@ -84,6 +107,8 @@ fn load() -> Result<Cublas, String> {
         set_stream: sym!("cublasSetStream_v2"),
         sgemm: sym!("cublasSgemm_v2"),
         dgemm: sym!("cublasDgemm_v2"),
+        sgemm_batched: sym!("cublasSgemmStridedBatched"),
+        dgemm_batched: sym!("cublasDgemmStridedBatched"),
         get_property: sym!("cublasGetProperty"),
         // SAFETY: as above; optional (older libraries lack it).
         status_string: unsafe { lib.get(b"cublasGetStatusString\0") }
@@ -168,6 +193,10 @@ pub(crate) struct RowMajor {
     pub ldc: i64,
     /// Whether C0 is the result itself (accumulate), with its strides.
     pub c0: Option<(i64, i64)>,
+    /// Products in the batch (1: one product), and the element strides between the
+    /// operands of consecutive ones (A, B, C; 0 repeats one matrix).
+    pub count: i64,
+    pub strides: [i64; 3],
 }
 
 /// The column-major call that computes a [`RowMajor`] product: `C' = op(A')·op(B') +
@@ -185,6 +214,11 @@ pub(crate) struct ColMajor {
     pub ldc: c_int,
     /// Whether `beta` applies (else C is overwritten: beta' = 0).
     pub accumulate: bool,
+    /// Products, and the strides of `A'`, `B'` and C between them.
+    pub count: c_int,
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_c: i64,
 }
 
 /// The cuBLAS call for `r`, `None` when the result has no elements, or why the module's
@@ -221,7 +255,11 @@ pub(crate) fn plan(r: &RowMajor) -> Result<Option<ColMajor>, String> {
             ));
         }
     }
-    if m == 0 || n == 0 {
+    let count = int("batch count", r.count)?;
+    if let Some(&s) = r.strides.iter().find(|&&s| s < 0) {
+        return Err(format!("a negative batch stride {s}"));
+    }
+    if m == 0 || n == 0 || count == 0 {
         return Ok(None);
     }
     Ok(Some(ColMajor {
@@ -235,22 +273,27 @@ pub(crate) fn plan(r: &RowMajor) -> Result<Option<ColMajor>, String> {
         ldb: lda.max(1),
         ldc,
         accumulate: r.c0.is_some(),
+        count,
+        stride_a: r.strides[1],
+        stride_b: r.strides[0],
+        stride_c: r.strides[2],
     }))
 }
 
 /// The element types cuBLAS multiplies here.
 pub(crate) trait Element: Copy {
     fn from_f64(x: f64) -> Self;
-    /// The library's GEMM for this type and its name (for messages).
-    fn gemm() -> Result<(Gemm<Self>, &'static str), String>;
+    /// The library's GEMM and strided-batched GEMM for this type, and its letter.
+    fn gemm() -> Result<(Gemm<Self>, GemmBatched<Self>, char), String>;
 }
 
 impl Element for f32 {
     fn from_f64(x: f64) -> Self {
         x as f32
     }
-    fn gemm() -> Result<(Gemm<f32>, &'static str), String> {
-        Ok((cublas()?.sgemm, "cublasSgemm"))
+    fn gemm() -> Result<(Gemm<f32>, GemmBatched<f32>, char), String> {
+        let l = cublas()?;
+        Ok((l.sgemm, l.sgemm_batched, 'S'))
     }
 }
 
@@ -258,8 +301,9 @@ impl Element for f64 {
     fn from_f64(x: f64) -> Self {
         x
     }
-    fn gemm() -> Result<(Gemm<f64>, &'static str), String> {
-        Ok((cublas()?.dgemm, "cublasDgemm"))
+    fn gemm() -> Result<(Gemm<f64>, GemmBatched<f64>, char), String> {
+        let l = cublas()?;
+        Ok((l.dgemm, l.dgemm_batched, 'D'))
     }
 }
 
@@ -281,37 +325,38 @@ pub(crate) unsafe fn gemm<T: Element>(
     let Some(p) = plan(r)? else {
         return Ok(());
     };
-    let (f, name) = T::gemm()?;
+    let (one, batched, letter) = T::gemm()?;
     let al = T::from_f64(alpha);
     let be = T::from_f64(if p.accumulate { beta } else { 0.0 });
+    let h = h as Handle;
     // SAFETY: the caller's contract; alpha and beta are host values (the default pointer
     // mode) that live across the call.
     let s = unsafe {
-        f(
-            h as Handle,
-            p.op_a,
-            p.op_b,
-            p.m,
-            p.n,
-            p.k,
-            &al,
-            b,
-            p.lda,
-            a,
-            p.ldb,
-            &be,
-            c,
-            p.ldc,
-        )
+        if p.count == 1 {
+            one(
+                h, p.op_a, p.op_b, p.m, p.n, p.k, &al, b, p.lda, a, p.ldb, &be, c, p.ldc,
+            )
+        } else {
+            batched(
+                h, p.op_a, p.op_b, p.m, p.n, p.k, &al, b, p.lda, p.stride_a, a, p.ldb, p.stride_b,
+                &be, c, p.ldc, p.stride_c, p.count,
+            )
+        }
     };
     if s != 0 {
         let l = cublas()?;
         return Err(format!(
-            "{name} ({}×{}×{}, flags {}): {}",
+            "cublas{letter}gemm{} ({}×{}×{}, flags {}{}): {}",
+            if p.count == 1 { "" } else { "StridedBatched" },
             r.m,
             r.n,
             r.k,
             r.flags,
+            if p.count == 1 {
+                String::new()
+            } else {
+                format!(", {} products", p.count)
+            },
             describe(l, s)
         ));
     }
@@ -322,9 +367,17 @@ pub(crate) unsafe fn gemm<T: Element>(
 mod tests {
     use super::*;
 
-    /// What cuBLAS computes for a [`ColMajor`] call (the BLAS definition, column-major).
-    #[allow(clippy::too_many_arguments)]
+    /// What cuBLAS computes for a [`ColMajor`] call (the BLAS definition, column-major;
+    /// for a batch, each product on the operands' slices at its strides).
     fn reference(p: &ColMajor, alpha: f64, a: &[f64], b: &[f64], beta: f64, c: &mut [f64]) {
+        for i in 0..p.count as usize {
+            let off = |s: i64| i * s as usize;
+            let (a, b) = (&a[off(p.stride_a)..], &b[off(p.stride_b)..]);
+            one_product(p, alpha, a, b, beta, &mut c[off(p.stride_c)..]);
+        }
+    }
+
+    fn one_product(p: &ColMajor, alpha: f64, a: &[f64], b: &[f64], beta: f64, c: &mut [f64]) {
         let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
         let (lda, ldb, ldc) = (p.lda as usize, p.ldb as usize, p.ldc as usize);
         let at = |i: usize, l: usize| {
@@ -396,6 +449,8 @@ mod tests {
                             ldb: ldb as i64,
                             ldc: ldc as i64,
                             c0: accumulate.then_some((ldc as i64, 1)),
+                            count: 1,
+                            strides: [0; 3],
                         };
                         let p = plan(&r).unwrap().unwrap();
                         let mut c = c0.clone();
@@ -432,6 +487,54 @@ mod tests {
         assert_eq!(cases, 96);
     }
 
+    /// A batch at its strides, one operand repeated (stride 0), accumulating into C: each
+    /// product equals the row-major definition on its slices.
+    #[test]
+    fn a_strided_batch_computes_each_product() {
+        let (m, n, k, count) = (3usize, 4usize, 5usize, 3usize);
+        for flags in 0..4i64 {
+            for accumulate in [false, true] {
+                let (ta, tb) = (flags & 1 != 0, flags & 2 != 0);
+                let (lda, ldb, ldc) = (if ta { m } else { k }, if tb { k } else { n }, n);
+                let (sa, sb, sc) = (m * k, 0, m * n);
+                let a = values(7 + flags as u64, count * sa);
+                let b = values(11 + flags as u64, k * n);
+                let c0 = values(13, count * sc);
+                let r = RowMajor {
+                    flags,
+                    m: m as i64,
+                    n: n as i64,
+                    k: k as i64,
+                    lda: lda as i64,
+                    ldb: ldb as i64,
+                    ldc: ldc as i64,
+                    c0: accumulate.then_some((ldc as i64, 1)),
+                    count: count as i64,
+                    strides: [sa as i64, sb as i64, sc as i64],
+                };
+                let p = plan(&r).unwrap().unwrap();
+                let mut c = c0.clone();
+                reference(&p, 1.0, &b, &a, 1.0, &mut c);
+                for x in 0..count {
+                    for i in 0..m {
+                        for j in 0..n {
+                            let s: f64 = (0..k)
+                                .map(|l| {
+                                    let ai = if ta { l * lda + i } else { i * lda + l };
+                                    let bi = if tb { j * ldb + l } else { l * ldb + j };
+                                    a[x * sa + ai] * b[bi]
+                                })
+                                .sum();
+                            let at = x * sc + i * ldc + j;
+                            let want = s + if accumulate { c0[at] } else { 0.0 };
+                            assert!((c[at] - want).abs() < 1e-12, "flags {flags} batch {x}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn arguments_outside_the_contract_are_refused_with_what_is_wrong() {
         let r = RowMajor {
@@ -443,8 +546,18 @@ mod tests {
             ldb: 3,
             ldc: 3,
             c0: None,
+            count: 1,
+            strides: [0; 3],
         };
         assert!(plan(&r).unwrap().is_some());
+        let e = plan(&RowMajor {
+            count: 2,
+            strides: [6, -1, 12],
+            ..r
+        })
+        .unwrap_err();
+        assert!(e.contains("negative batch stride -1"), "{e}");
+        assert_eq!(plan(&RowMajor { count: 0, ..r }).unwrap(), None);
         let e = plan(&RowMajor { lda: 1, ..r }).unwrap_err();
         assert!(e.contains("lda = 1") && e.contains("2 columns"), "{e}");
         let e = plan(&RowMajor { m: 1 << 31, ..r }).unwrap_err();

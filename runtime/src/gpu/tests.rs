@@ -105,6 +105,34 @@ extern "C" fn t_gemm<T: std::fmt::Display>(
     ));
 }
 
+#[allow(clippy::too_many_arguments)]
+extern "C" fn t_gemm_batched<T: std::fmt::Display>(
+    flags: i64,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: T,
+    a: *const T,
+    lda: i64,
+    sa: i64,
+    b: *const T,
+    ldb: i64,
+    sb: i64,
+    beta: T,
+    c: *mut T,
+    ldc: i64,
+    sc: i64,
+    count: i64,
+) {
+    record(format!(
+        "{}gemm_batched {flags} {m} {n} {k} {alpha} {} {lda} {sa} {} {ldb} {sb} {beta} {} {ldc} {sc} {count}",
+        if std::mem::size_of::<T>() == 4 { "s" } else { "d" },
+        a as usize,
+        b as usize,
+        c as usize
+    ));
+}
+
 fn table(version: u32) -> GpuApi {
     GpuApi {
         version,
@@ -121,6 +149,8 @@ fn table(version: u32) -> GpuApi {
         memset16: t_memset16,
         sgemm: t_gemm::<f32>,
         dgemm: t_gemm::<f64>,
+        sgemm_batched: t_gemm_batched::<f32>,
+        dgemm_batched: t_gemm_batched::<f64>,
     }
 }
 
@@ -223,6 +253,26 @@ fn every_shim_entry_reaches_the_runtime_entry_of_its_name() {
     );
     let sgemm = f!("ppcc_gpu_sgemm", Gemm<f32>);
     let dgemm = f!("ppcc_gpu_dgemm", Gemm<f64>);
+    type Batched<T> = unsafe extern "C" fn(
+        i64,
+        i64,
+        i64,
+        i64,
+        T,
+        *const T,
+        i64,
+        i64,
+        *const T,
+        i64,
+        i64,
+        T,
+        *mut T,
+        i64,
+        i64,
+        i64,
+    );
+    let sgemm_batched = f!("ppcc_gpu_sgemm_batched", Batched<f32>);
+    let dgemm_batched = f!("ppcc_gpu_dgemm_batched", Batched<f64>);
 
     let old = table(GPU_API_VERSION - 1);
     let good = table(GPU_API_VERSION);
@@ -291,6 +341,42 @@ fn every_shim_entry_reaches_the_runtime_entry_of_its_name() {
             p(40) as _,
             7,
         );
+        sgemm_batched(
+            2,
+            3,
+            4,
+            5,
+            0.5,
+            p(8) as _,
+            6,
+            7,
+            p(16) as _,
+            8,
+            0,
+            1.0,
+            p(24) as _,
+            9,
+            10,
+            11,
+        );
+        dgemm_batched(
+            3,
+            4,
+            5,
+            6,
+            1.5,
+            p(32) as _,
+            7,
+            8,
+            p(40) as _,
+            9,
+            10,
+            0.0,
+            p(48) as _,
+            11,
+            12,
+            13,
+        );
     }
     let calls = std::mem::take(&mut *CALLS.lock().unwrap());
     assert_eq!(
@@ -309,6 +395,8 @@ fn every_shim_entry_reaches_the_runtime_entry_of_its_name() {
             "alloc 200",
             "sgemm 3 4 5 6 1.5 16 7 32 8 2.5 64 9 10 64 11",
             "dgemm 1 2 3 4 -0.5 8 5 24 6 0.25 0 0 0 40 7",
+            "sgemm_batched 2 3 4 5 0.5 8 6 7 16 8 0 1 24 9 10 11",
+            "dgemm_batched 3 4 5 6 1.5 32 7 8 40 9 10 0 48 11 12 13",
         ]
     );
 }
