@@ -115,6 +115,10 @@ bench() { # name model extra...
   say "$name: cuda $(step_time "$OUT/b_${name}_cuda.run.log") | cuda+cublas $(step_time "$OUT/b_${name}_cublas.run.log") | cpu $(step_time "$OUT/b_${name}_cpu.run.log") | h100 prediction $(predicted "$OUT/b_${name}_cuda.compile.log")"
   compare "$name" "$OUT/b_${name}_cuda.run.log" "$OUT/b_${name}_cpu.run.log" || true
   compare "$name (cublas)" "$OUT/b_${name}_cublas.run.log" "$OUT/b_${name}_cpu.run.log" || true
+  # Where the GPU time goes: kernels waited for, cuBLAS, allocations (per device, whole run).
+  for t in cuda cublas; do
+    grep -o 'GPU [^;]*cuBLAS products ([0-9.]* s)' "$OUT/b_${name}_$t.run.log" | sed "s/^/   $t: /" | tee -a "$OUT/summary.txt"
+  done
 }
 bench gpt4-d256 "$W/models/gpt24.onnx" --batch 16 --microbatches 4
 bench two-tower-1536 "$W/models/two_tower_big.onnx" --batch 256 --microbatches 4 --loss mse

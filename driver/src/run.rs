@@ -1041,10 +1041,18 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
             let gpus: String = gpu_memory[i]
                 .iter()
                 .map(|g| {
+                    let s = &g.stats;
                     format!(
-                        ", GPU {} peak allocated {}",
+                        ", GPU {} peak allocated {} (held from the driver {}; {} allocations from it, {} reused), {} kernels ({:.3} s waited for), {} cuBLAS products ({:.3} s)",
                         g.device,
-                        mib(g.peak_bytes as f64)
+                        mib(g.peak_bytes as f64),
+                        mib(s.reserved_peak as f64),
+                        s.driver_allocations,
+                        s.reused,
+                        s.launches,
+                        s.kernel_seconds,
+                        s.gemms,
+                        s.gemm_seconds
                     )
                 })
                 .collect();

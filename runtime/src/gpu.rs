@@ -296,6 +296,83 @@ pub struct GpuDevice {
     peak: AtomicU64,
     /// The cuBLAS handle on [`GpuDevice::stream`], made on the first product.
     blas: OnceLock<Result<usize, String>>,
+    /// Freed blocks kept for reuse ([`BlockCache`]); `None` with `PPCC_GPU_CACHE=off`.
+    cache: Option<Mutex<BlockCache>>,
+    /// Bytes held from the driver (in use and cached), now and at most.
+    reserved: AtomicU64,
+    reserved_peak: AtomicU64,
+    counters: Counters,
+}
+
+/// What a device has done since it was opened ([`GpuDevice::stats`]).
+#[derive(Default)]
+struct Counters {
+    launches: AtomicU64,
+    kernel_ns: AtomicU64,
+    gemms: AtomicU64,
+    gemm_ns: AtomicU64,
+    driver_allocations: AtomicU64,
+    reused: AtomicU64,
+}
+
+/// A snapshot of a device's work and allocations.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuStats {
+    /// Kernels launched, and seconds the host waited for them (each launch is waited for).
+    pub launches: u64,
+    pub kernel_seconds: f64,
+    /// cuBLAS products (a strided batch counts once), and seconds until each was done.
+    pub gemms: u64,
+    pub gemm_seconds: f64,
+    /// Allocations the driver made, and allocations served from freed blocks.
+    pub driver_allocations: u64,
+    pub reused: u64,
+    /// Bytes held from the driver at most (in use and kept for reuse).
+    pub reserved_peak: u64,
+}
+
+/// The size class of an allocation of `bytes`: a multiple of 512 up to 1 MiB, above that
+/// a multiple of 1/16 of the next power of two (at most 12.5% more than asked). Freed
+/// blocks are reused for requests of the same class.
+pub(crate) fn size_class(bytes: u64) -> u64 {
+    let b = bytes.max(1);
+    let step = if b <= 1 << 20 {
+        512
+    } else {
+        (b.next_power_of_two() / 16).max(512)
+    };
+    b.div_ceil(step) * step
+}
+
+/// Freed device blocks by size class, reused last-freed first: every buffer of a step is
+/// allocated and freed again each step, and the driver's allocation (`cuMemAllocManaged`),
+/// its free (which waits for the device) and the first touch of fresh managed memory by
+/// the GPU (page faults) cost far more than a kernel on these sizes. A block is only
+/// handed out again after the host code freed it, and the host code frees a buffer after
+/// waiting for the kernels that use it (every launch and cuBLAS call is waited for).
+#[derive(Default)]
+pub(crate) struct BlockCache {
+    free: HashMap<u64, Vec<u64>>,
+}
+
+impl BlockCache {
+    /// A freed block of size class `class`.
+    pub(crate) fn take(&mut self, class: u64) -> Option<u64> {
+        self.free.get_mut(&class)?.pop()
+    }
+
+    /// Keep block `p` of size class `class` for reuse.
+    pub(crate) fn put(&mut self, class: u64, p: u64) {
+        self.free.entry(class).or_default().push(p);
+    }
+
+    /// Every kept block with its class (to give back to the driver), emptying the cache.
+    pub(crate) fn drain(&mut self) -> Vec<(u64, u64)> {
+        self.free
+            .drain()
+            .flat_map(|(c, ps)| ps.into_iter().map(move |p| (c, p)))
+            .collect()
+    }
 }
 
 // SAFETY: the context, stream, modules and functions are driver handles, usable from any
@@ -375,6 +452,12 @@ impl GpuDevice {
                 allocated: AtomicU64::new(0),
                 peak: AtomicU64::new(0),
                 blas: OnceLock::new(),
+                cache: std::env::var("PPCC_GPU_CACHE")
+                    .map_or(true, |v| v != "off" && v != "0")
+                    .then(|| Mutex::new(BlockCache::default())),
+                reserved: AtomicU64::new(0),
+                reserved_peak: AtomicU64::new(0),
+                counters: Counters::default(),
             })
         }
     }
@@ -403,14 +486,75 @@ impl GpuDevice {
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
     }
 
-    /// `bytes` of managed memory (at least one byte is allocated).
+    /// What the device has done since it was opened.
+    pub fn stats(&self) -> GpuStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        GpuStats {
+            launches: get(&c.launches),
+            kernel_seconds: get(&c.kernel_ns) as f64 * 1e-9,
+            gemms: get(&c.gemms),
+            gemm_seconds: get(&c.gemm_ns) as f64 * 1e-9,
+            driver_allocations: get(&c.driver_allocations),
+            reused: get(&c.reused),
+            reserved_peak: get(&self.reserved_peak),
+        }
+    }
+
+    /// Managed memory of `class` bytes from the driver; when it has none left, the blocks
+    /// kept for reuse are given back and the allocation is tried once more.
+    fn driver_alloc(&self, class: u64) -> Result<sys::CUdeviceptr, GpuError> {
+        let once = || {
+            let mut p: sys::CUdeviceptr = 0;
+            // SAFETY: valid out-pointer; CU_MEM_ATTACH_GLOBAL = 1 (any stream may use it).
+            check("cuMemAllocManaged", unsafe {
+                sys::cuMemAllocManaged(&mut p, class as usize, 1)
+            })
+            .map(|()| p)
+        };
+        let p = match once() {
+            Ok(p) => p,
+            Err(e) => {
+                let kept = match &self.cache {
+                    Some(c) => c.lock().map_err(|_| GpuError::Poisoned)?.drain(),
+                    None => vec![],
+                };
+                if kept.is_empty() {
+                    return Err(e);
+                }
+                for (c, p) in kept {
+                    self.reserved.fetch_sub(c, Ordering::Relaxed);
+                    // SAFETY: a block from cuMemAllocManaged that nothing uses any more.
+                    let r = unsafe { sys::cuMemFree_v2(p) };
+                    check("cuMemFree", r)?;
+                }
+                once()?
+            }
+        };
+        self.counters
+            .driver_allocations
+            .fetch_add(1, Ordering::Relaxed);
+        let now = self.reserved.fetch_add(class, Ordering::Relaxed) + class;
+        self.reserved_peak.fetch_max(now, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    /// `bytes` of managed memory (at least one byte is allocated): a freed block of the
+    /// same size class when there is one ([`BlockCache`]), else the driver's.
     pub fn alloc(&self, bytes: u64) -> Result<*mut u8, GpuError> {
         self.bind()?;
-        let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; CU_MEM_ATTACH_GLOBAL = 1 (any stream may use it).
-        check("cuMemAllocManaged", unsafe {
-            sys::cuMemAllocManaged(&mut p, bytes.max(1) as usize, 1)
-        })
+        let class = size_class(bytes);
+        let reused = match &self.cache {
+            Some(c) => c.lock().map_err(|_| GpuError::Poisoned)?.take(class),
+            None => None,
+        };
+        let p = match reused {
+            Some(p) => {
+                self.counters.reused.fetch_add(1, Ordering::Relaxed);
+                Ok(p)
+            }
+            None => self.driver_alloc(class),
+        }
         .map_err(|e| match e {
             GpuError::Driver { call, message } => GpuError::Driver {
                 call,
@@ -431,18 +575,25 @@ impl GpuDevice {
         Ok(p as *mut u8)
     }
 
-    /// Free what [`GpuDevice::alloc`] returned.
+    /// Free what [`GpuDevice::alloc`] returned: kept for reuse, or given back to the driver
+    /// (`PPCC_GPU_CACHE=off`, or a block the device does not know).
     pub fn free(&self, p: *mut u8) {
         if p.is_null() {
             return;
         }
-        if let Some(bytes) = self
+        let bytes = self
             .sizes
             .lock()
             .ok()
-            .and_then(|mut s| s.remove(&(p as u64)))
-        {
+            .and_then(|mut s| s.remove(&(p as u64)));
+        if let Some(bytes) = bytes {
             self.allocated.fetch_sub(bytes, Ordering::Relaxed);
+            if let Some(Ok(mut c)) = self.cache.as_ref().map(|c| c.lock()) {
+                c.put(size_class(bytes), p as u64);
+                return;
+            }
+            self.reserved
+                .fetch_sub(size_class(bytes), Ordering::Relaxed);
         }
         if let Err(e) = self.bind() {
             fail(e.to_string());
@@ -629,6 +780,8 @@ extern "C" fn abi_launch(
             fail(format!(
                 "launching a kernel (grid {gx}×{gy}×{gz}, block {bx}×{by}×{bz}): {e}"
             ));
+        } else if let Some(d) = current() {
+            d.counters.launches.fetch_add(1, Ordering::Relaxed);
         }
     })
 }
@@ -650,8 +803,13 @@ extern "C" fn abi_stream_synchronize(stream: *mut c_void) {
         if stream.is_null() {
             return;
         }
+        let t0 = std::time::Instant::now();
         // SAFETY: the stream is the device's (abi_stream_create).
         let r = unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) };
+        if let Some(d) = current() {
+            let ns = t0.elapsed().as_nanos() as u64;
+            d.counters.kernel_ns.fetch_add(ns, Ordering::Relaxed);
+        }
         if let Err(e) = check("cuStreamSynchronize", r) {
             fail(format!("running a kernel: {e}"));
         }
@@ -887,14 +1045,20 @@ fn run_gemm<T: cublas::Element>(
         .blas
         .get_or_init(|| cublas::create_handle(d.stream as *mut c_void))
         .clone()?;
+    let t0 = std::time::Instant::now();
     // SAFETY: the module passes device buffers of the sizes it describes; the handle was
     // made in this device's context, which `enter` made current.
     unsafe { cublas::gemm(h, r, alpha, a, b, beta, c)? };
     // SAFETY: the stream belongs to this device's context.
-    check("cuStreamSynchronize", unsafe {
+    let done = check("cuStreamSynchronize", unsafe {
         sys::cuStreamSynchronize(d.stream)
     })
-    .map_err(|e| format!("running a matrix product on cuBLAS: {e}"))
+    .map_err(|e| format!("running a matrix product on cuBLAS: {e}"));
+    d.counters.gemms.fetch_add(1, Ordering::Relaxed);
+    d.counters
+        .gemm_ns
+        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    done
 }
 
 /// A buffer of managed memory on one device, freed when dropped.
@@ -950,3 +1114,48 @@ impl Drop for DeviceBuffer {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_cover_the_request_with_little_waste() {
+        let mut sizes: Vec<u64> = (0..5000u64)
+            .chain((1..40).map(|i| i * 1_000_003))
+            .chain([1 << 20, (1 << 20) + 1, 3 << 30])
+            .collect();
+        sizes.sort();
+        let mut last = 0;
+        for b in sizes {
+            let c = size_class(b);
+            assert!(c >= b.max(1) && c.is_multiple_of(512), "{b} -> {c}");
+            if b > 1 << 20 {
+                assert!(c as f64 <= b as f64 * 1.125, "{b} -> {c}");
+            } else {
+                assert!(c - b.max(1) < 512, "{b} -> {c}");
+            }
+            assert!(c >= last, "classes grow with the request");
+            last = c;
+        }
+        // Requests of one class share blocks.
+        assert_eq!(size_class(1000), size_class(1024));
+        assert_ne!(size_class(1024), size_class(1025));
+    }
+
+    #[test]
+    fn freed_blocks_are_reused_by_their_class_only_and_drained_once() {
+        let mut c = BlockCache::default();
+        assert_eq!(c.take(512), None);
+        c.put(512, 0x1000);
+        c.put(512, 0x2000);
+        c.put(1024, 0x3000);
+        assert_eq!(c.take(512), Some(0x2000), "last freed first");
+        assert_eq!(c.take(1536), None);
+        let mut all = c.drain();
+        all.sort();
+        assert_eq!(all, [(512, 0x1000), (1024, 0x3000)]);
+        assert_eq!(c.take(512), None);
+        assert!(c.drain().is_empty());
+    }
+}

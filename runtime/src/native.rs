@@ -1164,6 +1164,7 @@ impl crate::pipeline::StageExecutable for NativeStage {
         Some(crate::pipeline::GpuMemory {
             device: format!("{} ({})", g.ordinal, g.name),
             peak_bytes: g.memory().1,
+            stats: g.stats(),
         })
     }
 }

@@ -322,6 +322,8 @@ pub struct GpuMemory {
     pub device: String,
     /// The most bytes allocated on it at once so far.
     pub peak_bytes: u64,
+    /// Its work and allocations so far (the whole GPU, whichever stages it runs).
+    pub stats: crate::gpu::GpuStats,
 }
 
 /// A stage's functions on the reference interpreter.
@@ -1160,7 +1162,10 @@ impl RankWorker {
         for st in &self.stages {
             if let Some(g) = st.exec.gpu_memory() {
                 match report.gpu_memory.iter_mut().find(|x| x.device == g.device) {
-                    Some(x) => x.peak_bytes = x.peak_bytes.max(g.peak_bytes),
+                    Some(x) => {
+                        x.peak_bytes = x.peak_bytes.max(g.peak_bytes);
+                        x.stats = g.stats;
+                    }
                     None => report.gpu_memory.push(g),
                 }
             }
