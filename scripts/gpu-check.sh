@@ -12,7 +12,8 @@
 #    1e-4 relative (the CPU run is the reference).
 # 2. Each PTX file assembled by ptxas (when on PATH) for the architecture it was written for.
 # 3. Benchmarks: two generated models (a GPT and a two-tower MLP), time per step on the GPU
-#    and on this machine's CPU, and the cost model's h100 prediction.
+#    and on this machine's CPU, and the cost model's h100 prediction; then the f32 GEMM rate
+#    of one MatMul (ppcc eval) with generated kernels and with cuBLAS.
 # 4. With 2 GPUs or more: the 2-stage GPT again with its tensors over NCCL (--nccl), whose
 #    losses must equal the CPU run's too.
 #
@@ -135,6 +136,41 @@ for (m, k, n) in [(64, 1536, 1536), (2048, 256, 1024), (4096, 4096, 4096)]:
     print(f"cuBLAS (torch) f32 GEMM {m}x{k}x{n}: {2*m*k*n/dt/1e12:.1f} TFLOP/s")
 EOF
 fi
+say ""
+say "## 3b. GEMM TFLOP/s (f32): ppcc eval of one MatMul, generated kernels vs cuBLAS (the"
+say "##     latency includes passing the inputs in, so it is a lower bound on the GEMM's rate)"
+python3 - "$W/gemm" <<'EOF' >"$OUT/gemm-models.log" 2>&1 || say "generating the GEMM models failed"
+import sys, os, numpy as np, onnx
+from onnx import helper, TensorProto
+out = sys.argv[1]; os.makedirs(out, exist_ok=True)
+for (m, k, n) in [(64, 1536, 1536), (2048, 256, 1024), (4096, 4096, 4096)]:
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "mm",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [k, n])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), f"{out}/mm_{m}x{k}x{n}.onnx")
+    r = np.random.default_rng(0)
+    np.savez(f"{out}/mm_{m}x{k}x{n}.npz", a=r.standard_normal((m, k), dtype=np.float32),
+             b=r.standard_normal((k, n), dtype=np.float32))
+EOF
+for f in "$W"/gemm/mm_*.onnx; do
+  [ -e "$f" ] || continue
+  shape=$(basename "$f" .onnx | sed 's/mm_//')
+  line="GEMM $shape:"
+  for g in kernels cublas; do
+    timeout 300 "$PPCC" eval "$f" --inputs "${f%.onnx}.npz" -o "$W/gemm/out.npz" --target cuda \
+      --gpu-gemm $g --repeat 5 >"$OUT/gemm_${shape}_$g.log" 2>&1
+    ms=$(grep -o 'median [0-9.]* ms' "$OUT/gemm_${shape}_$g.log" | awk '{print $2}')
+    if [ -n "$ms" ]; then
+      rate=$(python3 -c "m,k,n=map(int,'$shape'.split('x')); print(f'{2*m*k*n/($ms*1e-3)/1e12:.2f}')")
+      line="$line $g $rate TFLOP/s ($ms ms);"
+    else
+      line="$line $g FAILED ($(tail -1 "$OUT/gemm_${shape}_$g.log"));"
+    fi
+  done
+  say "$line"
+done
+
 say ""
 say "## 4. NCCL between GPUs (--nccl; needs 2 GPUs)"
 ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)

@@ -183,6 +183,10 @@ pub struct EvalArgs {
     /// Run the model on the reference interpreter or as native code (MLIR → LLVM).
     #[arg(long, value_enum, default_value_t = Target::Interp)]
     target: Target,
+    /// Who multiplies matrices under `--target cuda`: generated `kernels` (the default) or
+    /// `cublas` (see `ppcc --help`).
+    #[arg(long, value_name = "kernels|cublas", value_parser = ["kernels", "cublas"])]
+    gpu_gemm: Option<String>,
     /// After the first run, run the forward pass N more times and print its median and
     /// minimum latency (the inputs and weights are passed in each time).
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -314,9 +318,12 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
     let f = &imported.module.functions[0];
     let opts = InterpOptions { precision };
     let scratch = ScratchDir::new("eval")?;
+    let cuda = a
+        .target
+        .cuda_with(a.gpu_gemm.as_deref().and_then(ppcc_codegen::GpuGemm::parse))?;
     let mut forward: Box<dyn FnMut() -> Result<Vec<ppir::Tensor>>> = match a.target {
         Target::Interp => Box::new(|| Ok(run_function(f, args.clone(), &opts, None)?)),
-        target @ (Target::Cpu | Target::Cuda) => {
+        Target::Cpu | Target::Cuda => {
             let t0 = Instant::now();
             let native = build_native(
                 &imported.module,
@@ -324,7 +331,7 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
                 &scratch.0,
                 "the model",
                 false,
-                target,
+                cuda.clone(),
             )?;
             eprintln!(
                 "generated native code in {:.2} s",

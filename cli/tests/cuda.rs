@@ -170,6 +170,27 @@ fn gpu_gemm_needs_the_cuda_target() {
         out.stderr
     );
     assert!(!dir.exists(), "nothing is written for a refused --gpu-gemm");
+    // `ppcc eval` takes it too (to time a model's products on a GPU), with the same rule.
+    let out_npz = tmp("gemm-eval.npz");
+    let out = ppcc(&[
+        "eval",
+        "examples/gpt.onnx",
+        "--inputs",
+        "examples/gpt_io.npz",
+        "-o",
+        out_npz.to_str().unwrap(),
+        "--target",
+        "cpu",
+        "--gpu-gemm",
+        "cublas",
+    ]);
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains("--gpu-gemm cublas") && out.stderr.contains("--target cuda"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out_npz.exists());
 }
 
 #[test]

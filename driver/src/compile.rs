@@ -809,13 +809,7 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         }),
         _ => None,
     };
-    if let (Some(g), None) = (a.gpu_gemm, &cuda) {
-        bail!(
-            "--gpu-gemm {} chooses how GPUs multiply matrices: it needs --target cuda (this is --target {})",
-            g.name(),
-            a.target.name()
-        );
-    }
+    a.target.cuda_with(a.gpu_gemm)?;
     let split_targets = match a.split.as_deref().map(str::trim) {
         None | Some("auto") => SplitChoice::Auto,
         Some("off") | Some("") => SplitChoice::Off,

@@ -41,16 +41,35 @@ impl Target {
     pub fn cuda(self) -> Option<ppcc_codegen::CudaOptions> {
         (self == Target::Cuda).then(ppcc_codegen::CudaOptions::default)
     }
+
+    /// [`Target::cuda`] with `--gpu-gemm` (which only `--target cuda` takes).
+    pub fn cuda_with(
+        self,
+        gemm: Option<ppcc_codegen::GpuGemm>,
+    ) -> Result<Option<ppcc_codegen::CudaOptions>> {
+        match (self.cuda(), gemm) {
+            (None, Some(g)) => Err(crate::error::invalid!(
+                "--gpu-gemm {} chooses how GPUs multiply matrices: it needs --target cuda (this is --target {})",
+                g.name(),
+                self.name()
+            )),
+            (cuda, gemm) => Ok(cuda.map(|c| ppcc_codegen::CudaOptions {
+                gemm: gemm.unwrap_or_default(),
+                ..c
+            })),
+        }
+    }
 }
 
-/// Generate `dir/module.so` for `functions` of `m` (all when empty) and load it.
+/// Generate `dir/module.so` for `functions` of `m` (all when empty) and load it: CPU code,
+/// or with `cuda` ([`Target::cuda_with`]) a CUDA module.
 pub fn build_native(
     m: &Module,
     functions: &[&str],
     dir: &Path,
     what: &str,
     keep_mlir: bool,
-    target: Target,
+    cuda: Option<ppcc_codegen::CudaOptions>,
 ) -> Result<NativeModule> {
     let built = build_module(
         m,
@@ -60,7 +79,7 @@ pub fn build_native(
         &BuildOptions {
             keep_mlir,
             profile_ops: false,
-            cuda: target.cuda(),
+            cuda,
             ..Default::default()
         },
     )?;

@@ -116,7 +116,7 @@ pub fn train(a: &TrainOptions, events: &mut dyn FnMut(TrainEvent)) -> Result<()>
                 &scratch.0,
                 "the training step",
                 false,
-                target,
+                target.cuda(),
             )?;
             Trainer::with_executor(module, trainer_opts, Box::new(NativeExecutor { native }))?
         }
