@@ -430,36 +430,30 @@ fn bias_init(e: &mut Emitter, op: &OpView, out5: &[u64], d: DType) -> Result<Str
 
 // ---- matmul and gemm ----
 
-/// The support-library GEMM for `d` (`codegen/src/support.c`), declared in the module:
-/// `void ppcc_<s|d>gemm(i64 flags, i64 m, i64 n, i64 k, T alpha, T *a, i64 lda, T *b, i64 ldb,
-/// T beta, T *c0, i64 c0_rs, i64 c0_cs, T *c, i64 ldc)` computes the row-major
-/// `c = alpha · op(a) · op(b) [+ beta · c0]` (flags bit 0 / bit 1: `a` / `b` transposed;
-/// `c0` null or broadcast through its strides).
-fn declare_gemm(e: &mut Emitter, d: DType) -> String {
-    let sym = match d {
-        DType::F64 => "ppcc_dgemm",
-        _ => "ppcc_sgemm",
-    };
+/// The support-library GEMM for `d` (`codegen/src/support.c`, `ppcc_support.h`), declared
+/// in the module, and its name:
+/// - `void ppcc_<s|d>gemm(i64 flags, i64 m, i64 n, i64 k, T alpha, T *a, i64 lda, T *b,
+///   i64 ldb, T beta, T *c0, i64 c0_rs, i64 c0_cs, T *c, i64 ldc)` computes the row-major
+///   `c = alpha · op(a) · op(b) [+ beta · c0]` (flags bit 0 / bit 1: `a` / `b` transposed;
+///   `c0` null or broadcast through its strides);
+/// - `batched`: `void ppcc_<s|d>gemm_batched(i64 flags, i64 m, i64 n, i64 k, T alpha, T *a,
+///   i64 lda, i64 stride_a, T *b, i64 ldb, i64 stride_b, T beta, T *c, i64 ldc,
+///   i64 stride_c, i64 count)`, `count` of those at strides (beta 0: C written, not read),
+///   the form of batched products under [`crate::lower::LowerOptions::gpu_gemm`].
+fn declare_gemm(e: &mut Emitter, d: DType, batched: bool) -> String {
+    let sym = format!(
+        "ppcc_{}gemm{}",
+        if d == DType::F64 { "d" } else { "s" },
+        if batched { "_batched" } else { "" }
+    );
     let t = elem_type(d);
-    e.declare(format!(
-        "llvm.func @{sym}(i64, i64, i64, i64, {t}, !llvm.ptr, i64, !llvm.ptr, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64)"
-    ));
-    sym.to_string()
-}
-
-/// The support library's strided-batched GEMM for `d` (`ppcc_<s|d>gemm_batched`, see
-/// `ppcc_support.h`), declared in the module: the form of batched products under
-/// [`crate::lower::LowerOptions::gpu_gemm`].
-fn declare_gemm_batched(e: &mut Emitter, d: DType) -> String {
-    let sym = match d {
-        DType::F64 => "ppcc_dgemm_batched",
-        _ => "ppcc_sgemm_batched",
+    let params = if batched {
+        format!("i64, i64, i64, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64, i64, {t}, !llvm.ptr, i64, i64, i64")
+    } else {
+        format!("i64, i64, i64, i64, {t}, !llvm.ptr, i64, !llvm.ptr, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64")
     };
-    let t = elem_type(d);
-    e.declare(format!(
-        "llvm.func @{sym}(i64, i64, i64, i64, {t}, !llvm.ptr, i64, i64, !llvm.ptr, i64, i64, {t}, !llvm.ptr, i64, i64, i64)"
-    ));
-    sym.to_string()
+    e.declare(format!("llvm.func @{sym}({params})"));
+    sym
 }
 
 /// `!llvm.ptr` to the first element of an identity-layout memref (offset 0 by its type).
@@ -571,7 +565,7 @@ fn emit_gemm_call(
             None => r,
         };
     }
-    let sym = declare_gemm(e, d);
+    let sym = declare_gemm(e, d, false);
     let t = elem_type(d);
     // The buffer has the result's final shape (a dense row-major reshape of
     // `[batch.., m, n]`), so the caller's result is this allocation itself and the
@@ -676,7 +670,7 @@ fn emit_gemm_call(
     let [pa, pb, pc] = &ptrs;
     if let Some((count, [stride_a, stride_b, stride_c])) = batched {
         // C in place with beta 1 (C0 broadcast into it above), else written (beta 0).
-        let sym = declare_gemm_batched(e, d);
+        let sym = declare_gemm(e, d, true);
         let [sa, sb, sc, n_batch] =
             [stride_a, stride_b, stride_c, count].map(|x| i64_const(e, x as i64));
         e.line(format!(
