@@ -149,6 +149,10 @@ pub struct CompileArgs {
     /// has not yet been measured against the kernels on a GPU (BENCHMARKS.md).
     #[arg(long, value_name = "kernels|cublas", value_parser = ["kernels", "cublas"])]
     pub gpu_gemm: Option<String>,
+    /// Test hook: with --target cpu, make each stage's code from the loops --target cuda
+    /// turns into kernels (and its matrix products as --gpu-gemm has them), run on the CPU.
+    #[arg(long, hide = true)]
+    pub gpu_loops_on_cpu: bool,
     /// Write every intermediate form of the generated code: DIR/stage<i>/mlir/NN-<pass>.mlir
     /// after each pass of the MLIR pipeline, module.llvm.mlir and module.ll.
     #[arg(long)]
@@ -228,6 +232,7 @@ impl CompileArgs {
                 .gpu_gemm
                 .as_deref()
                 .and_then(ppcc_codegen::GpuGemm::parse),
+            gpu_loops_on_cpu: self.gpu_loops_on_cpu,
             keep_mlir: self.keep_mlir,
             split: self.split.clone(),
             recompute: RecomputeMode::from_name(&self.recompute)

@@ -2,7 +2,9 @@
 //! that NVIDIA's `ptxas` assembles for the architecture it was written for (sm_80 and
 //! sm_90); `ppcc run` of a CUDA plan on a machine without the CUDA driver stops with an
 //! error naming it; a bad `--cuda-arch` is refused before anything is written; with
-//! `--gpu-gemm cublas` the host code multiplies through the runtime's cuBLAS entry.
+//! `--gpu-gemm cublas` the host code multiplies through the runtime's cuBLAS entry; whole
+//! models compiled through the CUDA lowering but run on the CPU (loops for kernels, both
+//! GEMM forms) train with the CPU plan's losses.
 //!
 //! `ptxas` comes from the test venv (PyPI `nvidia-cuda-nvcc-cu12`), `$PPCC_PTXAS` or PATH;
 //! without one the assembly step is skipped, except in CI (`CI` set), where it must run.
@@ -150,6 +152,56 @@ fn cublas_plans_call_the_gpu_gemm_and_their_kernels_assemble() {
         }
         assemble(&ptx_files(&dir, 2).concat(), "sm_90");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The losses of `ppcc run DIR --steps N`.
+fn losses(dir: &Path, steps: &str) -> Vec<f64> {
+    let out = ppcc(&["run", dir.to_str().unwrap(), "--steps", steps]);
+    assert!(out.ok, "ppcc run {}:\n{}", dir.display(), out.stderr);
+    out.stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("step "))
+        .filter_map(|l| l.split_whitespace().nth(2)?.parse().ok())
+        .collect()
+}
+
+/// Whole models through the CUDA target's lowering, run on the CPU (the hidden
+/// `--gpu-loops-on-cpu`): every op as the loops that become kernels, and the matrix
+/// products as generated loops or in the cuBLAS form (the support library's GEMM standing
+/// in for cuBLAS under the same contract). Each trains with the CPU plan's losses (1e-4
+/// relative: products sum in another order) — forward, both backward halves and the
+/// optimizer, across two stages.
+#[test]
+fn the_cuda_lowering_trains_whole_models_with_the_cpu_losses() {
+    for (model, extra) in [
+        ("examples/gpt.onnx", &[][..]),
+        ("examples/cnn.onnx", &[][..]),
+        ("examples/two_tower.onnx", &["--loss", "mse"][..]),
+    ] {
+        let stem = Path::new(model).file_stem().unwrap().to_string_lossy();
+        let base = tmp(&format!("loops-{stem}-cpu"));
+        let mut args = vec!["--stages", "2"];
+        args.extend_from_slice(extra);
+        compile(model, &base, &args);
+        let want = losses(&base, "3");
+        assert_eq!(want.len(), 3, "{model}: {want:?}");
+        for gemm in ["kernels", "cublas"] {
+            let dir = tmp(&format!("loops-{stem}-{gemm}"));
+            let mut a = args.clone();
+            a.extend(["--gpu-loops-on-cpu", "--gpu-gemm", gemm]);
+            compile(model, &dir, &a);
+            let got = losses(&dir, "3");
+            assert_eq!(got.len(), want.len(), "{model} {gemm}: {got:?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-4 * w.abs().max(1e-6),
+                    "{model} --gpu-gemm {gemm}: losses {got:?}, the CPU plan's {want:?}"
+                );
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let _ = std::fs::remove_dir_all(&base);
     }
 }
 

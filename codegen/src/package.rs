@@ -41,9 +41,11 @@ pub struct BuildOptions {
     /// Generate a CUDA module (PTX kernels and the host code that launches them).
     pub cuda: Option<CudaOptions>,
     /// Generate CPU code from the loops the CUDA target turns into kernels (every op kept
-    /// in `linalg`, tiled and mapped as for the GPU, then run as host loops): how CI checks
-    /// the GPU lowering's numerics without a GPU.
-    pub cuda_loops_on_cpu: bool,
+    /// in `linalg`, tiled and mapped as for the GPU, then run as host loops), with the
+    /// matrix products as that target would compute them (`Some(GpuGemm::Cublas)`: its
+    /// cuBLAS form, the support library's GEMM standing in): how the tests check the GPU
+    /// lowering's numerics, op by op and on whole models, without a GPU.
+    pub cuda_loops_on_cpu: Option<crate::gpu::GpuGemm>,
 }
 
 /// What [`build_module`] wrote.
@@ -72,13 +74,14 @@ pub fn build_module(
             .filter(|f| functions.contains(&f.name.as_str()))
             .collect()
     };
-    let gpu_gemm = opts
-        .cuda
-        .as_ref()
-        .is_some_and(|c| c.gemm == crate::gpu::GpuGemm::Cublas);
+    let gemm = match (&opts.cuda, opts.cuda_loops_on_cpu) {
+        (Some(c), _) => Some(c.gemm),
+        (None, g) => g,
+    };
+    let gpu_gemm = gemm == Some(crate::gpu::GpuGemm::Cublas);
     let lopts = LowerOptions {
         profile_ops: opts.profile_ops,
-        library_calls: (opts.cuda.is_none() && !opts.cuda_loops_on_cpu) || gpu_gemm,
+        library_calls: gemm.is_none() || gpu_gemm,
         gpu_gemm,
     };
     let (mlir, sigs) = lower_functions_with(&fs, &lopts).map_err(|source| CodegenError::Lower {
@@ -91,7 +94,7 @@ pub fn build_module(
         cuda: opts.cuda.clone(),
         ..Default::default()
     };
-    if opts.cuda_loops_on_cpu {
+    if opts.cuda.is_none() && opts.cuda_loops_on_cpu.is_some() {
         copts.pipeline = crate::compile::cpu_gpu_loops_pipeline();
     }
     let so = compile_to_shared_object(&mlir, &sigs, dir, &copts).map_err(|source| {

@@ -133,6 +133,11 @@ pub struct CompileOptions {
     /// Who computes matrix products on [`Target::Cuda`]; `None`: generated kernels (given
     /// with another target, refused).
     pub gpu_gemm: Option<ppcc_codegen::GpuGemm>,
+    /// Test hook (`--gpu-loops-on-cpu`, with [`Target::Cpu`]): each stage's CPU code is made
+    /// from the loops the CUDA target turns into kernels, and its matrix products as
+    /// `gpu_gemm` has them, so a whole model trains on the CPU through the CUDA target's
+    /// lowering.
+    pub gpu_loops_on_cpu: bool,
     /// Keep every intermediate form of the generated code.
     pub keep_mlir: bool,
     /// Ops to split into pieces before partitioning (`NODE=K[:AXIS],...`).
@@ -167,6 +172,7 @@ impl CompileOptions {
             target: Target::Cpu,
             cuda_arch: "sm_90".into(),
             gpu_gemm: None,
+            gpu_loops_on_cpu: false,
             keep_mlir: false,
             split: None,
             recompute: RecomputeMode::Auto,
@@ -809,7 +815,15 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
         }),
         _ => None,
     };
-    a.target.cuda_with(a.gpu_gemm)?;
+    if a.gpu_loops_on_cpu {
+        if a.target != Target::Cpu {
+            bail!(
+                "--gpu-loops-on-cpu runs the CUDA target's loops as CPU code: it needs --target cpu"
+            );
+        }
+    } else {
+        a.target.cuda_with(a.gpu_gemm)?;
+    }
     let split_targets = match a.split.as_deref().map(str::trim) {
         None | Some("auto") => SplitChoice::Auto,
         Some("off") | Some("") => SplitChoice::Off,
@@ -1176,6 +1190,9 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
                         keep_mlir: a.keep_mlir,
                         profile_ops: false,
                         cuda: cuda.clone(),
+                        cuda_loops_on_cpu: a
+                            .gpu_loops_on_cpu
+                            .then(|| a.gpu_gemm.unwrap_or_default()),
                         ..Default::default()
                     },
                 )?;
