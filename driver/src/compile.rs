@@ -1193,7 +1193,6 @@ fn run_pipeline(c: &mut Compiler) -> Result<Compiled> {
                         cuda_loops_on_cpu: a
                             .gpu_loops_on_cpu
                             .then(|| a.gpu_gemm.unwrap_or_default()),
-                        ..Default::default()
                     },
                 )?;
                 built_so.push(built.so);
