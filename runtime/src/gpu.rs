@@ -9,6 +9,11 @@
 //! - Every buffer (the module's temporaries and the runtime's arguments and results) is
 //!   managed memory: addressed by kernels and by host code alike, resident on the device
 //!   while only kernels touch it. Allocated bytes are counted per device (now and peak).
+//!   Freed blocks are kept per size class and handed out again (`BlockCache`).
+//! - Matrix products of modules compiled with `--gpu-gemm cublas` run on cuBLAS
+//!   (`gpu/cublas.rs`), one handle per device on its stream.
+//! - Kernels launched, cuBLAS products and allocations are counted per device
+//!   ([`GpuDevice::stats`]).
 //! - The ABI's functions return nothing, so a failure is recorded for the calling thread;
 //!   later launches of that call are skipped, and the runtime turns the first failure into
 //!   the call's error ([`take_error`]).
@@ -540,7 +545,7 @@ impl GpuDevice {
     }
 
     /// `bytes` of managed memory (at least one byte is allocated): a freed block of the
-    /// same size class when there is one ([`BlockCache`]), else the driver's.
+    /// same size class when there is one (`BlockCache`), else the driver's.
     pub fn alloc(&self, bytes: u64) -> Result<*mut u8, GpuError> {
         self.bind()?;
         let class = size_class(bytes);

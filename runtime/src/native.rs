@@ -1052,7 +1052,7 @@ impl Buffer {
     }
 }
 
-/// A stage's functions as native code, behind the pipeline's [`StageExecutable`]. Weight
+/// A stage's functions as native code, behind the pipeline's [`crate::pipeline::StageExecutable`]. Weight
 /// arguments (`param`/`state`) are converted to native buffers once and reused until the
 /// pipeline reports new weights (`weights_changed`).
 pub struct NativeStage {
