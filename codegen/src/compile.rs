@@ -236,8 +236,15 @@ fn parse_and_lower<'c>(
         .iter()
         .position(|p| p == "buffer-deallocation-pipeline")
         .filter(|_| cpu);
+    let is_ours = |p: &str| p == USE_LIBRARY || p == crate::tiling::TILE_LOOPS;
     let ours = |pass: &str, module: &mut Module<'c>| -> Result<(), CompileError> {
-        if pass == USE_LIBRARY {
+        if pass == crate::tiling::TILE_LOOPS {
+            crate::tiling::tile_parallel_loops(context.to_raw(), module.as_operation().to_raw())
+                .map_err(|e| CompileError::Pipeline {
+                    pipeline: format!("ppcc {pass}"),
+                    diagnostics: format!("{e}\n{}", drain(sink)),
+                })?;
+        } else if pass == USE_LIBRARY {
             let m = module.as_operation().to_raw();
             crate::library::use_library_routines(m);
             if gpu_gemm {
@@ -266,7 +273,7 @@ fn parse_and_lower<'c>(
             // MLIR's passes in runs between our steps.
             let mut run_from = 0;
             for i in 0..passes.len() {
-                let ours_here = passes[i] == USE_LIBRARY;
+                let ours_here = is_ours(&passes[i]);
                 if ours_here || Some(i) == free_after || i + 1 == passes.len() {
                     let end = if ours_here { i } else { i + 1 };
                     if end > run_from {
@@ -276,7 +283,7 @@ fn parse_and_lower<'c>(
                         )?;
                     }
                     if ours_here {
-                        ours(USE_LIBRARY, &mut module)?;
+                        ours(&passes[i], &mut module)?;
                     } else if Some(i) == free_after {
                         ours(FREE_EARLY, &mut module)?;
                     }
@@ -288,8 +295,8 @@ fn parse_and_lower<'c>(
             create_dir(dir)?;
             write_file(&dir.join("00-input.mlir"), mlir)?;
             for (i, pass) in passes.iter().enumerate() {
-                if pass == USE_LIBRARY {
-                    ours(USE_LIBRARY, &mut module)?;
+                if is_ours(pass) {
+                    ours(pass, &mut module)?;
                 } else {
                     run(&format!("builtin.module({pass})"), &mut module)?;
                 }

@@ -29,19 +29,6 @@ pub const GPU_SHIM_C: &str = include_str!("gpu_shim.c");
 /// The version of the table `gpu_shim.c` takes from the runtime (`PPCC_GPU_API_VERSION`).
 pub const GPU_API_VERSION: u32 = 2;
 
-/// Threads per block of the generated kernels.
-pub const BLOCK_THREADS: u64 = 256;
-
-/// `scf-parallel-loop-tiling`'s tile sizes, which apply to a parallel loop's dimensions in
-/// order (1 beyond the list): the second dimension — the last of the 2-D loops that matrix
-/// products and most ops on matrices make, so neighbouring threads touch neighbouring
-/// elements — is tiled by [`BLOCK_THREADS`] (a thread block), the others by 1 (one block
-/// per index). 1-D loops get one thread per block; choosing the tile per op (the last
-/// dimension, several dimensions for small ones) is the next step.
-pub fn tile_sizes() -> String {
-    format!("1,{BLOCK_THREADS}")
-}
-
 /// What to generate CUDA code for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaOptions {
@@ -133,18 +120,19 @@ impl CudaOptions {
     }
 }
 
-/// Bufferization, then `linalg` → `scf.parallel` loops tiled into thread blocks
-/// ([`tile_sizes`]) and mapped to blocks and threads: the part of [`cuda_pipeline`] that
+/// Bufferization, then `linalg` → `scf.parallel` loops tiled into thread blocks (ppcc's
+/// step [`crate::tiling::TILE_LOOPS`]: each function's tile sizes by
+/// [`crate::tiling::tiles_for`]) and mapped to blocks and threads: the part of [`cuda_pipeline`] that
 /// [`crate::compile::cpu_gpu_loops_pipeline`] also runs (then as host loops). Ends with a
 /// comma.
 pub fn gpu_loops_passes() -> String {
     format!(
         "{}convert-linalg-to-parallel-loops,\
-func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={} no-min-max-bounds}}),\
+{},\
 sccp,\
 func.func(gpu-map-parallel-loops),",
         crate::compile::bufferize_passes!(),
-        tile_sizes()
+        crate::tiling::TILE_LOOPS
     )
 }
 

@@ -13,6 +13,7 @@ pub mod library;
 pub mod lower;
 pub mod package;
 pub mod support_cache;
+pub mod tiling;
 
 pub use compile::{
     compile_to_object, compile_to_shared_object, link_shared, CompileError, CompileOptions,

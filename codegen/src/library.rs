@@ -26,7 +26,7 @@ use mlir_sys::{
 
 use crate::lower::LIBRARY_SUFFIX;
 
-fn string(s: MlirStringRef) -> String {
+pub(crate) fn string(s: MlirStringRef) -> String {
     if s.data.is_null() {
         return String::new();
     }
@@ -35,26 +35,26 @@ fn string(s: MlirStringRef) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn str_ref(s: &str) -> MlirStringRef {
+pub(crate) fn str_ref(s: &str) -> MlirStringRef {
     MlirStringRef {
         data: s.as_ptr() as *const std::os::raw::c_char,
         length: s.len(),
     }
 }
 
-fn op_name(op: MlirOperation) -> String {
+pub(crate) fn op_name(op: MlirOperation) -> String {
     // SAFETY: `op` is a live operation.
     string(unsafe { mlirIdentifierStr(mlirOperationGetName(op)) })
 }
 
-fn attribute(op: MlirOperation, name: &str) -> Option<MlirAttribute> {
+pub(crate) fn attribute(op: MlirOperation, name: &str) -> Option<MlirAttribute> {
     // SAFETY: `op` is live; a missing attribute is a null attribute.
     let a = unsafe { mlirOperationGetAttributeByName(op, str_ref(name)) };
     (!a.ptr.is_null()).then_some(a)
 }
 
 /// Every operation nested in `op`'s regions (all blocks), outermost first.
-fn walk(op: MlirOperation, f: &mut impl FnMut(MlirOperation)) {
+pub(crate) fn walk(op: MlirOperation, f: &mut impl FnMut(MlirOperation)) {
     // SAFETY: walking the live regions, blocks and operation lists of `op`.
     unsafe {
         for r in 0..mlirOperationGetNumRegions(op) {
