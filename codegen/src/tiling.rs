@@ -1,24 +1,31 @@
-//! Thread-block tiles chosen per function for the CUDA target's parallel loops.
+//! Thread-block tiles and the mapping of loop dimensions to CUDA's blocks and threads,
+//! chosen per function and per loop for the CUDA target's parallel loops.
 //!
-//! `scf-parallel-loop-tiling` takes one list of tile sizes, applied to a loop's dimensions
-//! in order (1 beyond the list), and `gpu-map-parallel-loops` then maps dimension `i` of
-//! the tile loop to block `x`/`y`/`z` and of the loop within a tile to thread `x`/`y`/`z`
-//! (`i = 0, 1, 2`; further dimensions run sequentially). One list for every loop suits none:
-//! a single `1,256` gives 1-D loops one thread per block, and gives 4-D loops (attention's
-//! `[batch, heads, query, key]`) a block of 256 threads along `heads`, of which 4 or 8 work.
+//! MLIR's own steps suit few loops: `scf-parallel-loop-tiling` takes one list of tile sizes
+//! for every loop, applied to a loop's dimensions in order, and `gpu-map-parallel-loops`
+//! maps dimension `i` of the tile loop to block `x`/`y`/`z` and of the loop within a tile to
+//! thread `x`/`y`/`z` (`i = 0, 1, 2`; further dimensions run sequentially). With one list
+//! `1,256`, 1-D loops got one thread per block, neighbouring threads of 3-D loops touched
+//! elements a row apart, and 4-D loops (attention's `[batch, heads, query, key]`) got
+//! blocks of 256 threads along the heads, of which 4 to 16 worked.
 //!
-//! So the list is chosen per function (each op is its own function, and nearly all of
-//! them have loops of one shape) from its largest loop, by [`tiles_for`]: the threads go
-//! along the last dimension that the mapping can give them (the last, for loops of up to
-//! three dimensions, so that neighbouring threads touch neighbouring elements; the third
-//! for longer ones), at least a warp and at most 256 threads (64 along `z`, the most CUDA
-//! allows there), and within CUDA's grid limits; then `scf-parallel-loop-tiling` runs on
-//! that function alone with that list.
+//! Here ([`TILE_LOOPS`]):
+//! - each function's loops (each op is its own function, and nearly all have loops of one
+//!   shape) are tiled with the sizes [`tiles_for`] gives its largest loop: 32 to 256
+//!   threads (a power of two) along the last dimension, or along the latest one of at
+//!   least a warp's trip count when the last is shorter; `scf-parallel-loop-tiling` runs on
+//!   that function alone with that list;
+//! - every tiled loop is then mapped by [`mapping_for`] (written as the loops' `mapping`
+//!   attributes, which `gpu-map-parallel-loops` then leaves alone): the threaded dimension
+//!   to thread `x` and block `x`, so that neighbouring threads touch neighbouring elements,
+//!   the other dimensions with the most tiles to blocks `y` and `z` while they fit CUDA's
+//!   65535, the rest run sequentially inside each block.
 
 use mlir_sys::{
-    mlirAttributeIsAInteger, mlirBlockGetNumArguments, mlirIntegerAttrGetValueInt,
-    mlirOpResultGetOwner, mlirOperationGetNumOperands,
-    mlirOperationGetOperand, mlirOperationGetRegion, mlirParsePassPipeline,
+    mlirAttributeIsAInteger, mlirAttributeParseGet, mlirBlockGetFirstOperation,
+    mlirBlockGetNumArguments, mlirIntegerAttrGetValueInt, mlirOpResultGetOwner,
+    mlirOperationGetNextInBlock, mlirOperationGetNumOperands, mlirOperationGetOperand,
+    mlirOperationGetRegion, mlirOperationSetAttributeByName, mlirParsePassPipeline,
     mlirPassManagerCreateOnOperation, mlirPassManagerDestroy, mlirPassManagerGetAsOpPassManager,
     mlirPassManagerRunOnOp, mlirRegionGetFirstBlock, mlirValueIsAOpResult, MlirContext,
     MlirOperation, MlirStringRef,
@@ -29,61 +36,99 @@ use crate::library::{attribute, op_name, str_ref, walk};
 /// The pass-list name of this step (see [`crate::gpu::gpu_loops_passes`]).
 pub const TILE_LOOPS: &str = "ppcc-tile-parallel-loops";
 
-/// The most threads of a block, and along its `z` dimension (CUDA's limit).
-const MAX_THREADS: u64 = 256;
-const MAX_THREADS_Z: u64 = 64;
+/// The most threads of a block (of CUDA's 1024, what the kernels use).
+pub const MAX_THREADS: u64 = 256;
 /// The fewest threads a tile gets along its thread dimension (a warp).
-const MIN_THREADS: u64 = 32;
+pub const MIN_THREADS: u64 = 32;
 /// CUDA's largest grid along `y` and `z`.
-const MAX_GRID_YZ: u64 = 65535;
+pub const MAX_GRID_YZ: u64 = 65535;
 
-/// The tile list of the loops before this step (the fallback when a choice would leave
-/// CUDA's grid limits).
-pub const LEGACY_TILES: [u64; 2] = [1, 256];
-
-/// The tile sizes for a parallel loop with these trip counts (`None`: not a constant):
-/// all 1 but one dimension `d`, tiled by a power of two between [`MIN_THREADS`] and the
-/// threads allowed there. `d` is the last dimension for loops of up to three (the
-/// third, `z`, by at most 64), the third for longer ones (the mapping runs dimensions past
-/// the third sequentially); when that dimension has fewer than a warp's trip count and an
-/// earlier one has more, the latest such one. The grid's `y` and `z` (tile loop dimensions
-/// 1 and 2) must stay within 65535, else [`LEGACY_TILES`].
+/// The tile sizes for a parallel loop with these trip counts (`None`: not a constant): all
+/// 1 but one dimension `d`, tiled by a power of two between [`MIN_THREADS`] and
+/// [`MAX_THREADS`] (the trip count rounded up). `d` is the last dimension, or the latest
+/// with at least a warp's trip count when the last has fewer (unknown counts as large).
 pub fn tiles_for(extents: &[Option<u64>]) -> Vec<u64> {
     let r = extents.len();
     if r == 0 {
         return vec![];
     }
-    let cap = |d: usize| if d == 2 { MAX_THREADS_Z } else { MAX_THREADS };
     let big = |d: usize| extents[d].is_none_or(|e| e >= MIN_THREADS);
-    let natural = (r - 1).min(2);
-    let d = if big(natural) {
-        natural
-    } else {
-        (0..natural).rev().find(|&d| big(d)).unwrap_or(natural)
-    };
+    let d = (0..r).rev().find(|&d| big(d)).unwrap_or(r - 1);
     let tile = match extents[d] {
-        Some(e) => e
-            .max(1)
-            .next_power_of_two()
-            .clamp(MIN_THREADS, cap(d)),
-        None => cap(d),
+        Some(e) => e.max(1).next_power_of_two().clamp(MIN_THREADS, MAX_THREADS),
+        None => MAX_THREADS,
     };
     let mut tiles = vec![1; r];
     tiles[d] = tile;
-    let grid_ok = (1..r.min(3)).all(|i| match extents[i] {
-        Some(e) => e.div_ceil(tiles[i]) <= MAX_GRID_YZ,
-        None => false,
-    });
-    if grid_ok {
-        tiles
-    } else {
-        LEGACY_TILES.to_vec()
+    tiles
+}
+
+/// Where a loop dimension runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Processor {
+    /// Block or thread `x`, `y`, `z` (0, 1, 2).
+    Block(u8),
+    Thread(u8),
+    Sequential,
+}
+
+impl Processor {
+    fn name(self) -> String {
+        let xyz = |i: u8| ["x", "y", "z"][i as usize % 3];
+        match self {
+            Processor::Block(i) => format!("block_{}", xyz(i)),
+            Processor::Thread(i) => format!("thread_{}", xyz(i)),
+            Processor::Sequential => "sequential".to_string(),
+        }
     }
 }
 
-/// The constant trip counts of a `scf.parallel` (lower bounds and steps are 0 and 1 where
-/// the linalg lowering made it; anything else, or a bound that is not an `arith.constant`,
-/// gives `None`).
+/// The processors of a tiled loop's dimensions: `tiles` are the trip counts of the tile
+/// loop (the blocks; `None`: not a constant) and `within` those of the loop within a tile
+/// (the threads). The dimension with the most threads goes to thread `x` and block `x`;
+/// the other dimensions with more than one tile, most tiles first, to blocks `y` and `z`
+/// while they have at most 65535; every other dimension runs sequentially (inside the
+/// kernel). Only one dimension of a tile has more than one thread ([`tiles_for`]); any
+/// other goes to thread `y`, `z` or runs sequentially in each thread.
+pub fn mapping_for(
+    tiles: &[Option<u64>],
+    within: &[Option<u64>],
+) -> (Vec<Processor>, Vec<Processor>) {
+    let r = tiles.len();
+    let count = |v: &[Option<u64>], i: usize| v.get(i).copied().flatten().unwrap_or(u64::MAX);
+    let mut thread_dims: Vec<usize> = (0..within.len())
+        .filter(|&i| count(within, i) > 1)
+        .collect();
+    thread_dims.sort_by_key(|&i| std::cmp::Reverse(count(within, i)));
+    let mut inner = vec![Processor::Sequential; within.len()];
+    // At most 1024 threads: x takes the first, y and z others while the product allows.
+    let mut threads = 1u64;
+    for (slot, &i) in thread_dims.iter().enumerate().take(3) {
+        let c = count(within, i);
+        if threads.saturating_mul(c) > 1024 || (slot == 2 && c > 64) {
+            continue;
+        }
+        threads *= c;
+        inner[i] = Processor::Thread(slot as u8);
+    }
+    let x = thread_dims.first().copied().filter(|&i| i < r);
+    let mut outer = vec![Processor::Sequential; r];
+    if let Some(i) = x {
+        outer[i] = Processor::Block(0);
+    }
+    let mut rest: Vec<usize> = (0..r)
+        .filter(|&i| Some(i) != x && count(tiles, i) > 1 && count(tiles, i) <= MAX_GRID_YZ)
+        .collect();
+    rest.sort_by_key(|&i| std::cmp::Reverse(count(tiles, i)));
+    let first = if x.is_some() { 1 } else { 0 };
+    for (b, i) in (first..3).zip(rest) {
+        outer[i] = Processor::Block(b);
+    }
+    (outer, inner)
+}
+
+/// The trip counts of a `scf.parallel`'s dimensions (`None` where a bound or step is not
+/// an `arith.constant`).
 fn extents(op: MlirOperation) -> Vec<Option<u64>> {
     // SAFETY: `op` is a live `scf.parallel`: its operands are the lower bounds, upper bounds
     // and steps (one each per induction variable, the body block's arguments), then its
@@ -107,16 +152,20 @@ fn extents(op: MlirOperation) -> Vec<Option<u64>> {
             mlirAttributeIsAInteger(a).then(|| mlirIntegerAttrGetValueInt(a))
         };
         (0..n)
-            .map(|i| match (constant(i), constant(n + i), constant(2 * n + i)) {
-                (Some(0), Some(ub), Some(1)) if ub >= 0 => Some(ub as u64),
-                _ => None,
-            })
+            .map(
+                |i| match (constant(i), constant(n + i), constant(2 * n + i)) {
+                    (Some(lb), Some(ub), Some(step)) if step > 0 => {
+                        Some(((ub - lb).max(0) as u64).div_ceil(step as u64))
+                    }
+                    _ => None,
+                },
+            )
             .collect()
     }
 }
 
-/// The function's outermost `scf.parallel` loops' trip counts.
-fn function_loops(f: MlirOperation) -> Vec<Vec<Option<u64>>> {
+/// The function's outermost `scf.parallel` loops.
+fn outermost_loops(f: MlirOperation) -> Vec<MlirOperation> {
     let mut loops = vec![];
     walk(f, &mut |op| {
         if op_name(op) == "scf.parallel" {
@@ -134,12 +183,51 @@ fn function_loops(f: MlirOperation) -> Vec<Vec<Option<u64>>> {
     loops
         .into_iter()
         .filter(|l| !inner.contains(&(l.ptr as usize)))
-        .map(extents)
         .collect()
 }
 
+/// The `scf.parallel` directly in `outer`'s body (the loop within a tile), if any.
+fn loop_within(outer: MlirOperation) -> Option<MlirOperation> {
+    // SAFETY: walking the live body block of a live `scf.parallel`.
+    unsafe {
+        let body = mlirRegionGetFirstBlock(mlirOperationGetRegion(outer, 0));
+        let mut op = mlirBlockGetFirstOperation(body);
+        while !op.ptr.is_null() {
+            if op_name(op) == "scf.parallel" {
+                return Some(op);
+            }
+            op = mlirOperationGetNextInBlock(op);
+        }
+    }
+    None
+}
+
+/// Set the `mapping` attribute of `op` (a `scf.parallel`) to `procs`.
+fn set_mapping(context: MlirContext, op: MlirOperation, procs: &[Processor]) -> Result<(), String> {
+    let items: Vec<String> = procs
+        .iter()
+        .map(|p| {
+            format!(
+                "#gpu.loop_dim_map<processor = {}, map = (d0) -> (d0), bound = (d0) -> (d0)>",
+                p.name()
+            )
+        })
+        .collect();
+    let text = format!("[{}]", items.join(", "));
+    // SAFETY: parsing an attribute in the live context, set on a live operation.
+    unsafe {
+        let attr = mlirAttributeParseGet(context, str_ref(&text));
+        if attr.ptr.is_null() {
+            return Err(format!("cannot parse the loop mapping {text}"));
+        }
+        mlirOperationSetAttributeByName(op, str_ref("mapping"), attr);
+    }
+    Ok(())
+}
+
 /// Tile every function's parallel loops of `module` with the tiles [`tiles_for`] gives its
-/// largest loop. Returns the diagnostic of a failed run.
+/// largest loop, and map each tiled loop's dimensions by [`mapping_for`]. Returns the
+/// diagnostic of a failed step.
 pub(crate) fn tile_parallel_loops(
     context: MlirContext,
     module: MlirOperation,
@@ -151,7 +239,7 @@ pub(crate) fn tile_parallel_loops(
         }
     });
     for f in functions {
-        let loops = function_loops(f);
+        let loops: Vec<Vec<Option<u64>>> = outermost_loops(f).into_iter().map(extents).collect();
         let Some(largest) = loops.iter().max_by_key(|e| {
             e.iter()
                 .map(|x| x.unwrap_or(u64::MAX / 1024).max(1) as u128)
@@ -162,10 +250,20 @@ pub(crate) fn tile_parallel_loops(
         let tiles = tiles_for(largest);
         let list: Vec<String> = tiles.iter().map(u64::to_string).collect();
         let pipeline = format!(
-            "func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={} no-min-max-bounds}})",
+            "func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={} no-min-max-bounds}},sccp)",
             list.join(",")
         );
+        // (`sccp` folds the tiled loops' steps and bounds into constants for the mapping.)
         run_on(context, f, &pipeline)?;
+        for outer in outermost_loops(f) {
+            let inner = loop_within(outer);
+            let within = inner.map(extents).unwrap_or_default();
+            let (o, i) = mapping_for(&extents(outer), &within);
+            set_mapping(context, outer, &o)?;
+            if let Some(inner) = inner {
+                set_mapping(context, inner, &i)?;
+            }
+        }
     }
     Ok(())
 }
@@ -206,24 +304,43 @@ fn run_on(context: MlirContext, f: MlirOperation, pipeline: &str) -> Result<(), 
 mod tests {
     use super::*;
 
-    /// Block and grid of a tiled loop as `gpu-map-parallel-loops` maps it: tile loop
-    /// dimensions 0..3 to blocks x, y, z, the loop within a tile to threads x, y, z.
+    /// Block and grid of a loop of trip counts `extents` tiled by `tiles` and mapped by
+    /// [`mapping_for`], and the loops each thread runs sequentially.
     fn launch(extents: &[u64], tiles: &[u64]) -> ([u64; 3], [u64; 3]) {
+        let outer: Vec<Option<u64>> = extents
+            .iter()
+            .zip(tiles)
+            .map(|(&e, &t)| Some(e.div_ceil(t)))
+            .collect();
+        let within: Vec<Option<u64>> = tiles.iter().map(|&t| Some(t)).collect();
+        let (o, i) = mapping_for(&outer, &within);
         let mut threads = [1u64; 3];
         let mut grid = [1u64; 3];
-        for i in 0..extents.len().min(3) {
-            let t = tiles.get(i).copied().unwrap_or(1);
-            threads[i] = t;
-            grid[i] = extents[i].div_ceil(t);
+        for d in 0..extents.len() {
+            if let Processor::Block(b) = o[d] {
+                assert_eq!(grid[b as usize], 1, "block {b} used twice: {o:?}");
+                grid[b as usize] = outer[d].unwrap();
+            }
+            if let Processor::Thread(t) = i[d] {
+                assert_eq!(threads[t as usize], 1, "thread {t} used twice: {i:?}");
+                threads[t as usize] = tiles[d];
+            }
+        }
+        // The threaded dimension is thread x and block x.
+        let d = (0..tiles.len()).find(|&d| tiles[d] > 1);
+        if let Some(d) = d {
+            assert_eq!((o[d], i[d]), (Processor::Block(0), Processor::Thread(0)));
         }
         (threads, grid)
     }
 
     #[test]
-    fn tiles_stay_within_cuda_limits_and_give_every_block_a_warp() {
+    fn tiles_and_mappings_stay_within_cuda_limits_with_a_warp_or_more_per_block() {
         let mut seed = 7u64;
         let mut next = |hi: u64| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             1 + (seed >> 33) % hi
         };
         for _ in 0..20000 {
@@ -236,36 +353,51 @@ mod tests {
                     _ => next(200_000),
                 })
                 .collect();
-            let known: Vec<Option<u64>> = e.iter().map(|&x| Some(x)).collect();
-            let tiles = tiles_for(&known);
+            let tiles = tiles_for(&e.iter().map(|&x| Some(x)).collect::<Vec<_>>());
+            assert_eq!(tiles.len(), r);
+            let t: u64 = tiles.iter().product();
+            assert!(
+                (32..=256).contains(&t) && t.is_power_of_two(),
+                "{e:?} {tiles:?}"
+            );
             let (threads, grid) = launch(&e, &tiles);
-            assert!(threads.iter().product::<u64>() <= 1024, "{e:?} {tiles:?}");
-            assert!(threads[2] <= 64, "{e:?} {tiles:?}");
-            if tiles != LEGACY_TILES {
-                assert!(grid[1] <= 65535 && grid[2] <= 65535, "{e:?} {tiles:?}");
-                assert_eq!(tiles.len(), r);
-                let t: u64 = tiles.iter().product();
-                assert!((32..=256).contains(&t) && t.is_power_of_two(), "{e:?} {tiles:?}");
-            }
+            assert_eq!(threads.iter().product::<u64>(), t, "{e:?} {tiles:?}");
+            assert!(
+                grid[1] <= 65535 && grid[2] <= 65535,
+                "{e:?} {tiles:?} {grid:?}"
+            );
         }
     }
 
     #[test]
-    fn threads_go_along_the_last_dimension_the_mapping_reaches() {
+    fn threads_go_along_the_last_dimension_with_a_warp_of_work() {
         let s = |v: &[u64]| tiles_for(&v.iter().map(|&x| Some(x)).collect::<Vec<_>>());
         assert_eq!(s(&[100_000]), [256]);
         assert_eq!(s(&[5]), [32]);
         assert_eq!(s(&[64, 1000]), [1, 256]);
         assert_eq!(s(&[64, 48]), [1, 64]);
-        assert_eq!(s(&[4, 128, 512]), [1, 1, 64]);
-        // Attention scores [batch, heads, query, key]: threads along the queries.
-        assert_eq!(s(&[2, 4, 128, 128]), [1, 1, 64, 1]);
+        assert_eq!(s(&[4, 128, 512]), [1, 1, 256]);
+        // Attention scores [batch, heads, query, key]: threads along the keys, blocks
+        // along keys (x), queries (y) and heads (z), the batch inside each block.
+        assert_eq!(s(&[2, 4, 128, 128]), [1, 1, 1, 128]);
+        let (o, i) = mapping_for(
+            &[Some(2), Some(4), Some(128), Some(1)],
+            &[Some(1), Some(1), Some(1), Some(128)],
+        );
+        use Processor::*;
+        assert_eq!(o, [Sequential, Block(2), Block(1), Block(0)]);
+        assert_eq!(i, [Sequential, Sequential, Sequential, Thread(0)]);
         // A last dimension shorter than a warp: threads along an earlier one.
         assert_eq!(s(&[4, 512, 3]), [1, 256, 1]);
         assert_eq!(s(&[1000, 4]), [256, 1]);
-        // Unknown trip counts count as large; the grid check then falls back.
+        assert_eq!(s(&[3, 4]), [1, 32]);
+        // Unknown trip counts count as large; unknown tile counts are never y or z.
         assert_eq!(tiles_for(&[None]), [256]);
-        assert_eq!(tiles_for(&[Some(4), None]), LEGACY_TILES);
-        assert_eq!(s(&[2, 100_000, 64]), LEGACY_TILES);
+        assert_eq!(tiles_for(&[Some(4), None]), [1, 256]);
+        let (o, _) = mapping_for(&[None, Some(3)], &[Some(1), Some(256)]);
+        assert_eq!(o, [Sequential, Block(0)]);
+        // More tiles than a grid's y or z takes: that dimension runs inside the block.
+        let (o, _) = mapping_for(&[Some(100_000), Some(2)], &[Some(1), Some(256)]);
+        assert_eq!(o, [Sequential, Block(0)]);
     }
 }
