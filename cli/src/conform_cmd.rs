@@ -117,7 +117,7 @@ pub fn conform(a: ConformArgs) -> Result<ExitCode> {
     }
     // A worker that dies before reading its next index must not take the parent down
     // through SIGPIPE; a closed stdout then ends the run with an error instead.
-    ignore_sigpipe();
+    ppcc_driver::ignore_sigpipe();
     let mut out = std::io::stdout().lock();
     let infos = case_infos(&cases);
     let mut table = OpTable::default();
@@ -437,19 +437,6 @@ impl Pool {
             let _ = child.wait();
         }
         Ok(results)
-    }
-}
-
-fn ignore_sigpipe() {
-    extern "C" {
-        fn signal(signum: i32, handler: usize) -> usize;
-    }
-    const SIGPIPE: i32 = 13;
-    const SIG_IGN: usize = 1;
-    // SAFETY: changes the disposition of SIGPIPE only; writes to a closed pipe then fail
-    // with EPIPE, which every write here handles.
-    unsafe {
-        signal(SIGPIPE, SIG_IGN);
     }
 }
 

@@ -54,13 +54,23 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// quietly, as it ends other Unix tools, instead of a panic in `println!` (Rust ignores
 /// SIGPIPE by default). For command-line front ends, first thing in `main`.
 pub fn default_sigpipe() {
+    set_sigpipe(0); // SIG_DFL
+}
+
+/// Writes to a closed pipe fail with `EPIPE` instead of ending the process (Rust's own
+/// default, which [`default_sigpipe`] undoes): for a process that writes to pipes it must
+/// survive, such as `ppcc conform`'s to its workers, with every write handling the error.
+pub fn ignore_sigpipe() {
+    set_sigpipe(1); // SIG_IGN
+}
+
+fn set_sigpipe(handler: usize) {
     extern "C" {
         fn signal(signum: i32, handler: usize) -> usize;
     }
     const SIGPIPE: i32 = 13;
-    const SIG_DFL: usize = 0;
-    // SAFETY: restores the default disposition of SIGPIPE before any other thread exists.
+    // SAFETY: changes the disposition of SIGPIPE only, to SIG_DFL or SIG_IGN.
     unsafe {
-        signal(SIGPIPE, SIG_DFL);
+        signal(SIGPIPE, handler);
     }
 }
