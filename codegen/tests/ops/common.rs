@@ -261,7 +261,17 @@ fn gemm_form(
         panic!("compile (--gpu-gemm cublas form on the CPU):\n{e}\n--- MLIR ---\n{mlir}")
     });
     let module = NativeModule::load(&so, m, None).unwrap_or_else(|e| panic!("load: {e}"));
-    check_cuda(m, &mlir, &sigs, GpuGemm::Cublas);
+    // Compiled for CUDA and assembled for a fixed quarter of the modules (by their text),
+    // which keeps CI inside its time; PPCC_CUDA_ALL_ARCHS=1 checks every one. (`ppcc
+    // --target cuda --gpu-gemm cublas` of whole models is checked in cli/tests/cuda.rs.)
+    let sampled = mlir
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32))
+        % 4
+        == 0;
+    if sampled || std::env::var_os("PPCC_CUDA_ALL_ARCHS").is_some() {
+        check_cuda(m, &mlir, &sigs, GpuGemm::Cublas);
+    }
     Some((module, dir))
 }
 
