@@ -216,10 +216,7 @@ fn parse_and_lower<'c>(
     let cpu = opts.cuda.is_none();
     // The CUDA target swaps in library versions only for cuBLAS (then the lowering wrote
     // GEMM-only ones, [`crate::lower::LowerOptions::gpu_gemm`]), and names the GPU's GEMM.
-    let gpu_gemm = opts
-        .cuda
-        .as_ref()
-        .is_some_and(|c| c.gemm == crate::gpu::GpuGemm::Cublas);
+    let gpu_gemm = opts.cuda.as_ref().is_some_and(|c| c.uses_cublas());
     if cpu || gpu_gemm {
         if let Some(at) = passes
             .iter()

@@ -95,6 +95,11 @@ impl CudaOptions {
         Ok(o)
     }
 
+    /// Whether matrix products go to cuBLAS ([`GpuGemm::Cublas`]).
+    pub fn uses_cublas(&self) -> bool {
+        self.gemm == GpuGemm::Cublas
+    }
+
     /// The compute capability as a number (`sm_90a` → 90), `None` for a malformed name or
     /// one older than Volta.
     pub fn sm(&self) -> Option<u32> {

@@ -959,13 +959,6 @@ extern "C" fn abi_gemm<T: cublas::Element + Into<f64>>(
     ldc: i64,
 ) {
     guarded((), || {
-        if FAILED.with(|f| f.get()) {
-            return; // an earlier failure of this call is reported instead
-        }
-        let Some(d) = current() else {
-            fail("a matrix product outside a call of a CUDA module".into());
-            return;
-        };
         if !c0.is_null() && !std::ptr::eq(c0, c) {
             fail("a matrix product whose C0 is not its result (the module was built for another runtime?)".into());
             return;
@@ -982,7 +975,7 @@ extern "C" fn abi_gemm<T: cublas::Element + Into<f64>>(
             count: 1,
             strides: [0; 3],
         };
-        if let Err(e) = run_gemm(&d, &r, alpha.into(), a, b, beta.into(), c) {
+        if let Err(e) = run_gemm(&r, alpha.into(), a, b, beta.into(), c) {
             fail(e);
         }
     })
@@ -1010,13 +1003,6 @@ extern "C" fn abi_gemm_batched<T: cublas::Element + Into<f64>>(
     count: i64,
 ) {
     guarded((), || {
-        if FAILED.with(|f| f.get()) {
-            return; // an earlier failure of this call is reported instead
-        }
-        let Some(d) = current() else {
-            fail("a matrix product outside a call of a CUDA module".into());
-            return;
-        };
         let beta: f64 = beta.into();
         let r = cublas::RowMajor {
             flags,
@@ -1030,15 +1016,15 @@ extern "C" fn abi_gemm_batched<T: cublas::Element + Into<f64>>(
             count,
             strides: [stride_a, stride_b, stride_c],
         };
-        if let Err(e) = run_gemm(&d, &r, alpha.into(), a, b, beta, c) {
+        if let Err(e) = run_gemm(&r, alpha.into(), a, b, beta, c) {
             fail(e);
         }
     })
 }
 
-/// Run `r` on the device's cuBLAS handle (made on first use) and wait for it.
+/// Run `r` on the current device's cuBLAS handle (made on first use) and wait for it;
+/// nothing when the call has already failed (that failure is reported instead).
 fn run_gemm<T: cublas::Element>(
-    d: &GpuDevice,
     r: &cublas::RowMajor,
     alpha: f64,
     a: *const T,
@@ -1046,6 +1032,10 @@ fn run_gemm<T: cublas::Element>(
     beta: f64,
     c: *mut T,
 ) -> Result<(), String> {
+    if FAILED.with(|f| f.get()) {
+        return Ok(());
+    }
+    let d = current().ok_or("a matrix product outside a call of a CUDA module")?;
     let h = d
         .blas
         .get_or_init(|| cublas::create_handle(d.stream as *mut c_void))
