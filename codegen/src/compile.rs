@@ -31,6 +31,7 @@ use crate::support_cache::{load_or_build, private_temp_file, resolve_cache_dir, 
 macro_rules! bufferize_passes {
     () => {
         "cse,\
+ppcc-distinct-results,\
 one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},\
 buffer-results-to-out-params{hoist-static-allocs modify-public-functions},\
 buffer-deallocation-pipeline,"
@@ -41,6 +42,9 @@ pub(crate) use bufferize_passes;
 /// Our step that points calls at the ops' support-library versions ([`crate::library`]),
 /// listed among the passes by this name (and written as such with `--keep-mlir`).
 const USE_LIBRARY: &str = "ppcc-use-library-routines";
+/// Our step that makes the values each function returns pairwise distinct
+/// ([`crate::results`]): named in [`bufferize_passes`], right after `cse`.
+pub(crate) const DISTINCT_RESULTS: &str = "ppcc-distinct-results";
 /// Our step that frees each temporary after its last use ([`crate::free_early`]).
 const FREE_EARLY: &str = "ppcc-free-after-last-use";
 
@@ -152,7 +156,7 @@ impl Default for CompileOptions {
 }
 
 /// A context with every dialect and LLVM translation registered, and a diagnostic sink.
-fn new_context() -> (Context, Rc<RefCell<Vec<String>>>) {
+pub(crate) fn new_context() -> (Context, Rc<RefCell<Vec<String>>>) {
     static PASSES: std::sync::Once = std::sync::Once::new();
     PASSES.call_once(register_all_passes);
     let registry = DialectRegistry::new();
@@ -233,7 +237,8 @@ fn parse_and_lower<'c>(
         .iter()
         .position(|p| p == "buffer-deallocation-pipeline")
         .filter(|_| cpu);
-    let is_ours = |p: &str| p == USE_LIBRARY || p == crate::tiling::TILE_LOOPS;
+    let is_ours =
+        |p: &str| p == USE_LIBRARY || p == DISTINCT_RESULTS || p == crate::tiling::TILE_LOOPS;
     let ours = |pass: &str, module: &mut Module<'c>| -> Result<(), CompileError> {
         if pass == crate::tiling::TILE_LOOPS {
             crate::tiling::tile_parallel_loops(context.to_raw(), module.as_operation().to_raw())
@@ -241,6 +246,13 @@ fn parse_and_lower<'c>(
                     pipeline: format!("ppcc {pass}"),
                     diagnostics: format!("{e}\n{}", drain(sink)),
                 })?;
+        } else if pass == DISTINCT_RESULTS {
+            crate::results::distinct_results(module.as_operation().to_raw()).map_err(|e| {
+                CompileError::Pipeline {
+                    pipeline: format!("ppcc {pass}"),
+                    diagnostics: format!("{e}\n{}", drain(sink)),
+                }
+            })?;
         } else if pass == USE_LIBRARY {
             let m = module.as_operation().to_raw();
             crate::library::use_library_routines(m);

@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod library;
 pub mod lower;
 pub mod package;
+mod results;
 pub mod support_cache;
 pub mod tiling;
 

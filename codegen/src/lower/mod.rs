@@ -875,8 +875,8 @@ fn lower_func_op(
     let fn_loc = format!("loc({})", mlir_string(&f.name));
     e.loc = Some(fn_loc.clone());
     let ret: Vec<String> = f.results().iter().map(|&v| e.name(v)).collect();
-    let zero_size: Vec<bool> = outputs.iter().map(|(_, s)| s.contains(&0)).collect();
-    let ret = distinct_results(&mut e, ret, &res_tys, &zero_size);
+    // (Values returned twice, or made equal by `cse`, get copies before bufferization:
+    // `crate::results`.)
     if ret.is_empty() {
         e.line("return");
     } else {
@@ -902,37 +902,6 @@ fn lower_func_op(
         },
         e.decls,
     ))
-}
-
-/// The values a function returns, made pairwise distinct buffers. MLIR's
-/// `buffer-results-to-out-params` crashes on a function that returns one buffer twice: a
-/// value listed twice (one ONNX value as two outputs), or equal `tensor.empty`s and
-/// constants that CSE merged (the zero-size pieces of a `split`). A repeated value gets a
-/// copy and a zero-size result a fresh `bufferization.alloc_tensor` (an allocation, which
-/// CSE keeps apart; with no elements nothing needs to be copied).
-fn distinct_results(
-    e: &mut Emitter,
-    names: Vec<String>,
-    tys: &[String],
-    zero_size: &[bool],
-) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(names.len());
-    for (i, n) in names.into_iter().enumerate() {
-        let (Some(ty), empty) = (tys.get(i), zero_size.get(i).copied().unwrap_or(false)) else {
-            // More names than types: left for the caller's count check to report.
-            out.push(n);
-            continue;
-        };
-        let n = if empty && tys.len() > 1 {
-            e.op(format!("bufferization.alloc_tensor() : {ty}"))
-        } else if out.contains(&n) {
-            e.op(format!("bufferization.alloc_tensor() copy({n}) : {ty}"))
-        } else {
-            n
-        };
-        out.push(n);
-    }
-    out
 }
 
 /// Whether an op's code goes into a function of its own. Every op with loops does: LLVM's
@@ -1014,10 +983,8 @@ fn outline_op(
         inner[v.index()] = Some(format!("%p{i}"));
     }
     let mut res_tys = Vec::new();
-    let mut zero_size = Vec::new();
     for &r in op.results() {
         let shape = e.shape(r)?;
-        zero_size.push(shape.contains(&0));
         res_tys.push(tensor_type(&shape, e.dtype(r)));
     }
     // Temporaries are numbered from scratch in each outlined function, so ops with equal
@@ -1027,7 +994,7 @@ fn outline_op(
         let outer_tmp = std::mem::replace(&mut e.tmp, 0);
         let outer_lib = std::mem::replace(&mut e.library_calls, library_calls);
         let names = std::mem::replace(&mut e.names, inner.clone());
-        let result = lower_here(e).map(|n| distinct_results(e, n, &res_tys, &zero_size));
+        let result = lower_here(e);
         let body = std::mem::replace(&mut e.out, outer);
         e.tmp = outer_tmp;
         e.library_calls = outer_lib;
