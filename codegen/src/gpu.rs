@@ -126,7 +126,7 @@ impl CudaOptions {
 }
 
 /// Bufferization, then `linalg` → `scf.parallel` loops tiled into thread blocks (ppcc's
-/// step [`crate::tiling::TILE_LOOPS`]: each function's tile sizes by
+/// step [`crate::tiling::TILE_LOOPS`]: each loop's tile sizes by
 /// [`crate::tiling::tiles_for`]) and mapped to blocks and threads: the part of [`cuda_pipeline`] that
 /// [`crate::compile::cpu_gpu_loops_pipeline`] also runs (then as host loops). Ends with a
 /// comma.

@@ -10,11 +10,13 @@
 //! blocks of 256 threads along the heads, of which 4 to 16 worked.
 //!
 //! Here ([`TILE_LOOPS`]):
-//! - each function's loops (each op is its own function, and nearly all have loops of one
-//!   shape) are tiled with the sizes [`tiles_for`] gives its largest loop: 32 to 256
-//!   threads (a power of two) along the last dimension, or along the latest one of at
-//!   least a warp's trip count when the last is shorter; `scf-parallel-loop-tiling` runs on
-//!   that function alone with that list;
+//! - every loop is tiled with the sizes [`tiles_for`] gives it: 32 to 256 threads (a power
+//!   of two) along the last dimension, or along the latest one of at least a warp's trip
+//!   count when the last is shorter. `scf-parallel-loop-tiling` runs once on a function
+//!   whose loops all get the same list (nearly every function: one op each), and once per
+//!   loop where they differ (a convolution's padding, im2col and product; a
+//!   normalisation's row and element loops), the loop moved into a function of its own
+//!   for the run ([`tile_alone`]);
 //! - every tiled loop is then mapped by [`mapping_for`] (written as the loops' `mapping`
 //!   attributes, which `gpu-map-parallel-loops` then leaves alone): the threaded dimension
 //!   to thread `x` and block `x`, so that neighbouring threads touch neighbouring elements,
@@ -29,6 +31,14 @@ use mlir_sys::{
     mlirPassManagerCreateOnOperation, mlirPassManagerDestroy, mlirPassManagerGetAsOpPassManager,
     mlirPassManagerRunOnOp, mlirRegionGetFirstBlock, mlirValueIsAOpResult, MlirContext,
     MlirOperation, MlirStringRef,
+};
+use mlir_sys::{
+    mlirBlockArgumentGetOwner, mlirBlockGetArgument, mlirBlockGetParentOperation,
+    mlirBlockGetTerminator, mlirBlockInsertOwnedOperationAfter, mlirOperationCreateParse,
+    mlirOperationDestroy, mlirOperationEqual, mlirOperationGetBlock,
+    mlirOperationGetParentOperation, mlirOperationMoveBefore, mlirOperationSetOperand,
+    mlirTypePrint, mlirValueEqual, mlirValueGetType, mlirValueReplaceAllUsesOfWith, MlirType,
+    MlirValue,
 };
 
 use crate::library::{attribute, op_name, str_ref, walk};
@@ -225,9 +235,27 @@ fn set_mapping(context: MlirContext, op: MlirOperation, procs: &[Processor]) -> 
     Ok(())
 }
 
-/// Tile every function's parallel loops of `module` with the tiles [`tiles_for`] gives its
-/// largest loop, and map each tiled loop's dimensions by [`mapping_for`]. Returns the
-/// diagnostic of a failed step.
+/// The `scf-parallel-loop-tiling` step for these tile sizes, with `sccp` after it when
+/// `fold`.
+fn tiling_pipeline(tiles: &[u64], fold: bool) -> String {
+    let list: Vec<String> = tiles.iter().map(u64::to_string).collect();
+    format!(
+        "func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={} no-min-max-bounds}}{})",
+        list.join(","),
+        if fold { ",sccp" } else { "" }
+    )
+}
+
+/// Tile every parallel loop of `module` with the tiles [`tiles_for`] gives it, and map
+/// each tiled loop's dimensions by [`mapping_for`]. Returns the diagnostic of a failed
+/// step.
+///
+/// MLIR's tiling step takes one list of sizes per run and applies it to every loop it
+/// reaches. A function whose loops all get the same list (nearly every function: one op
+/// each) is tiled in one run; in one whose loops differ (a convolution's padding, im2col
+/// and product; a normalisation's row loops beside its element loop) each loop is tiled
+/// on its own ([`tile_alone`]). `sccp` then folds the tiled loops' steps and bounds into
+/// constants for the mapping.
 pub(crate) fn tile_parallel_loops(
     context: MlirContext,
     module: MlirOperation,
@@ -239,22 +267,19 @@ pub(crate) fn tile_parallel_loops(
         }
     });
     for f in functions {
-        let loops: Vec<Vec<Option<u64>>> = outermost_loops(f).into_iter().map(extents).collect();
-        let Some(largest) = loops.iter().max_by_key(|e| {
-            e.iter()
-                .map(|x| x.unwrap_or(u64::MAX / 1024).max(1) as u128)
-                .product::<u128>()
-        }) else {
+        let loops = outermost_loops(f);
+        let tiles: Vec<Vec<u64>> = loops.iter().map(|&l| tiles_for(&extents(l))).collect();
+        let Some(first) = tiles.first() else {
             continue;
         };
-        let tiles = tiles_for(largest);
-        let list: Vec<String> = tiles.iter().map(u64::to_string).collect();
-        let pipeline = format!(
-            "func.func(scf-parallel-loop-tiling{{parallel-loop-tile-sizes={} no-min-max-bounds}},sccp)",
-            list.join(",")
-        );
-        // (`sccp` folds the tiled loops' steps and bounds into constants for the mapping.)
-        run_on(context, f, &pipeline)?;
+        if tiles.iter().all(|t| t == first) {
+            run_on(context, f, &tiling_pipeline(first, true))?;
+        } else {
+            for (&l, t) in loops.iter().zip(&tiles) {
+                tile_alone(context, f, l, t)?;
+            }
+            run_on(context, f, "func.func(sccp)")?;
+        }
         for outer in outermost_loops(f) {
             let inner = loop_within(outer);
             let within = inner.map(extents).unwrap_or_default();
@@ -266,6 +291,137 @@ pub(crate) fn tile_parallel_loops(
         }
     }
     Ok(())
+}
+
+/// Whether `v` is defined inside `op` (a result of an op nested in it, or an argument of
+/// a block of its regions).
+fn defined_inside(v: MlirValue, op: MlirOperation) -> bool {
+    // SAFETY: `v` is a live value; its owner and that owner's ancestors are live.
+    unsafe {
+        let mut p = if mlirValueIsAOpResult(v) {
+            mlirOperationGetParentOperation(mlirOpResultGetOwner(v))
+        } else {
+            mlirBlockGetParentOperation(mlirBlockArgumentGetOwner(v))
+        };
+        while !p.ptr.is_null() {
+            if mlirOperationEqual(p, op) {
+                return true;
+            }
+            p = mlirOperationGetParentOperation(p);
+        }
+        false
+    }
+}
+
+/// The textual form of a type.
+fn type_text(t: MlirType) -> String {
+    let mut out = String::new();
+    unsafe extern "C" fn collect(s: MlirStringRef, user: *mut std::ffi::c_void) {
+        // SAFETY: `user` is the `String` below; `s` is valid for the call.
+        unsafe {
+            let out = &mut *(user as *mut String);
+            let bytes = std::slice::from_raw_parts(s.data as *const u8, s.length);
+            out.push_str(&String::from_utf8_lossy(bytes));
+        }
+    }
+    // SAFETY: printing a live type into the `String`.
+    unsafe {
+        mlirTypePrint(
+            t,
+            Some(collect),
+            &mut out as *mut String as *mut std::ffi::c_void,
+        )
+    };
+    out
+}
+
+/// Tile the loop `l` of function `f` by `tiles` and no other: `l` is moved into a
+/// function of its own beside `f` (every value it uses from outside becomes an argument),
+/// tiled there, and its ops are moved back to where it stood, their uses of the arguments
+/// pointed at the values again.
+fn tile_alone(
+    context: MlirContext,
+    f: MlirOperation,
+    l: MlirOperation,
+    tiles: &[u64],
+) -> Result<(), String> {
+    // The values `l` and its nested ops use from outside, and where.
+    let mut ops = vec![l];
+    walk(l, &mut |o| ops.push(o));
+    let mut captured: Vec<MlirValue> = vec![];
+    let mut uses: Vec<(MlirOperation, isize, usize)> = vec![];
+    for &o in &ops {
+        // SAFETY: reading the operands of a live operation.
+        let n = unsafe { mlirOperationGetNumOperands(o) };
+        for i in 0..n {
+            // SAFETY: `i` is below the operand count.
+            let v = unsafe { mlirOperationGetOperand(o, i) };
+            if defined_inside(v, l) {
+                continue;
+            }
+            // SAFETY: comparing live values.
+            let j = match captured
+                .iter()
+                .position(|&c| unsafe { mlirValueEqual(c, v) })
+            {
+                Some(j) => j,
+                None => {
+                    captured.push(v);
+                    captured.len() - 1
+                }
+            };
+            uses.push((o, i, j));
+        }
+    }
+    // SAFETY: the types of live values.
+    let args: Vec<String> = captured
+        .iter()
+        .enumerate()
+        .map(|(j, &v)| format!("%a{j}: {}", type_text(unsafe { mlirValueGetType(v) })))
+        .collect();
+    let text = format!(
+        "func.func private @__ppcc_tile_one_loop({}) {{\n  func.return\n}}",
+        args.join(", ")
+    );
+    // SAFETY: every call below works on live operations, blocks and values of `context`:
+    // the new function is inserted after `f` and destroyed at the end, after `l`'s ops
+    // (moved into it) have been moved back before `anchor`, the op that followed `l`.
+    unsafe {
+        let anchor = mlirOperationGetNextInBlock(l);
+        let home = mlirOperationGetBlock(l);
+        if anchor.ptr.is_null() || home.ptr.is_null() {
+            return Err("a parallel loop that is the last operation of its block".into());
+        }
+        let tmp = mlirOperationCreateParse(context, str_ref(&text), str_ref("ppcc-tiling"));
+        if tmp.ptr.is_null() {
+            return Err(format!(
+                "cannot build the function to tile one loop in:\n{text}"
+            ));
+        }
+        mlirBlockInsertOwnedOperationAfter(mlirOperationGetBlock(f), f, tmp);
+        let body = mlirRegionGetFirstBlock(mlirOperationGetRegion(tmp, 0));
+        mlirOperationMoveBefore(l, mlirBlockGetTerminator(body));
+        for &(o, i, j) in &uses {
+            mlirOperationSetOperand(o, i, mlirBlockGetArgument(body, j as isize));
+        }
+        let tiled = run_on(context, tmp, &tiling_pipeline(tiles, false));
+        // Back where `l` stood, in order, whether or not the tiling succeeded.
+        let terminator = mlirBlockGetTerminator(body);
+        let mut moved = vec![];
+        let mut o = mlirBlockGetFirstOperation(body);
+        while !o.ptr.is_null() && !mlirOperationEqual(o, terminator) {
+            moved.push(o);
+            o = mlirOperationGetNextInBlock(o);
+        }
+        for o in moved {
+            mlirOperationMoveBefore(o, anchor);
+        }
+        for (j, &v) in captured.iter().enumerate() {
+            mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, j as isize), v);
+        }
+        mlirOperationDestroy(tmp);
+        tiled
+    }
 }
 
 /// Run `pipeline` (anchored on `func.func`) on function `f`.
@@ -367,6 +523,65 @@ mod tests {
                 "{e:?} {tiles:?} {grid:?}"
             );
         }
+    }
+
+    /// A function whose loops differ (a 1-D loop inside a sequential loop, and a 2-D
+    /// one): each is tiled with its own sizes, the values they use from outside (function
+    /// arguments, constants, the sequential loop's index) still reach them, and nothing
+    /// else is left in the module.
+    #[test]
+    fn loops_of_one_function_get_their_own_tiles() {
+        use melior::ir::operation::OperationLike;
+        use melior::ir::Module;
+        let (context, _sink) = crate::compile::new_context();
+        let text = r#"
+func.func @f(%a: memref<64x100xf32>, %b: memref<64xindex>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c10 = arith.constant 10 : index
+  %c64 = arith.constant 64 : index
+  %c100 = arith.constant 100 : index
+  %z = arith.constant 0.0 : f32
+  scf.for %k = %c0 to %c10 step %c1 {
+    scf.parallel (%i) = (%c0) to (%c64) step (%c1) {
+      memref.store %k, %b[%i] : memref<64xindex>
+      scf.reduce
+    }
+  }
+  scf.parallel (%i, %j) = (%c0, %c0) to (%c64, %c100) step (%c1, %c1) {
+    memref.store %z, %a[%i, %j] : memref<64x100xf32>
+    scf.reduce
+  }
+  return
+}
+"#;
+        let module = Module::parse(&context, text).expect("the test module parses");
+        let m = module.as_operation().to_raw();
+        tile_parallel_loops(context.to_raw(), m).expect("tiling succeeds");
+        assert!(module.as_operation().verify(), "{}", module.as_operation());
+        let mut funcs = vec![];
+        walk(m, &mut |o| {
+            if op_name(o) == "func.func" {
+                funcs.push(o);
+            }
+        });
+        assert_eq!(funcs.len(), 1, "{}", module.as_operation());
+        let got: Vec<_> = outermost_loops(funcs[0])
+            .into_iter()
+            .map(|outer| {
+                let inner = loop_within(outer).expect("a loop within each tile");
+                (extents(outer), extents(inner))
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (vec![Some(1)], vec![Some(64)]),
+                (vec![Some(64), Some(1)], vec![Some(1), Some(128)]),
+            ],
+            "{}",
+            module.as_operation()
+        );
     }
 
     #[test]

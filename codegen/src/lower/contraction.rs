@@ -1313,28 +1313,56 @@ fn gemm(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
 
 // ---- convolutions ----
 
-/// Loop layout of the convolution generics: `(n, g, m/g, out spatial.., c/g, kernel..)`.
+/// Loop layout of the convolution generics: `n, g, m/g` (parallel) first, then
+/// - for the CPU's loops, `c/g, kernel..` (reductions) and the output's spatial dimensions
+///   innermost, so that the innermost loop runs along an output row;
+/// - for the GPU's kernels (any lowering without the CPU's library), the output's spatial
+///   dimensions before the reductions: every parallel dimension is then one loop, a thread
+///   per output element summing its window, instead of a parallel loop nested inside the
+///   reductions, which MLIR's tiling (it tiles innermost parallel loops) and mapping would
+///   turn into blocks of one thread each looping over the window.
 struct ConvLoops {
     nsp: usize,
+    reductions_last: bool,
 }
 
 impl ConvLoops {
+    fn new(e: &Emitter, nsp: usize) -> ConvLoops {
+        ConvLoops {
+            nsp,
+            reductions_last: !e.cpu_library(),
+        }
+    }
     fn cg(&self) -> usize {
-        3
+        if self.reductions_last {
+            3 + self.nsp
+        } else {
+            3
+        }
     }
     fn j(&self, i: usize) -> usize {
-        4 + i
+        self.cg() + 1 + i
     }
     fn z(&self, i: usize) -> usize {
-        4 + self.nsp + i
+        if self.reductions_last {
+            3 + i
+        } else {
+            4 + self.nsp + i
+        }
     }
     fn count(&self) -> usize {
         4 + 2 * self.nsp
     }
     fn iters(&self) -> Vec<Iter> {
-        let mut v = vec![Iter::Parallel; 3];
-        v.extend(vec![Iter::Reduction; 1 + self.nsp]);
-        v.extend(vec![Iter::Parallel; self.nsp]);
+        let (p, r) = (Iter::Parallel, Iter::Reduction);
+        let mut v = vec![p; 3];
+        if self.reductions_last {
+            v.extend(vec![p; self.nsp]);
+            v.extend(vec![r; 1 + self.nsp]);
+        } else {
+            v.extend(vec![r; 1 + self.nsp]);
+            v.extend(vec![p; self.nsp]);
+        }
         v
     }
 }
@@ -1411,7 +1439,7 @@ fn conv(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     let out5 = with_nc(n, g, mg, &out_sp);
     let init = bias_init(e, op, &out5, d)?;
 
-    let l = ConvLoops { nsp };
+    let l = ConvLoops::new(e, nsp);
     let mut xmap = dims([0, 1, l.cg()]);
     let mut wmap = dims([1, 2, l.cg()]);
     let mut omap = dims([0, 1, 2]);
@@ -1608,7 +1636,7 @@ fn conv_transpose(e: &mut Emitter, op: &OpView) -> Result<String, LowerError> {
     let out5 = with_nc(n, g, mg, &out_sp);
     let init = bias_init(e, op, &out5, d)?;
 
-    let l = ConvLoops { nsp };
+    let l = ConvLoops::new(e, nsp);
     let mut xmap = dims([0, 1, l.cg()]);
     let mut wmap = dims([1, l.cg(), 2]);
     let mut omap = dims([0, 1, 2]);
