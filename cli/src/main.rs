@@ -81,6 +81,7 @@ fn keep_freed_memory() {}
 
 fn main() -> ExitCode {
     ppcc_driver::default_sigpipe();
+    ppcc_driver::crash::install("ppcc");
     keep_freed_memory();
     let cli = Cli::parse();
     let result = match (cli.command, cli.compile) {
@@ -115,6 +116,17 @@ fn error_chain(e: &anyhow::Error) -> String {
 }
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
+    // What a crash report says ppcc was doing (`ppcc_driver::crash`); the compiler and
+    // `run` name finer steps as they go.
+    ppcc_driver::crash::set_step(match &command {
+        Command::Compile(_) => "compiling",
+        Command::Run(_) => "training (running the stages' generated code)",
+        Command::Import(_) => "importing the model",
+        Command::Eval(_) => "evaluating the model",
+        Command::Conform(_) => "running the conformance suite",
+        Command::Train(_) => "training",
+        Command::Simulate(_) => "simulating the schedule",
+    });
     match command {
         Command::Compile(a) => compile_cmd::compile(*a),
         Command::Run(a) => run_cmd::run(a),

@@ -484,13 +484,19 @@ impl<'a> Compiler<'a> {
     }
 
     fn progress(&mut self, what: impl Into<String>) {
-        (self.events)(Event::Progress(what.into()));
+        let what = what.into();
+        crate::crash::set_step(&what);
+        (self.events)(Event::Progress(what));
     }
 
     /// The passes inserted at `point`, then the dump of the result.
     fn at_point(&mut self, point: Point, m: &mut Module) -> Result<()> {
         for (p, pass) in self.inserted.iter_mut().filter(|(p, _)| *p == point) {
             let name = pass.name().to_string();
+            let _step = crate::crash::StepGuard::new(&format!(
+                "running the pass `{name}` inserted after `{}`",
+                p.name()
+            ));
             pass.run(m).map_err(|source| DriverError::InsertedPass {
                 pass: name.clone(),
                 point: p.name(),

@@ -21,6 +21,7 @@
 //! ```
 
 pub mod compile;
+pub mod crash;
 pub mod data;
 mod error;
 pub mod model;

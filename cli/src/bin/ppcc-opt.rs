@@ -107,6 +107,7 @@ enum OptError {
 
 fn main() -> ExitCode {
     ppcc_driver::default_sigpipe();
+    ppcc_driver::crash::install("ppcc-opt");
     let args = Args::parse();
     if args.list_ops {
         print!("{}", ppir::ops::table_text());
@@ -188,6 +189,11 @@ fn run(args: Args) -> Result<(), OptError> {
         }
         pm.add(registry.create(spec).map_err(OptError::Pass)?);
     }
+    ppcc_driver::crash::set_step(&format!(
+        "running the passes {} on {}",
+        args.passes.join(", "),
+        file()
+    ));
     pm.run(&mut module).map_err(|error| OptError::Run {
         file: file(),
         error,

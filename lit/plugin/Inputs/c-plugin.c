@@ -65,6 +65,14 @@ static int32_t status(PpccBytes module, PpccBytes options, PpccBuffer *out) {
   return 7;
 }
 
+/* c-crash: a bug that ends the process (a write through a null pointer). */
+static int32_t crash(PpccBytes module, PpccBytes options, PpccBuffer *out) {
+  (void)module, (void)options, (void)out;
+  volatile int *p = NULL;
+  *p = 1;
+  return PPCC_STATUS_OK;
+}
+
 static void free_buffer(PpccBuffer b) { free(b.ptr); }
 
 static const PpccPassDescriptor passes[] = {
@@ -74,6 +82,7 @@ static const PpccPassDescriptor passes[] = {
     {"c-unverified", "return a module that does not verify", unverified},
     {"c-panicked", "report a caught panic", panicked},
     {"c-status", "return status 7", status},
+    {"c-crash", "write through a null pointer", crash},
 #ifdef DEFECT_DUPLICATE
     {"c-fail", "a second c-fail", fail},
 #endif
