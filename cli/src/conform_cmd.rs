@@ -151,6 +151,8 @@ pub fn conform(a: ConformArgs) -> Result<ExitCode> {
 
 /// The child's side: run the cases whose indices arrive on stdin, one answer line each.
 fn worker(a: &ConformArgs, cases: &[Case]) -> Result<ExitCode> {
+    // A crash ends the worker by its signal, which the parent names in the case's row.
+    ppcc_driver::crash::uninstall();
     let opts = ConformOptions {
         rtol: a.rtol,
         atol: a.atol,

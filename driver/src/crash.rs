@@ -139,6 +139,17 @@ pub fn install(program: &str) {
     }
 }
 
+/// The default disposition of the fatal signals again (the process dies by the signal): for
+/// a worker process whose parent reports how it died, such as `ppcc conform`'s.
+pub fn uninstall() {
+    for sig in [SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT] {
+        // SAFETY: restores the default action of a fatal signal.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
