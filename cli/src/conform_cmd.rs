@@ -93,6 +93,10 @@ pub struct ConformArgs {
     /// Run as a child of `ppcc conform`: read case indices on stdin, answer on stdout.
     #[arg(long, hide = true)]
     worker: bool,
+    /// Test hook: with --target cpu, run each model as the loops --target cuda turns into
+    /// kernels (tiled and mapped as for the GPU), on the CPU.
+    #[arg(long, hide = true)]
+    gpu_loops_on_cpu: bool,
 }
 
 /// Marks a worker's answer on stdout (anything else there is passed on to stderr).
@@ -156,7 +160,7 @@ fn worker(a: &ConformArgs, cases: &[Case]) -> Result<ExitCode> {
     let opts = ConformOptions {
         rtol: a.rtol,
         atol: a.atol,
-        executor: executor(a.target),
+        executor: executor(a.target, a.gpu_loops_on_cpu),
     };
     // The isolation's own test (cli/tests/onnx_cli.rs) crashes a worker on purpose.
     let abort_on = std::env::var("PPCC_CONFORM_TEST_ABORT_ON").ok();
@@ -223,7 +227,7 @@ fn parse_answer(line: &str, name: &str) -> Option<(usize, CaseResult)> {
 }
 
 /// Runs models as native code for `target`; `None` for the interpreter.
-fn executor(target: Target) -> Option<Executor> {
+fn executor(target: Target, gpu_loops_on_cpu: bool) -> Option<Executor> {
     match target {
         Target::Interp => None,
         target @ (Target::Cpu | Target::Cuda) => Some(std::sync::Arc::new(
@@ -237,6 +241,7 @@ fn executor(target: Target) -> Option<Executor> {
                     "the model",
                     &BuildOptions {
                         cuda: target.cuda(),
+                        cuda_loops_on_cpu: gpu_loops_on_cpu.then(Default::default),
                         ..Default::default()
                     },
                 )
@@ -299,6 +304,9 @@ impl Pool {
             "--target".into(),
             a.target.name().into(),
         ];
+        if a.gpu_loops_on_cpu {
+            command.push("--gpu-loops-on-cpu".into());
+        }
         if let Some(r) = a.rtol {
             command.extend(["--rtol".into(), r.to_string()]);
         }

@@ -1,6 +1,9 @@
 //! The ONNX backend node cases (one op per model, `onnx/backend/test/case/node`) through
-//! `ppcc conform`, on the interpreter and with `--target cpu`, against the checked-in
-//! list `tests/conformance/node-expected.txt` (one line per case: its status per target).
+//! `ppcc conform`, on the interpreter, with `--target cpu`, and as the loops the CUDA
+//! target turns into kernels run on the CPU (`gpu-loops`: `--target cpu
+//! --gpu-loops-on-cpu`, the GPU's tiling and mapping checked against the onnx reference
+//! outputs), against the checked-in list `tests/conformance/node-expected.txt` (one line
+//! per case: its status per target).
 //!
 //! Fails when a case listed `passed` no longer passes, or when a case crashes that the list
 //! does not say crashes; prints cases that pass now but are not listed so, so the list can
@@ -15,7 +18,9 @@
 //! with `scripts/onnx-node-data.py` (through `PPCC_PYTHON`, else the repository's `.venv`)
 //! into `target/onnx-node-data/<onnx version>/`. `PPCC_CONFORM_TARGETS=interp` (a comma
 //! list) limits the targets; `PPCC_CONFORM_CPU_EVERY=N` runs only every N-th case by sorted
-//! name with `--target cpu` (the whole list takes about 20 s on 2 cores, so CI runs all).
+//! name with `--target cpu` (the whole list takes about 20 s on 2 cores, so CI runs all);
+//! `PPCC_CONFORM_GPU_LOOPS_EVERY=N` does the same for `gpu-loops`, by default every 4th
+//! case (the whole list takes about twice the CPU's time; 1 runs all).
 //!
 //! Every case is also put in one category of [`CATEGORIES`], decided from its model alone
 //! (graph input/output element types, op types and domains of its nodes); the test prints
@@ -31,7 +36,9 @@ use std::time::Instant;
 use ppcc_frontends::onnx::proto::{data_type as dt, GraphProto, ModelProto, NodeProto, TypeValue};
 use prost::Message;
 
-const TARGETS: [&str; 2] = ["interp", "cpu"];
+/// `gpu-loops` is `--target cpu --gpu-loops-on-cpu`: the loops the CUDA target turns into
+/// kernels (tiled and mapped for the GPU), run on the CPU.
+const TARGETS: [&str; 3] = ["interp", "cpu", "gpu-loops"];
 const STATUSES: [&str; 5] = ["passed", "failed", "unsupported", "error", "crashed"];
 
 fn repo() -> PathBuf {
@@ -142,14 +149,16 @@ fn write_expected(
 ) -> std::io::Result<()> {
     let width = list.keys().map(String::len).max().unwrap_or(4);
     let mut text = format!(
-        "# ONNX backend node cases ({onnx}): the status of each on the interpreter and with\n\
-         # --target cpu (passed, failed, unsupported, error, crashed; `-`: not run).\n\
+        "# ONNX backend node cases ({onnx}): the status of each on the interpreter, with\n\
+         # --target cpu, and as the CUDA target's loops run on the CPU (--target cpu\n\
+         # --gpu-loops-on-cpu) (passed, failed, unsupported, error, crashed; `-`: not run).\n\
          # cli/tests/conformance_node.rs fails when a case listed `passed` stops passing or a\n\
          # case crashes that is not listed `crashed`. Regenerate:\n\
          #   PPCC_UPDATE_EXPECTED=1 cargo test -p ppcc --test conformance_node\n\
-         # {:<w$}  {:<11}  cpu\n",
+         # {:<w$}  {:<11}  {:<11}  gpu-loops\n",
         "case",
         "interp",
+        "cpu",
         w = width.saturating_sub(2)
     );
     for (name, per) in list {
@@ -360,11 +369,16 @@ fn node_cases_match_the_expectation_list() {
         data.display()
     );
     let update = std::env::var_os("PPCC_UPDATE_EXPECTED").is_some_and(|v| v != "0");
-    let every: usize = std::env::var("PPCC_CONFORM_CPU_EVERY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
-        .max(1);
+    let every_of = |var: &str, default: usize| -> usize {
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+            .max(1)
+    };
+    let every = every_of("PPCC_CONFORM_CPU_EVERY", 1);
+    // The GPU loops take twice the CPU's time: CI runs every 4th case.
+    let every_gpu_loops = every_of("PPCC_CONFORM_GPU_LOOPS_EVERY", 4);
     let expected = read_expected();
     let mut actual: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for target in targets() {
@@ -372,14 +386,24 @@ fn node_cases_match_the_expectation_list() {
             TARGETS.contains(&target.as_str()),
             "unknown target {target}"
         );
-        let mut args = vec![
-            "conform".to_string(),
-            "--target".into(),
-            target.clone(),
-            "--".into(),
-        ];
-        if target == "cpu" && every > 1 {
-            args.extend(cases.iter().step_by(every).map(|p| p.display().to_string()));
+        let mut args = vec!["conform".to_string(), "--target".into()];
+        let step = match target.as_str() {
+            "gpu-loops" => {
+                args.extend(["cpu".into(), "--gpu-loops-on-cpu".into()]);
+                every_gpu_loops
+            }
+            "cpu" => {
+                args.push(target.clone());
+                every
+            }
+            _ => {
+                args.push(target.clone());
+                1
+            }
+        };
+        args.push("--".into());
+        if step > 1 {
+            args.extend(cases.iter().step_by(step).map(|p| p.display().to_string()));
         } else {
             args.push(data.display().to_string());
         }
@@ -439,7 +463,7 @@ fn node_cases_match_the_expectation_list() {
         for (name, per) in &actual {
             list.entry(name.clone()).or_default().extend(per.clone());
         }
-        if every == 1 {
+        if every == 1 && every_gpu_loops == 1 {
             list.retain(|k, _| actual.contains_key(k));
         }
         let onnx = py("import onnx; print('onnx ' + onnx.__version__)");
