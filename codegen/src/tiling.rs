@@ -313,17 +313,19 @@ fn defined_inside(v: MlirValue, op: MlirOperation) -> bool {
     }
 }
 
+/// An MLIR string callback that appends to the `String` that `user` points at.
+unsafe extern "C" fn collect(s: MlirStringRef, user: *mut std::ffi::c_void) {
+    // SAFETY: `user` is a live `String` of the caller; `s` is valid for the call.
+    unsafe {
+        let out = &mut *(user as *mut String);
+        let bytes = std::slice::from_raw_parts(s.data as *const u8, s.length);
+        out.push_str(&String::from_utf8_lossy(bytes));
+    }
+}
+
 /// The textual form of a type.
 fn type_text(t: MlirType) -> String {
     let mut out = String::new();
-    unsafe extern "C" fn collect(s: MlirStringRef, user: *mut std::ffi::c_void) {
-        // SAFETY: `user` is the `String` below; `s` is valid for the call.
-        unsafe {
-            let out = &mut *(user as *mut String);
-            let bytes = std::slice::from_raw_parts(s.data as *const u8, s.length);
-            out.push_str(&String::from_utf8_lossy(bytes));
-        }
-    }
     // SAFETY: printing a live type into the `String`.
     unsafe {
         mlirTypePrint(
@@ -427,14 +429,6 @@ fn tile_alone(
 /// Run `pipeline` (anchored on `func.func`) on function `f`.
 fn run_on(context: MlirContext, f: MlirOperation, pipeline: &str) -> Result<(), String> {
     let mut error = String::new();
-    unsafe extern "C" fn collect(s: MlirStringRef, user: *mut std::ffi::c_void) {
-        // SAFETY: `user` is the `String` below; `s` is valid for the call.
-        unsafe {
-            let out = &mut *(user as *mut String);
-            let bytes = std::slice::from_raw_parts(s.data as *const u8, s.length);
-            out.push_str(&String::from_utf8_lossy(bytes));
-        }
-    }
     // SAFETY: a pass manager on `func.func` in `context`, destroyed before returning; `f`
     // is a live `func.func` of that context.
     unsafe {
