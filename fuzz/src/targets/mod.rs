@@ -148,8 +148,13 @@ pub fn read_all(paths: &[PathBuf]) -> anyhow::Result<Vec<Vec<u8>>> {
         .collect()
 }
 
-/// Run a child to completion or `timeout`; a signal, a Rust panic (exit 101 or a
-/// "panicked at" line) or the timeout is a crash, any other exit a verdict by status.
+/// The exit status of ppcc's crash report (`ppcc_driver::crash::CRASH_EXIT`): ppcc turns a
+/// fatal signal into that report ("ppcc: internal error: ...") and this status.
+const CRASH_EXIT: i32 = 70;
+
+/// Run a child to completion or `timeout`; a signal, ppcc's crash report (exit 70 and an
+/// "internal error:" line), a Rust panic (exit 101 or a "panicked at" line) or the timeout
+/// is a crash, any other exit a verdict by status.
 pub fn run_child(mut cmd: Command, timeout: Duration) -> Verdict {
     let start = Instant::now();
     let log = tempfile_in(cmd.get_current_dir().map(Path::to_path_buf));
@@ -190,6 +195,12 @@ pub fn run_child(mut cmd: Command, timeout: Duration) -> Verdict {
         return Verdict::Crash(format!(
             "killed by signal {sig} ({}): {}",
             signal_name(sig),
+            summarise_log(&text)
+        ));
+    }
+    if status.code() == Some(CRASH_EXIT) && text.contains(": internal error: ") {
+        return Verdict::Crash(format!(
+            "crash report (exit status {CRASH_EXIT}): {}",
             summarise_log(&text)
         ));
     }
@@ -244,7 +255,13 @@ pub fn summarise_log(text: &str) -> String {
             && !l.starts_with("FINDING ")
     };
     let lines: Vec<&str> = text.lines().collect();
-    let Some(at) = lines.iter().rposition(|l| is_key(l)) else {
+    // ppcc's crash report, when nothing above it says more.
+    let report = |l: &&str| l.contains(": internal error: ");
+    let Some(at) = lines
+        .iter()
+        .rposition(|l| is_key(l))
+        .or_else(|| lines.iter().rposition(report))
+    else {
         return tail_lines(text, 4);
     };
     let k = lines[at].trim();
@@ -299,4 +316,38 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Verdict {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]).current_dir(std::env::temp_dir());
+        run_child(cmd, Duration::from_secs(20))
+    }
+
+    /// ppcc turns fatal signals into a report and exit status 70: still a crash, named by
+    /// its report; a death by signal and a plain refusal as before.
+    #[test]
+    fn a_crash_report_is_a_crash() {
+        let v = sh("echo 'ppcc: internal error: a segmentation fault (or a stack overflow) while importing the model.' >&2; echo 'This is a bug' >&2; exit 70");
+        match v {
+            Verdict::Crash(m) => assert!(
+                m.contains("exit status 70") && m.contains("while importing the model"),
+                "{m}"
+            ),
+            other => panic!("not a crash: {other:?}"),
+        }
+        assert!(matches!(sh("kill -SEGV $$"), Verdict::Crash(m) if m.contains("SIGSEGV")));
+        assert!(matches!(
+            sh("echo 'error: bad model' >&2; exit 70"),
+            Verdict::Rejected(_)
+        ));
+        assert!(matches!(
+            sh("echo 'error: bad model' >&2; exit 1"),
+            Verdict::Rejected(_)
+        ));
+    }
 }
