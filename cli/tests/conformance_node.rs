@@ -19,7 +19,7 @@
 //! into `target/onnx-node-data/<onnx version>/`. `PPCC_CONFORM_TARGETS=interp` (a comma
 //! list) limits the targets; `PPCC_CONFORM_CPU_EVERY=N` runs only every N-th case by sorted
 //! name with `--target cpu` (the whole list takes about 20 s on 2 cores, so CI runs all);
-//! `PPCC_CONFORM_GPU_LOOPS_EVERY=N` does the same for `gpu-loops`, by default every 4th
+//! `PPCC_CONFORM_GPU_LOOPS_EVERY=N` does the same for `gpu-loops`, by default every 8th
 //! case (the whole list takes about twice the CPU's time; 1 runs all).
 //!
 //! Every case is also put in one category of [`CATEGORIES`], decided from its model alone
@@ -377,8 +377,8 @@ fn node_cases_match_the_expectation_list() {
             .max(1)
     };
     let every = every_of("PPCC_CONFORM_CPU_EVERY", 1);
-    // The GPU loops take twice the CPU's time: CI runs every 4th case.
-    let every_gpu_loops = every_of("PPCC_CONFORM_GPU_LOOPS_EVERY", 4);
+    // The GPU loops take twice the CPU's time: CI runs every 8th case.
+    let every_gpu_loops = every_of("PPCC_CONFORM_GPU_LOOPS_EVERY", 8);
     let expected = read_expected();
     let mut actual: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for target in targets() {
