@@ -4,12 +4,12 @@
 //! MLIR's `buffer-results-to-out-params{hoist-static-allocs}` crashes (a use after free)
 //! on a function that returns one buffer twice: it writes the first result straight into
 //! the caller's buffer, erases the allocation, and then reads the erased value for the
-//! second. The lowering never lists a value twice, but `cse` merges equal computations
-//! that the training program returns separately (an Inception network's two LRN stashes of
-//! the same constant scalar, equal zero-size pieces of a `split`). Here every repeated
-//! operand of a `func.return` is replaced by a copy of itself,
-//! `bufferization.alloc_tensor() copy(%v)`: an allocation, which `cse` keeps apart and
-//! bufferization turns into a buffer of its own.
+//! second. A function returns one value twice when one ONNX value is two outputs, and
+//! `cse` merges equal computations that the training program returns separately (an
+//! Inception network's two LRN stashes of the same constant scalar, equal zero-size pieces
+//! of a `split`). Here every repeated operand of a `func.return` is replaced by a copy of
+//! itself, `bufferization.alloc_tensor() copy(%v)`: an allocation, which `cse` keeps apart
+//! and bufferization turns into a buffer of its own.
 
 use mlir_sys::{
     mlirBlockInsertOwnedOperationBefore, mlirDenseI32ArrayGet, mlirIdentifierGet,
