@@ -112,6 +112,9 @@ fn cases_of(dirs: &[PathBuf]) -> Result<Vec<Case>> {
 }
 
 pub fn conform(a: ConformArgs) -> Result<ExitCode> {
+    if a.gpu_loops_on_cpu && a.target != Target::Cpu {
+        bail!("--gpu-loops-on-cpu runs the CUDA target's loops as CPU code: it needs --target cpu");
+    }
     let cases = cases_of(&a.dirs)?;
     if a.worker {
         return worker(&a, &cases);

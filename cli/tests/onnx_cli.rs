@@ -191,6 +191,27 @@ fn conform_reports_a_crash_and_goes_on() {
     }
 }
 
+/// The hidden hook runs the CUDA target's loops as CPU code; with another target it
+/// would do nothing, so it is refused before any case runs.
+#[test]
+fn conform_refuses_gpu_loops_on_cpu_without_the_cpu_target() {
+    let root = scratch();
+    relu_case(&root.join("test_good"), &[0.0, 0.5, 2.0]);
+    for target in ["interp", "cuda"] {
+        let o = ppcc(&[
+            "conform",
+            "--target",
+            target,
+            "--gpu-loops-on-cpu",
+            root.to_str().unwrap(),
+        ]);
+        let out = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{out}");
+        assert!(out.contains("it needs --target cpu"), "{out}");
+        assert!(!out.contains("test_good"), "{out}");
+    }
+}
+
 #[test]
 fn conform_help_states_the_tolerances() {
     let out = text(&ppcc(&["conform", "--help"]));

@@ -240,19 +240,20 @@ fn parse_and_lower<'c>(
     let is_ours =
         |p: &str| p == USE_LIBRARY || p == DISTINCT_RESULTS || p == crate::tiling::TILE_LOOPS;
     let ours = |pass: &str, module: &mut Module<'c>| -> Result<(), CompileError> {
+        // A step of ours that failed, with its own message first when it has one.
+        let failed = |message: Option<String>| CompileError::Pipeline {
+            pipeline: format!("ppcc {pass}"),
+            diagnostics: match message {
+                Some(m) => format!("{m}\n{}", drain(sink)),
+                None => drain(sink),
+            },
+        };
         if pass == crate::tiling::TILE_LOOPS {
             crate::tiling::tile_parallel_loops(context.to_raw(), module.as_operation().to_raw())
-                .map_err(|e| CompileError::Pipeline {
-                    pipeline: format!("ppcc {pass}"),
-                    diagnostics: format!("{e}\n{}", drain(sink)),
-                })?;
+                .map_err(|e| failed(Some(e)))?;
         } else if pass == DISTINCT_RESULTS {
-            crate::results::distinct_results(module.as_operation().to_raw()).map_err(|e| {
-                CompileError::Pipeline {
-                    pipeline: format!("ppcc {pass}"),
-                    diagnostics: format!("{e}\n{}", drain(sink)),
-                }
-            })?;
+            crate::results::distinct_results(module.as_operation().to_raw())
+                .map_err(|e| failed(Some(e)))?;
         } else if pass == USE_LIBRARY {
             let m = module.as_operation().to_raw();
             crate::library::use_library_routines(m);
@@ -271,10 +272,7 @@ fn parse_and_lower<'c>(
         if module.as_operation().verify() {
             Ok(())
         } else {
-            Err(CompileError::Pipeline {
-                pipeline: format!("ppcc {pass}"),
-                diagnostics: drain(sink),
-            })
+            Err(failed(None))
         }
     };
     match &opts.keep_passes {

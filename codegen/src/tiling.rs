@@ -390,8 +390,7 @@ fn tile_alone(
     // (moved into it) have been moved back before `anchor`, the op that followed `l`.
     unsafe {
         let anchor = mlirOperationGetNextInBlock(l);
-        let home = mlirOperationGetBlock(l);
-        if anchor.ptr.is_null() || home.ptr.is_null() {
+        if anchor.ptr.is_null() {
             return Err("a parallel loop that is the last operation of its block".into());
         }
         let tmp = mlirOperationCreateParse(context, str_ref(&text), str_ref("ppcc-tiling"));

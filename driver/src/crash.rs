@@ -75,16 +75,9 @@ fn put_c(p: *const c_char) {
     if p.is_null() {
         return;
     }
-    // SAFETY: `p` is a NUL-terminated string published by `publish` and never freed.
-    let n = unsafe {
-        let mut n = 0;
-        while *p.add(n) != 0 {
-            n += 1;
-        }
-        n
-    };
-    // SAFETY: `n` bytes of the string.
-    put(unsafe { std::slice::from_raw_parts(p as *const u8, n) });
+    // SAFETY: `p` is a NUL-terminated string published by `publish` and never freed;
+    // `CStr::from_ptr` only reads up to its NUL, which is safe in a signal handler.
+    put(unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes());
 }
 
 extern "C" fn on_fatal_signal(signum: c_int, _info: *mut c_void, _context: *mut c_void) {
