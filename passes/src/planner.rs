@@ -322,10 +322,12 @@ pub fn plan_with(
         Err(e) => return Err(explain(e)),
     };
     let mut simulated = vec![];
-    let mut best: Option<Plan> = None;
+    // Candidates that fit, on the partitioner's estimate or (`true`) analysed with their
+    // training program's stash.
+    let mut fitting: Vec<(Plan, bool)> = vec![];
     // The candidate that comes closest to the limit, when none fits.
     let mut least_over: Option<Plan> = None;
-    let (mut best_analyzed, mut least_over_analyzed) = (false, false);
+    let mut least_over_analyzed = false;
     let mut first_error = None;
     let mut seen: Vec<Vec<u32>> = vec![];
     let mut trials: Vec<SearchTrial> = vec![];
@@ -335,7 +337,10 @@ pub fn plan_with(
         if queue.is_empty() {
             // The partitions that fit only with recomputation, when the others do not
             // fit without it.
-            let needed = best.is_none() || best_analyzed;
+            let fastest = fitting
+                .iter()
+                .min_by(|a, b| a.0.report.makespan.total_cmp(&b.0.report.makespan));
+            let needed = fastest.is_none_or(|(_, analyzed)| *analyzed);
             if round > 0 || o.recompute == RecomputeMode::Off || !needed {
                 break;
             }
@@ -344,7 +349,7 @@ pub fn plan_with(
             relaxed.memory.stash = 0.0;
             match partition_with(m, &relaxed, cache) {
                 Ok(more) => queue = more,
-                Err(e) if best.is_none() && least_over.is_none() => return Err(explain(e)),
+                Err(e) if fitting.is_empty() && least_over.is_none() => return Err(explain(e)),
                 Err(_) => break,
             }
             continue;
@@ -451,13 +456,7 @@ pub fn plan_with(
             }
             continue;
         }
-        let better = best
-            .as_ref()
-            .is_none_or(|b| candidate.report.makespan < b.report.makespan * (1.0 - 1e-12));
-        if better {
-            best_analyzed = model.is_some();
-            best = Some(candidate);
-        }
+        fitting.push((candidate, model.is_some()));
     }
     // A plan chosen on the partitioner's estimate: its stash from its training program
     // (and, under `auto`, recomputation if it needs it after all).
@@ -468,14 +467,23 @@ pub fn plan_with(
         p.recompute = recompute_list(&model, &choices);
         Ok(())
     };
-    if !best_analyzed {
-        if let Some(p) = best.as_mut() {
+    // The fastest candidate that still fits with its training program's stash; one that
+    // does not fit after all competes for "closest to the limit".
+    let peak_of = |p: &Plan| p.report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
+    let mut refined_over: Vec<Plan> = vec![];
+    let best = fastest_fitting(
+        fitting,
+        |p: &Plan| p.report.makespan,
+        |p: &mut Plan| {
             refine(p)?;
-            let peak = p.report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
-            if peak > limit {
-                least_over = best.take();
-                least_over_analyzed = true;
-            }
+            Ok::<bool, PassError>(peak_of(p) <= limit)
+        },
+        |p| refined_over.push(p),
+    )?;
+    for p in refined_over {
+        if least_over.as_ref().is_none_or(|b| peak_of(&p) < peak_of(b)) {
+            least_over = Some(p);
+            least_over_analyzed = true;
         }
     }
     if !least_over_analyzed {
@@ -495,6 +503,43 @@ pub fn plan_with(
     plan.candidates = simulated;
     plan.search = trials;
     Ok(plan)
+}
+
+/// The fastest of `candidates` that fits: each comes with whether it has been checked
+/// already (then it fits); the others are checked by `refine_fits` (the training
+/// program's stash, and recomputation where allowed) in order of `makespan`, and those
+/// that do not fit after all go to `over`. Refining can only add time (recomputation),
+/// never take it away, so the search stops at the first candidate whose unrefined
+/// makespan is no shorter than the best refined one. Choosing on the estimate alone and
+/// giving up when that one failed left a layout without a plan although a slower
+/// candidate fitted.
+fn fastest_fitting<T, E>(
+    mut candidates: Vec<(T, bool)>,
+    makespan: impl Fn(&T) -> f64,
+    mut refine_fits: impl FnMut(&mut T) -> Result<bool, E>,
+    mut over: impl FnMut(T),
+) -> Result<Option<T>, E> {
+    candidates.sort_by(|a, b| makespan(&a.0).total_cmp(&makespan(&b.0)));
+    let mut best: Option<T> = None;
+    for (mut c, checked) in candidates {
+        if best
+            .as_ref()
+            .is_some_and(|b| makespan(&c) >= makespan(b) * (1.0 - 1e-12))
+        {
+            break;
+        }
+        if !checked && !refine_fits(&mut c)? {
+            over(c);
+            continue;
+        }
+        if best
+            .as_ref()
+            .is_none_or(|b| makespan(&c) < makespan(b) * (1.0 - 1e-12))
+        {
+            best = Some(c);
+        }
+    }
+    Ok(best)
 }
 
 /// The most virtual stages `auto` partitions for an interleaved chain of more than 2 chunks.
@@ -897,5 +942,61 @@ pub fn cost_table(part: &Partition, profile: &DeviceProfile, optimizer_state: f6
         // Gradients (1×) plus optimizer state.
         optimizer_state_factor: 1.0 + optimizer_state,
         optimizer_step,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fastest_fitting;
+
+    /// (makespan, fits once refined, makespan once refined)
+    type Cand = (f64, bool, f64);
+
+    fn pick(cands: Vec<(Cand, bool)>) -> (Option<Cand>, Vec<Cand>, usize) {
+        let mut over = vec![];
+        let mut refined = 0;
+        let best = fastest_fitting(
+            cands,
+            |c: &Cand| c.0,
+            |c: &mut Cand| {
+                refined += 1;
+                c.0 = c.2;
+                Ok::<bool, ()>(c.1)
+            },
+            |c| over.push(c),
+        )
+        .unwrap();
+        (best, over, refined)
+    }
+
+    #[test]
+    fn the_fastest_that_still_fits_once_refined_is_chosen() {
+        // The estimate's best does not fit with its real stash: the next one is taken.
+        let (best, over, _) = pick(vec![
+            ((1.0, false, 1.0), false),
+            ((2.0, true, 2.0), false),
+            ((3.0, true, 3.0), false),
+        ]);
+        assert_eq!(best, Some((2.0, true, 2.0)));
+        assert_eq!(over, vec![(1.0, false, 1.0)]);
+        // Refinement that adds time (recomputation) lets a later candidate win, and the
+        // search stops once no unrefined candidate can beat the best refined one.
+        let (best, over, refined) = pick(vec![
+            ((1.0, true, 2.5), false),
+            ((2.0, true, 2.2), false),
+            ((2.4, true, 2.4), false),
+            ((9.0, true, 9.0), false),
+        ]);
+        assert_eq!(best, Some((2.2, true, 2.2)));
+        assert!(over.is_empty());
+        assert_eq!(
+            refined, 2,
+            "the candidates at 2.4 and 9.0 are never refined"
+        );
+        // A checked candidate is taken as it is; none fits: none is chosen.
+        let (best, _, refined) = pick(vec![((3.0, false, 3.0), true)]);
+        assert_eq!((best, refined), (Some((3.0, false, 3.0)), 0));
+        let (best, over, _) = pick(vec![((1.0, false, 1.0), false), ((2.0, false, 2.0), false)]);
+        assert_eq!((best, over.len()), (None, 2));
     }
 }
