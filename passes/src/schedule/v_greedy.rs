@@ -473,12 +473,19 @@ pub fn zb_v_measured(ranks: usize, microbatches: usize, costs: &CostTable, cap: 
     };
     let mut best = (base_report.makespan, base);
     let even = even_costs(costs);
+    // The variants often come out the same (the flags only matter where a wait is left to
+    // fill): each distinct order is checked and simulated once.
+    let mut seen: Vec<Vec<Vec<super::Action>>> = vec![];
     for fill_b in [true, false] {
         for fill_f in [true, false] {
             let Some(s) = zb_v_greedy_caps(ranks, microbatches, &even, &caps, fill_b, fill_f)
             else {
                 continue;
             };
+            if seen.contains(&s.per_rank) {
+                continue;
+            }
+            seen.push(s.per_rank.clone());
             if super::validate(&super::generators::insert_communication(&s)).is_err() {
                 continue;
             }
