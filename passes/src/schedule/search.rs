@@ -11,7 +11,9 @@
 //!   α = 1 ZB-H2; `h(s)` is the stage's height, `H` the largest), then from
 //!   the best of those that fit, hill climbing on each stage's warm-up count and `W`
 //!   deferral ([`local_search`]);
-//! - the V (two chunks per device): ZB-V and DualPipeV;
+//! - the V (two chunks per device): ZB-V and DualPipeV, and ZB-V built at the measured
+//!   costs with 2p, 2p+2 and 2p+4 chunk activations per rank and with each rank's stash
+//!   held to the bytes of the construction's peak and of the limit;
 //! - an interleaved chain of `v` chunks: interleaved 1F1B.
 //!
 //! Each of these is also tried with its fused backwards split into `I` then `W` and the
@@ -20,7 +22,7 @@
 //! greedy zero-bubble heuristic).
 
 use super::generators::{fill_weight_gradients, stage_heights, zb_on};
-use super::v_greedy::{even_costs, zb_v_greedy};
+use super::v_greedy::{even_costs, v_stash_allowance, zb_v_greedy, zb_v_greedy_bytes};
 use super::{builtin_on, insert_communication, ActionKind, Layout, Schedule};
 use crate::simulate::{simulate, CostTable};
 
@@ -287,6 +289,58 @@ pub fn search(
             if let Some((_, s)) = best_here {
                 consider(
                     format!("zb-v (measured, {cap} chunk activations)"),
+                    s,
+                    &mut trials,
+                );
+            }
+        }
+        // The same with each rank held to bytes rather than a count of activations: those
+        // of the construction's peak (what `--schedule zb-v` allows) and those of the
+        // limit. The ranks' stashes differ, so one count for all leaves most ranks below
+        // the memory the largest one reaches.
+        let construction = builtin_on("zb-v", layout, m, 2)
+            .ok()
+            .and_then(|s| evaluate(&s, costs))
+            .map(|r| r.1);
+        let mut peaks: Vec<(&str, f64)> = vec![];
+        if let Some(c) = construction.filter(|&c| c <= limit) {
+            peaks.push(("the construction's peak", c));
+        }
+        if limit.is_finite() {
+            peaks.push(("the memory limit", limit));
+        }
+        let act: Vec<f64> = costs.stages.iter().map(|c| c.activation_memory).collect();
+        let counts = vec![2 * m; ranks];
+        for (label, peak) in peaks {
+            let allowance = v_stash_allowance(ranks, costs, peak);
+            let mut seen: Vec<Vec<Vec<super::Action>>> = vec![];
+            let mut best_here: Option<(f64, Schedule)> = None;
+            for (fill_b, fill_f) in [(true, true), (true, false), (false, true), (false, false)] {
+                let Some(s) = zb_v_greedy_bytes(
+                    ranks,
+                    m,
+                    &even,
+                    &counts,
+                    Some((&act, &allowance)),
+                    fill_b,
+                    fill_f,
+                ) else {
+                    continue;
+                };
+                if seen.contains(&s.per_rank) {
+                    continue;
+                }
+                seen.push(s.per_rank.clone());
+                let Some((t, _)) = evaluate(&s, costs) else {
+                    continue;
+                };
+                if best_here.as_ref().is_none_or(|b| t < b.0) {
+                    best_here = Some((t, s));
+                }
+            }
+            if let Some((_, s)) = best_here {
+                consider(
+                    format!("zb-v (measured, each rank's stash within {label})"),
                     s,
                     &mut trials,
                 );

@@ -21,17 +21,23 @@
 //!    entirely in the wait for that action's input, and one more when the wait would
 //!    leave this rank with more idle time than the most idle rank so far (`fill_b` and
 //!    `fill_f` say whether chunk-1 input gradients and forwards may take it).
-//! 3. A rank never holds more than `cap` chunk activations: a forward that would exceed
-//!    it runs a deferred `W` first.
+//! 3. A rank never holds more than `cap` chunk activations, nor (when it is given an
+//!    allowance in bytes, [`zb_v_greedy_bytes`]) more stashed bytes than that: a forward
+//!    that would exceed either runs a deferred `W` first.
 //!
 //! The idle time each rank has accrued is the measure. A second pass repeats the build
 //! with each rank allowed the idle of the most idle rank of the first pass (so ranks that
 //! idle less hold back their `W`s less), for as long as that lowers the worst rank's idle.
 //! [`zb_v_measured`] builds the four `fill_b × fill_f` variants at the stages' mean costs
 //! ([`even_costs`]) and keeps the one the simulator finds fastest at the real costs, or the
-//! construction if none beats it. On the 48-layer GPT of BENCHMARKS.md (16 devices, 64
-//! micro-batches, `h100`) that takes ZB-V from 0.906 to 0.927 of the lower bound at the
-//! same peak memory.
+//! construction if none beats it, then the same with every rank held to the bytes of the
+//! construction's largest peak instead of a count: on a V the stages' stashes differ
+//! (the attention half of a layer keeps less than its MLP half), so one count for all
+//! leaves the ranks with smaller activations short of memory they may use, and the V's
+//! bottom ranks, which wait longest for their first input gradient, fill that wait with
+//! forwards. On the 48-layer GPT of BENCHMARKS.md (16 devices, 64 micro-batches, `h100`)
+//! the builder takes ZB-V from 0.906 to 0.927 of the lower bound, and the byte allowance to
+//! 0.931, at no more peak memory.
 
 use std::collections::VecDeque;
 
@@ -67,6 +73,11 @@ struct Build<'a> {
     out: Vec<Vec<Action>>,
     /// The idle each rank may accrue (from the previous pass), and its maximum.
     approved: Option<(Vec<f64>, f64)>,
+    /// Bytes: each stage's stash per micro-batch and each rank's allowance, when the
+    /// ranks are capped by bytes too (the builder's times are averaged, its bytes not).
+    bytes: Option<(Vec<f64>, Vec<f64>)>,
+    /// Stashed bytes per rank (with `bytes`).
+    stash_bytes: Vec<f64>,
 }
 
 /// The build cannot go on (an input that is not there, the stash over its cap).
@@ -87,7 +98,35 @@ impl<'a> Build<'a> {
             pending: vec![VecDeque::new(); p],
             out: vec![vec![]; p],
             approved: None,
+            bytes: None,
+            stash_bytes: vec![0.0; p],
         }
+    }
+
+    /// Bytes one activation of `chunk` on rank `r` stashes (0 without a byte cap).
+    fn act_bytes(&self, chunk: usize, r: usize) -> f64 {
+        self.bytes
+            .as_ref()
+            .map_or(0.0, |(act, _)| act[self.stage(chunk, r)])
+    }
+
+    /// Whether rank `r` can stash `more` activations (each as large as its larger chunk's)
+    /// on top of what it holds: within its count and its bytes.
+    fn room(&self, r: usize, more: usize) -> bool {
+        let bytes_ok = self.bytes.as_ref().is_none_or(|(_, cap)| {
+            let unit = self.act_bytes(0, r).max(self.act_bytes(1, r));
+            self.stash_bytes[r] + more as f64 * unit <= cap[r]
+        });
+        self.stash[r] + more <= self.cap[r] && bytes_ok
+    }
+
+    /// Whether the next forward of `chunk` on `r` would go over its count or its bytes.
+    fn full(&self, chunk: usize, r: usize) -> bool {
+        let over_bytes = self
+            .bytes
+            .as_ref()
+            .is_some_and(|(_, cap)| self.stash_bytes[r] + self.act_bytes(chunk, r) > cap[r]);
+        self.stash[r] >= self.cap[r] || over_bytes
     }
 
     fn stage(&self, chunk: usize, r: usize) -> usize {
@@ -167,9 +206,15 @@ impl<'a> Build<'a> {
             None => {}
         }
         match kind {
-            F if self.stash[r] >= self.cap[r] => return Err(Stuck),
-            F => self.stash[r] += 1,
-            W => self.stash[r] = self.stash[r].saturating_sub(1),
+            F if self.full(chunk, r) => return Err(Stuck),
+            F => {
+                self.stash[r] += 1;
+                self.stash_bytes[r] += self.act_bytes(chunk, r);
+            }
+            W => {
+                self.stash[r] = self.stash[r].saturating_sub(1);
+                self.stash_bytes[r] -= self.act_bytes(chunk, r);
+            }
             _ => {}
         }
         if self.done[r][F][0] > 0 {
@@ -262,7 +307,7 @@ impl<'a> Build<'a> {
                     .costs
                     .comm_between(self.stage(1, r + 1), self.stage(1, r));
                 let back = self.ended(F, 1, r + 1, 0).ok_or(Stuck)? + comm;
-                while self.stash[r] + 2 + 2 * r <= self.cap[r]
+                while self.room(r, 2 + 2 * r)
                     && self.free[r] + self.duration(F, 0, r) <= back
                     && self.done[r][F][0] < m
                 {
@@ -351,7 +396,7 @@ impl<'a> Build<'a> {
                 let Some(chunk) = chunk.filter(|&c| self.can(F, c, r)) else {
                     continue;
                 };
-                while self.stash[r] >= self.cap[r] {
+                while self.full(chunk, r) {
                     self.put_w(r)?;
                 }
                 self.fill(F, chunk, r, fill_f)?;
@@ -400,13 +445,32 @@ pub fn zb_v_greedy_caps(
     fill_b: bool,
     fill_f: bool,
 ) -> Option<Schedule> {
+    zb_v_greedy_bytes(ranks, microbatches, costs, caps, None, fill_b, fill_f)
+}
+
+/// [`zb_v_greedy_caps`], each rank also held to a number of stashed bytes: `bytes` is
+/// (each stage's stash per micro-batch, each rank's allowance); the costs' own
+/// `activation_memory` is not used (the builder's costs are averaged).
+pub fn zb_v_greedy_bytes(
+    ranks: usize,
+    microbatches: usize,
+    costs: &CostTable,
+    caps: &[usize],
+    bytes: Option<(&[f64], &[f64])>,
+    fill_b: bool,
+    fill_f: bool,
+) -> Option<Schedule> {
     let (p, m) = (ranks, microbatches);
     if p == 0 || m == 0 || costs.stages.len() != 2 * p || caps.len() != p {
+        return None;
+    }
+    if bytes.is_some_and(|(a, c)| a.len() != 2 * p || c.len() != p) {
         return None;
     }
     let run = |approved: Option<(Vec<f64>, f64)>| -> Option<(Vec<Vec<Action>>, Vec<f64>)> {
         let mut b = Build::new(p, m, costs, caps.to_vec());
         b.approved = approved;
+        b.bytes = bytes.map(|(a, c)| (a.to_vec(), c.to_vec()));
         b.warm_up().ok()?;
         b.steady(fill_b, fill_f).ok()?;
         let complete = b
@@ -452,9 +516,11 @@ pub fn even_costs(costs: &CostTable) -> CostTable {
 }
 
 /// ZB-V for these costs: the fastest under the simulator of the construction
-/// ([`super::generators::zb_v`], with its `W`s moved into idle time when that is faster)
-/// and the four [`zb_v_greedy`] variants built at [`even_costs`], all within `cap` chunk
-/// activations per rank (`2·ranks`: 1F1B's count) and the construction's peak memory.
+/// ([`super::generators::zb_v`], with its `W`s moved into idle time when that is faster),
+/// the four [`zb_v_greedy`] variants built at [`even_costs`] within `cap` chunk
+/// activations per rank (`2·ranks`: 1F1B's count), and the four again with each rank held
+/// to the stash bytes the construction's largest peak leaves it ([`v_stash_allowance`])
+/// instead of a count; none with more peak memory than the construction.
 pub fn zb_v_measured(ranks: usize, microbatches: usize, costs: &CostTable, cap: usize) -> Schedule {
     let base = super::generators::better_with_filled_w(
         super::generators::zb_v(ranks, microbatches),
@@ -498,5 +564,54 @@ pub fn zb_v_measured(ranks: usize, microbatches: usize, costs: &CostTable, cap: 
             }
         }
     }
+    // The same builds with every rank held to the bytes, not the count, of the
+    // construction's peak: a rank whose chunks stash less runs more forwards before its
+    // first input gradient comes back (the V's bottom ranks wait longest for it).
+    let allowance = v_stash_allowance(ranks, costs, budget);
+    let act: Vec<f64> = costs.stages.iter().map(|c| c.activation_memory).collect();
+    let counts = vec![2 * microbatches; ranks];
+    for fill_b in [true, false] {
+        for fill_f in [true, false] {
+            let Some(s) = zb_v_greedy_bytes(
+                ranks,
+                microbatches,
+                &even,
+                &counts,
+                Some((&act, &allowance)),
+                fill_b,
+                fill_f,
+            ) else {
+                continue;
+            };
+            if seen.contains(&s.per_rank) {
+                continue;
+            }
+            seen.push(s.per_rank.clone());
+            if super::validate(&super::generators::insert_communication(&s)).is_err() {
+                continue;
+            }
+            let Ok(r) = simulate(&s, costs) else {
+                continue;
+            };
+            let peak = r.peak_memory.iter().copied().fold(0.0, f64::max);
+            if peak <= budget * (1.0 + 1e-9) && r.makespan < best.0 * (1.0 - 1e-12) {
+                best = (r.makespan, s);
+            }
+        }
+    }
     best.1
+}
+
+/// The stash bytes each rank of a V may hold within `peak` bytes of memory: what its
+/// weights, their gradients and optimizer state, and the larger transient of a backward
+/// leave of it (rank `r` holds stages `r` and `2p−1−r`; see [`simulate`]'s peak).
+pub fn v_stash_allowance(ranks: usize, costs: &CostTable, peak: f64) -> Vec<f64> {
+    (0..ranks)
+        .map(|r| {
+            let (a, b) = (&costs.stages[r], &costs.stages[2 * ranks - 1 - r]);
+            let fixed = (a.weight_memory + b.weight_memory) * (1.0 + costs.optimizer_state_factor)
+                + a.transient_memory.max(b.transient_memory);
+            peak - fixed
+        })
+        .collect()
 }
