@@ -35,7 +35,7 @@ use crate::recompute::{
 };
 use crate::schedule::search::{search, Trial};
 use crate::schedule::{
-    builtin_on, insert_communication, validate, zb_v_measured, ActionKind, Layout, Schedule,
+    builtin_on, insert_communication, validate, zb_v_measured_within, ActionKind, Layout, Schedule,
 };
 use crate::simulate::{simulate, CostTable, SimReport, StageCosts};
 use crate::PassError;
@@ -375,7 +375,7 @@ pub fn plan_with(
             ScheduleSpec::Builtin(name)
                 if name == "zb-v" && layout == (Layout::VShape { ranks: o.ranks }) =>
             {
-                zb_v_measured(o.ranks, o.microbatches, &costs, 2 * o.ranks)
+                zb_v_measured_within(o.ranks, o.microbatches, &costs, 2 * o.ranks, limit)
             }
             ScheduleSpec::Builtin(name) => builtin_on(name, &layout, o.microbatches, o.chunks)
                 .map_err(|e| fail(e.to_string()))?,

@@ -747,3 +747,29 @@ fn zb_v_greedy_by_bytes_stays_within_each_rank_allowance() {
         assert_eq!(by_bytes, by_count, "p={p} m={m}");
     }
 }
+
+/// Under a memory limit below the construction's peak, the measured ZB-V is built to fit
+/// it (each rank's stash held to what the limit leaves it) instead of returning the
+/// construction over the limit.
+#[test]
+fn zb_v_measured_fits_a_limit_below_the_construction() {
+    use ppcc_passes::schedule::zb_v_measured_within;
+    for &(p, m) in &[(4, 16), (8, 32)] {
+        let mut costs = CostTable::uniform(2 * p, 0.43, 0.75, 0.28, 0.01);
+        for (s, c) in costs.stages.iter_mut().enumerate() {
+            c.activation_memory = if s < p { 2.0 } else { 1.0 };
+        }
+        let peak = |r: &SimReport| r.peak_memory.iter().copied().fold(0.0, f64::max);
+        let construction = peak(&simulate(&zb_v(p, m), &costs).unwrap());
+        let limit = construction - 1.5;
+        let s = zb_v_measured_within(p, m, &costs, 2 * p, limit);
+        validate(&insert_communication(&s)).unwrap_or_else(|e| panic!("p={p} m={m}: {e}"));
+        assert_eq!(action_sets(&s), action_sets(&zb_v(p, m)));
+        let r = simulate(&s, &costs).unwrap();
+        assert!(
+            peak(&r) <= limit,
+            "p={p} m={m}: peak {} over the limit {limit} (construction {construction})",
+            peak(&r)
+        );
+    }
+}

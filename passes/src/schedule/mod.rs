@@ -27,7 +27,7 @@ pub use generators::{
     interleaved_1f1b, one_f_one_b, zb_h1, zb_h2, zb_v, zb_v_for, BUILTIN_NAMES,
 };
 pub use ppir::schedule::{parse_action, Action, ActionKind};
-pub use v_greedy::{even_costs, zb_v_greedy, zb_v_measured};
+pub use v_greedy::{even_costs, zb_v_greedy, zb_v_measured, zb_v_measured_within};
 pub use validate::{validate, ScheduleError};
 
 /// Where virtual stages live and how they depend on each other.

@@ -522,6 +522,20 @@ pub fn even_costs(costs: &CostTable) -> CostTable {
 /// to the stash bytes the construction's largest peak leaves it ([`v_stash_allowance`])
 /// instead of a count; none with more peak memory than the construction.
 pub fn zb_v_measured(ranks: usize, microbatches: usize, costs: &CostTable, cap: usize) -> Schedule {
+    zb_v_measured_within(ranks, microbatches, costs, cap, f64::INFINITY)
+}
+
+/// [`zb_v_measured`] with the peak memory held to `limit` bytes as well: the builds with
+/// a byte allowance then get what the smaller of the construction's peak and the limit
+/// leaves each rank, so ZB-V can fit a limit its construction exceeds (the construction
+/// is still returned when nothing fits; the planner then reports it over the limit).
+pub fn zb_v_measured_within(
+    ranks: usize,
+    microbatches: usize,
+    costs: &CostTable,
+    cap: usize,
+    limit: f64,
+) -> Schedule {
     let base = super::generators::better_with_filled_w(
         super::generators::zb_v(ranks, microbatches),
         costs,
@@ -532,12 +546,29 @@ pub fn zb_v_measured(ranks: usize, microbatches: usize, costs: &CostTable, cap: 
     };
     // No more memory than the construction: no rank holds more chunk activations than it
     // does there (with fewer micro-batches than `2p`, fewer than `cap`), and no more bytes.
-    let budget = base_report.peak_memory.iter().copied().fold(0.0, f64::max);
+    let budget = base_report
+        .peak_memory
+        .iter()
+        .copied()
+        .fold(0.0, f64::max)
+        .min(limit);
     let caps: Vec<usize> = match simulate(&super::generators::zb_v(ranks, microbatches), costs) {
         Ok(r) => r.peak_stash.iter().map(|&n| n.min(cap)).collect(),
         Err(_) => return base,
     };
-    let mut best = (base_report.makespan, base);
+    // The construction stays the answer only while nothing that fits the budget is found.
+    let base_fits = base_report
+        .peak_memory
+        .iter()
+        .all(|&b| b <= budget * (1.0 + 1e-9));
+    let mut best = (
+        if base_fits {
+            base_report.makespan
+        } else {
+            f64::INFINITY
+        },
+        base,
+    );
     let even = even_costs(costs);
     // The variants often come out the same (the flags only matter where a wait is left to
     // fill): each distinct order is checked and simulated once.
