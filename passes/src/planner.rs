@@ -33,7 +33,7 @@ use crate::partition::{
 use crate::recompute::{
     analyze, choose_all, choose_within, evaluate, Budget, RecomputeMode, StageChoice,
 };
-use crate::schedule::search::{search, Trial};
+use crate::schedule::search::{search_ranked, Trial};
 use crate::schedule::{
     builtin_on, insert_communication, validate, zb_v_measured_within, ActionKind, Layout, Schedule,
 };
@@ -368,95 +368,111 @@ pub fn plan_with(
             },
             None => Layout::chain(k),
         };
-        let mut costs = cost_table(&part, &o.profile, o.optimizer_state);
-        let mut schedule_name = o.schedule.name();
-        let schedule = match &o.schedule {
+        let costs0 = cost_table(&part, &o.profile, o.optimizer_state);
+        let schedules: Vec<(Schedule, String)> = match &o.schedule {
             // ZB-V's weight gradients fill the time its order leaves idle at these costs.
             ScheduleSpec::Builtin(name)
                 if name == "zb-v" && layout == (Layout::VShape { ranks: o.ranks }) =>
             {
-                zb_v_measured_within(o.ranks, o.microbatches, &costs, 2 * o.ranks, limit)
+                vec![(
+                    zb_v_measured_within(o.ranks, o.microbatches, &costs0, 2 * o.ranks, limit),
+                    o.schedule.name(),
+                )]
             }
-            ScheduleSpec::Builtin(name) => builtin_on(name, &layout, o.microbatches, o.chunks)
-                .map_err(|e| fail(e.to_string()))?,
-            ScheduleSpec::Custom(s) => s.clone(),
-            ScheduleSpec::Search { .. } => match search(&layout, o.microbatches, &costs, limit) {
-                Some((s, name, tried)) => {
-                    let layout_name = o.schedule.name();
-                    trials.extend(tried.into_iter().map(|trial| SearchTrial {
-                        layout: layout_name.clone(),
-                        partition: seen.len() - 1,
-                        trial,
-                    }));
-                    schedule_name = name;
-                    s
-                }
-                None => {
+            ScheduleSpec::Builtin(name) => vec![(
+                builtin_on(name, &layout, o.microbatches, o.chunks)
+                    .map_err(|e| fail(e.to_string()))?,
+                o.schedule.name(),
+            )],
+            ScheduleSpec::Custom(s) => vec![(s.clone(), o.schedule.name())],
+            // The runners-up too: the chosen one may not fit with its training program's
+            // stash after all.
+            ScheduleSpec::Search { .. } => {
+                let (ranked, tried) = search_ranked(
+                    &layout,
+                    o.microbatches,
+                    &costs0,
+                    limit,
+                    SEARCH_RUNNERS_UP + 1,
+                );
+                let layout_name = o.schedule.name();
+                trials.extend(tried.into_iter().map(|trial| SearchTrial {
+                    layout: layout_name.clone(),
+                    partition: seen.len() - 1,
+                    trial,
+                }));
+                if ranked.is_empty() {
                     first_error.get_or_insert(format!(
                         "no schedule could be simulated on {}",
                         o.schedule.name()
                     ));
                     continue;
                 }
-            },
+                ranked
+            }
             ScheduleSpec::Auto => {
                 return Err(fail("internal error: `auto` searches layout by layout"))
             }
         };
-        let schedule = insert_communication(&schedule);
-        if let Err(e) = validate(&schedule) {
-            return Err(fail(format!("the schedule is not valid: {e}")));
-        }
-        // With recomputation: the stash from the training program itself, and what to
-        // recompute (without, the partitioner's estimate until a plan is chosen).
-        // (Under `auto`, a candidate far below the limit by the partitioner's estimate is
-        // analysed only if it is chosen.)
-        let rough = match simulate(&schedule, &costs) {
-            Ok(r) => r,
-            Err(e) => {
-                first_error.get_or_insert(e.to_string());
+        for (schedule, schedule_name) in schedules {
+            let part = part.clone();
+            let layout = layout.clone();
+            let mut costs = costs0.clone();
+            let schedule = insert_communication(&schedule);
+            if let Err(e) = validate(&schedule) {
+                return Err(fail(format!("the schedule is not valid: {e}")));
+            }
+            // With recomputation: the stash from the training program itself, and what to
+            // recompute (without, the partitioner's estimate until a plan is chosen).
+            // (Under `auto`, a candidate far below the limit by the partitioner's estimate is
+            // analysed only if it is chosen.)
+            let rough = match simulate(&schedule, &costs) {
+                Ok(r) => r,
+                Err(e) => {
+                    first_error.get_or_insert(e.to_string());
+                    continue;
+                }
+            };
+            let rough_peak = rough.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
+            let (choices, report, model) = if o.recompute == RecomputeMode::Off
+                || (o.recompute == RecomputeMode::Auto && rough_peak <= ROUGH_MARGIN * limit)
+            {
+                (vec![], rough, None)
+            } else {
+                let model = stash_model(m, o, &part)?;
+                let (c, r) = fit(&model, o, &schedule, &mut costs, limit)?;
+                (c, r, Some(model))
+            };
+            simulated.push((part.is_chain(), report.makespan));
+            let over = report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b)) - limit;
+            let total: f64 = part.stages.iter().map(|s| s.cost.time()).sum();
+            let candidate = Plan {
+                lower_bound: o.microbatches as f64 * total / o.ranks as f64,
+                recompute: model
+                    .as_ref()
+                    .map_or(vec![], |md| recompute_list(md, &choices)),
+                partition: part,
+                layout,
+                schedule,
+                costs,
+                report,
+                candidates: vec![],
+                schedule_name,
+                search: vec![],
+                search_failures: vec![],
+            };
+            if over > 0.0 {
+                let closer = least_over.as_ref().is_none_or(|b| {
+                    over < b.report.peak_memory.iter().fold(0.0, |a: f64, &x| a.max(x)) - limit
+                });
+                if closer {
+                    least_over_analyzed = model.is_some();
+                    least_over = Some(candidate);
+                }
                 continue;
             }
-        };
-        let rough_peak = rough.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
-        let (choices, report, model) = if o.recompute == RecomputeMode::Off
-            || (o.recompute == RecomputeMode::Auto && rough_peak <= ROUGH_MARGIN * limit)
-        {
-            (vec![], rough, None)
-        } else {
-            let model = stash_model(m, o, &part)?;
-            let (c, r) = fit(&model, o, &schedule, &mut costs, limit)?;
-            (c, r, Some(model))
-        };
-        simulated.push((part.is_chain(), report.makespan));
-        let over = report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b)) - limit;
-        let total: f64 = part.stages.iter().map(|s| s.cost.time()).sum();
-        let candidate = Plan {
-            lower_bound: o.microbatches as f64 * total / o.ranks as f64,
-            recompute: model
-                .as_ref()
-                .map_or(vec![], |md| recompute_list(md, &choices)),
-            partition: part,
-            layout,
-            schedule,
-            costs,
-            report,
-            candidates: vec![],
-            schedule_name,
-            search: vec![],
-            search_failures: vec![],
-        };
-        if over > 0.0 {
-            let closer = least_over.as_ref().is_none_or(|b| {
-                over < b.report.peak_memory.iter().fold(0.0, |a: f64, &x| a.max(x)) - limit
-            });
-            if closer {
-                least_over_analyzed = model.is_some();
-                least_over = Some(candidate);
-            }
-            continue;
+            fitting.push((candidate, model.is_some()));
         }
-        fitting.push((candidate, model.is_some()));
     }
     // A plan chosen on the partitioner's estimate: its stash from its training program
     // (and, under `auto`, recomputation if it needs it after all).
@@ -541,6 +557,10 @@ fn fastest_fitting<T, E>(
     }
     Ok(best)
 }
+
+/// How many schedules besides its choice the search hands the planner per partition, to
+/// fall back on when the choice does not fit with its training program's stash.
+const SEARCH_RUNNERS_UP: usize = 2;
 
 /// The most virtual stages `auto` partitions for an interleaved chain of more than 2 chunks.
 pub const AUTO_MAX_STAGES: usize = 16;

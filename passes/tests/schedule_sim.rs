@@ -773,3 +773,46 @@ fn zb_v_measured_fits_a_limit_below_the_construction() {
         );
     }
 }
+
+/// The search's runners-up: at most `keep`, all within the limit, fastest first, distinct
+/// orders, the first being what `search` chooses; when nothing fits, only the schedule
+/// closest to the limit.
+#[test]
+fn search_ranked_keeps_the_fastest_that_fit() {
+    use ppcc_passes::schedule::search::{evaluate, search, search_ranked};
+    use ppcc_passes::schedule::Layout;
+    let p = 4;
+    let m = 12;
+    let mut costs = CostTable::uniform(p, 1.0, 1.6, 0.6, 0.02);
+    for (s, c) in costs.stages.iter_mut().enumerate() {
+        c.forward *= 1.0 + 0.1 * s as f64;
+    }
+    let layout = Layout::chain(p);
+    for limit in [f64::INFINITY, 6.0, 4.0, 1.5] {
+        let (ranked, trials) = search_ranked(&layout, m, &costs, limit, 3);
+        assert!(!trials.is_empty());
+        let (chosen, name, _) = search(&layout, m, &costs, limit).unwrap();
+        assert_eq!(
+            (&ranked[0].0, &ranked[0].1),
+            (&chosen, &name),
+            "limit {limit}"
+        );
+        let runs: Vec<(f64, f64)> = ranked
+            .iter()
+            .map(|(s, _)| evaluate(s, &costs).unwrap())
+            .collect();
+        if runs[0].1 <= limit {
+            assert!(ranked.len() <= 3);
+            assert!(runs.iter().all(|r| r.1 <= limit), "limit {limit}: {runs:?}");
+            assert!(
+                runs.windows(2).all(|w| w[0].0 <= w[1].0),
+                "limit {limit}: {runs:?}"
+            );
+        } else {
+            assert_eq!(ranked.len(), 1, "limit {limit}");
+        }
+        for (i, a) in ranked.iter().enumerate() {
+            assert!(ranked[i + 1..].iter().all(|b| b.0.per_rank != a.0.per_rank));
+        }
+    }
+}

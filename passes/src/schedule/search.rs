@@ -13,7 +13,8 @@
 //!   deferral ([`local_search`]);
 //! - the V (two chunks per device): ZB-V and DualPipeV, and ZB-V built at the measured
 //!   costs with 2p, 2p+2 and 2p+4 chunk activations per rank and with each rank's stash
-//!   held to the bytes of the construction's peak and of the limit;
+//!   held to the bytes of the construction's peak and of the limit (when that is within
+//!   twice the construction's);
 //! - an interleaved chain of `v` chunks: interleaved 1F1B.
 //!
 //! Each of these is also tried with its fused backwards split into `I` then `W` and the
@@ -236,8 +237,28 @@ pub fn search(
     costs: &CostTable,
     limit: f64,
 ) -> Option<(Schedule, String, Vec<Trial>)> {
+    let (mut ranked, trials) = search_ranked(layout, m, costs, limit, 1);
+    (!ranked.is_empty()).then(|| {
+        let (s, name) = ranked.swap_remove(0);
+        (s, name, trials)
+    })
+}
+
+/// [`search`], keeping the `keep` fastest schedules that fit (best first; only the one
+/// closest to the limit when none fits), and every trial. The planner checks the chosen
+/// schedule's memory again with its training program's stash, which can exceed the
+/// estimate the search used: the runners-up are what it falls back on.
+pub fn search_ranked(
+    layout: &Layout,
+    m: usize,
+    costs: &CostTable,
+    limit: f64,
+    keep: usize,
+) -> (Vec<(Schedule, String)>, Vec<Trial>) {
+    let keep = keep.max(1);
     let mut trials = vec![];
-    let mut best: Option<(Schedule, String, (f64, f64))> = None;
+    // Best first by `better`.
+    let mut ranked: Vec<(Schedule, String, (f64, f64))> = vec![];
     let mut consider = |name: String, s: Schedule, trials: &mut Vec<Trial>| {
         let Some(r) = evaluate(&s, costs) else {
             return;
@@ -248,8 +269,16 @@ pub fn search(
             peak_memory: r.1,
             fits: r.1 <= limit,
         });
-        if best.as_ref().is_none_or(|b| better(r, b.2, limit)) {
-            best = Some((s, name, r));
+        if ranked.iter().any(|x| x.0.per_rank == s.per_rank) {
+            return;
+        }
+        let at = ranked
+            .iter()
+            .position(|x| better(r, x.2, limit))
+            .unwrap_or(ranked.len());
+        if at < keep {
+            ranked.insert(at, (s, name, r));
+            ranked.truncate(keep);
         }
     };
     for (name, s) in base_schedules(layout, m) {
@@ -306,7 +335,10 @@ pub fn search(
         if let Some(c) = construction.filter(|&c| c <= limit) {
             peaks.push(("the construction's peak", c));
         }
-        if limit.is_finite() {
+        // The limit only where it is within twice the construction's peak: far above it,
+        // a rank could stash micro-batches without end for little time (the counts above
+        // already try more memory).
+        if construction.is_some_and(|c| limit <= 2.0 * c) {
             peaks.push(("the memory limit", limit));
         }
         let act: Vec<f64> = costs.stages.iter().map(|c| c.activation_memory).collect();
@@ -377,7 +409,14 @@ pub fn search(
             }
         }
     }
-    best.map(|(s, name, _)| (s, name, trials))
+    let fits = ranked.first().is_some_and(|x| x.2 .1 <= limit);
+    let out = ranked
+        .into_iter()
+        .filter(|x| !fits || x.2 .1 <= limit)
+        .take(if fits { keep } else { 1 })
+        .map(|(s, name, _)| (s, name))
+        .collect();
+    (out, trials)
 }
 
 /// Per-stage counts, short: `a,b,c`.
