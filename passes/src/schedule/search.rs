@@ -23,7 +23,7 @@
 //! greedy zero-bubble heuristic).
 
 use super::generators::{fill_weight_gradients, stage_heights, zb_on};
-use super::v_greedy::{even_costs, v_stash_allowance, zb_v_greedy, zb_v_greedy_bytes};
+use super::v_greedy::{even_costs, v_stash_allowance, zb_v_greedy_variants};
 use super::{builtin_on, insert_communication, ActionKind, Layout, Schedule};
 use crate::simulate::{simulate, CostTable};
 
@@ -302,20 +302,17 @@ pub fn search_ranked(
     // more (the memory limit decides).
     if let Layout::VShape { ranks } = *layout {
         let even = even_costs(costs);
+        // The fastest distinct build of the four variants, by the simulator.
+        let fastest = |variants: Vec<Schedule>| -> Option<Schedule> {
+            variants
+                .into_iter()
+                .filter_map(|s| evaluate(&s, costs).map(|(t, _)| (t, s)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(_, s)| s)
+        };
         for cap in [2 * ranks, 2 * ranks + 2, 2 * ranks + 4] {
-            let mut best_here: Option<(f64, Schedule)> = None;
-            for (fill_b, fill_f) in [(true, true), (true, false), (false, true), (false, false)] {
-                let Some(s) = zb_v_greedy(ranks, m, &even, cap, fill_b, fill_f) else {
-                    continue;
-                };
-                let Some((t, _)) = evaluate(&s, costs) else {
-                    continue;
-                };
-                if best_here.as_ref().is_none_or(|b| t < b.0) {
-                    best_here = Some((t, s));
-                }
-            }
-            if let Some((_, s)) = best_here {
+            let caps = vec![cap; ranks];
+            if let Some(s) = fastest(zb_v_greedy_variants(ranks, m, &even, &caps, None)) {
                 consider(
                     format!("zb-v (measured, {cap} chunk activations)"),
                     s,
@@ -345,32 +342,8 @@ pub fn search_ranked(
         let counts = vec![2 * m; ranks];
         for (label, peak) in peaks {
             let allowance = v_stash_allowance(ranks, costs, peak);
-            let mut seen: Vec<Vec<Vec<super::Action>>> = vec![];
-            let mut best_here: Option<(f64, Schedule)> = None;
-            for (fill_b, fill_f) in [(true, true), (true, false), (false, true), (false, false)] {
-                let Some(s) = zb_v_greedy_bytes(
-                    ranks,
-                    m,
-                    &even,
-                    &counts,
-                    Some((&act, &allowance)),
-                    fill_b,
-                    fill_f,
-                ) else {
-                    continue;
-                };
-                if seen.contains(&s.per_rank) {
-                    continue;
-                }
-                seen.push(s.per_rank.clone());
-                let Some((t, _)) = evaluate(&s, costs) else {
-                    continue;
-                };
-                if best_here.as_ref().is_none_or(|b| t < b.0) {
-                    best_here = Some((t, s));
-                }
-            }
-            if let Some((_, s)) = best_here {
+            let bytes = Some((act.as_slice(), allowance.as_slice()));
+            if let Some(s) = fastest(zb_v_greedy_variants(ranks, m, &even, &counts, bytes)) {
                 consider(
                     format!("zb-v (measured, each rank's stash within {label})"),
                     s,

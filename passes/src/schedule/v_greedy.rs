@@ -570,67 +570,59 @@ pub fn zb_v_measured_within(
         base,
     );
     let even = even_costs(costs);
-    // The variants often come out the same (the flags only matter where a wait is left to
-    // fill): each distinct order is checked and simulated once.
-    let mut seen: Vec<Vec<Vec<super::Action>>> = vec![];
-    for fill_b in [true, false] {
-        for fill_f in [true, false] {
-            let Some(s) = zb_v_greedy_caps(ranks, microbatches, &even, &caps, fill_b, fill_f)
-            else {
-                continue;
-            };
-            if seen.contains(&s.per_rank) {
-                continue;
-            }
-            seen.push(s.per_rank.clone());
-            if super::validate(&super::generators::insert_communication(&s)).is_err() {
-                continue;
-            }
-            let Ok(r) = simulate(&s, costs) else {
-                continue;
-            };
-            let peak = r.peak_memory.iter().copied().fold(0.0, f64::max);
-            if peak <= budget * (1.0 + 1e-9) && r.makespan < best.0 * (1.0 - 1e-12) {
-                best = (r.makespan, s);
-            }
-        }
-    }
     // The same builds with every rank held to the bytes, not the count, of the
     // construction's peak: a rank whose chunks stash less runs more forwards before its
     // first input gradient comes back (the V's bottom ranks wait longest for it).
     let allowance = v_stash_allowance(ranks, costs, budget);
     let act: Vec<f64> = costs.stages.iter().map(|c| c.activation_memory).collect();
     let counts = vec![2 * microbatches; ranks];
-    for fill_b in [true, false] {
-        for fill_f in [true, false] {
-            let Some(s) = zb_v_greedy_bytes(
-                ranks,
-                microbatches,
-                &even,
-                &counts,
-                Some((&act, &allowance)),
-                fill_b,
-                fill_f,
-            ) else {
-                continue;
-            };
-            if seen.contains(&s.per_rank) {
-                continue;
-            }
-            seen.push(s.per_rank.clone());
-            if super::validate(&super::generators::insert_communication(&s)).is_err() {
-                continue;
-            }
-            let Ok(r) = simulate(&s, costs) else {
-                continue;
-            };
-            let peak = r.peak_memory.iter().copied().fold(0.0, f64::max);
-            if peak <= budget * (1.0 + 1e-9) && r.makespan < best.0 * (1.0 - 1e-12) {
-                best = (r.makespan, s);
-            }
+    let by_count = zb_v_greedy_variants(ranks, microbatches, &even, &caps, None);
+    let by_bytes = zb_v_greedy_variants(
+        ranks,
+        microbatches,
+        &even,
+        &counts,
+        Some((&act, &allowance)),
+    );
+    let mut seen: Vec<Vec<Vec<super::Action>>> = vec![];
+    for s in by_count.into_iter().chain(by_bytes) {
+        if seen.contains(&s.per_rank) {
+            continue;
+        }
+        seen.push(s.per_rank.clone());
+        if super::validate(&super::generators::insert_communication(&s)).is_err() {
+            continue;
+        }
+        let Ok(r) = simulate(&s, costs) else {
+            continue;
+        };
+        let peak = r.peak_memory.iter().copied().fold(0.0, f64::max);
+        if peak <= budget * (1.0 + 1e-9) && r.makespan < best.0 * (1.0 - 1e-12) {
+            best = (r.makespan, s);
         }
     }
     best.1
+}
+
+/// The distinct schedules of the four `fill_b × fill_f` builds ([`zb_v_greedy_bytes`];
+/// they often come out the same: the flags only matter where a wait is left to fill).
+pub fn zb_v_greedy_variants(
+    ranks: usize,
+    microbatches: usize,
+    costs: &CostTable,
+    caps: &[usize],
+    bytes: Option<(&[f64], &[f64])>,
+) -> Vec<Schedule> {
+    let mut out: Vec<Schedule> = vec![];
+    for (fill_b, fill_f) in [(true, true), (true, false), (false, true), (false, false)] {
+        if let Some(s) = zb_v_greedy_bytes(ranks, microbatches, costs, caps, bytes, fill_b, fill_f)
+        {
+            if !out.iter().any(|o| o.per_rank == s.per_rank) {
+                out.push(s);
+            }
+        }
+    }
+    out
 }
 
 /// The stash bytes each rank of a V may hold within `peak` bytes of memory: what its
