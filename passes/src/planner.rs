@@ -414,7 +414,7 @@ pub fn plan_with(
                 return Err(fail("internal error: `auto` searches layout by layout"))
             }
         };
-        for (schedule, schedule_name) in schedules {
+        for (runner_up, (schedule, schedule_name)) in schedules.into_iter().enumerate() {
             let part = part.clone();
             let layout = layout.clone();
             let mut costs = costs0.clone();
@@ -443,7 +443,10 @@ pub fn plan_with(
                 let (c, r) = fit(&model, o, &schedule, &mut costs, limit)?;
                 (c, r, Some(model))
             };
-            simulated.push((part.is_chain(), report.makespan));
+            // One entry per partition: its first choice.
+            if runner_up == 0 {
+                simulated.push((part.is_chain(), report.makespan));
+            }
             let over = report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b)) - limit;
             let total: f64 = part.stages.iter().map(|s| s.cost.time()).sum();
             let candidate = Plan {
