@@ -410,6 +410,11 @@ pub fn from_egraph(
                         }
                     }
                     let op = out.push_op(new);
+                    // A fresh name given here (`%0`, ...) must not be handed out again to
+                    // an original value that had it (the loss's unnamed values do).
+                    for &r in out.op(op).results() {
+                        used_names.insert(out.value(r).name.clone());
+                    }
                     out.op(op).results().to_vec()
                 }
             };

@@ -866,3 +866,28 @@ fn attention_splits_along_heads() {
         );
     }
 }
+
+/// Values with numeric names after a split op (the loss's are `%0`, `%1`, ...): the split's
+/// new values get fresh numeric names first, and an original value must not get one of
+/// those again (the rewritten function once failed to verify with "value %0 is already
+/// defined").
+#[test]
+fn numeric_names_after_a_split_stay_distinct() {
+    let src = mlp(&[], 4, 6, 8, 3)
+        .replace("%hb", "%0")
+        .replace("%r ", "%1 ")
+        .replace("(%r,", "(%1,");
+    assert!(src.contains("%1 = \"pp.relu\"(%0)"), "{src}");
+    let mut rng = Rng(11);
+    for axis in [Axis::M, Axis::N, Axis::K] {
+        check(
+            &src,
+            vec![SplitTarget {
+                loc: "fc1".into(),
+                pieces: 2,
+                axis: Some(axis),
+            }],
+            &mut rng,
+        );
+    }
+}
