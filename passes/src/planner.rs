@@ -22,6 +22,7 @@
 //! `@grad` value name, what each stage makes again, for the driver to apply
 //! ([`crate::recompute::apply_named`]).
 
+use std::rc::Rc;
 use std::time::Duration;
 
 use crate::autodiff::{build_gradient_function, AutodiffOptions};
@@ -324,6 +325,7 @@ pub fn plan_with(
     let mut simulated = vec![];
     // Candidates that fit, on the partitioner's estimate or (`true`) analysed with their
     // training program's stash.
+    let models = StashModels::default();
     let mut fitting: Vec<(Plan, bool)> = vec![];
     // The candidate that comes closest to the limit, when none fits.
     let mut least_over: Option<Plan> = None;
@@ -439,7 +441,7 @@ pub fn plan_with(
             {
                 (vec![], rough, None)
             } else {
-                let model = stash_model(m, o, &part)?;
+                let model = models.get(m, o, &part)?;
                 let (c, r) = fit(&model, o, &schedule, &mut costs, limit)?;
                 (c, r, Some(model))
             };
@@ -480,7 +482,7 @@ pub fn plan_with(
     // A plan chosen on the partitioner's estimate: its stash from its training program
     // (and, under `auto`, recomputation if it needs it after all).
     let refine = |p: &mut Plan| -> Result<(), PassError> {
-        let model = stash_model(m, o, &p.partition)?;
+        let model = models.get(m, o, &p.partition)?;
         let (choices, report) = fit(&model, o, &p.schedule, &mut p.costs, limit)?;
         p.report = report;
         p.recompute = recompute_list(&model, &choices);
@@ -754,6 +756,29 @@ fn recompute_list(model: &StashModel, choices: &[StageChoice]) -> Vec<StageRecom
 struct StashModel {
     g: ppir::Function,
     problems: Vec<crate::recompute::StageProblem>,
+}
+
+/// Stash models by partition (`stage_of_op`): the search's runners-up share their
+/// partition, and each would otherwise run autodiff on it again.
+#[derive(Default)]
+struct StashModels(std::cell::RefCell<Vec<(Vec<u32>, Rc<StashModel>)>>);
+
+impl StashModels {
+    fn get(
+        &self,
+        m: &ppir::Module,
+        o: &PlannerOptions,
+        part: &Partition,
+    ) -> Result<Rc<StashModel>, PassError> {
+        if let Some((_, md)) = self.0.borrow().iter().find(|(k, _)| *k == part.stage_of_op) {
+            return Ok(md.clone());
+        }
+        let md = Rc::new(stash_model(m, o, part)?);
+        self.0
+            .borrow_mut()
+            .push((part.stage_of_op.clone(), md.clone()));
+        Ok(md)
+    }
 }
 
 fn stash_model(

@@ -386,7 +386,7 @@ pub fn partition_with(
         for (graph, start) in [(&g, best), (&fine, &fine_stages)] {
             if let Some(stages) = balance_devices(graph, start, dev) {
                 let p = materialize(f, graph, &stages, opts)?;
-                let new = !out.iter().any(|q| same_stages(q, &p));
+                let new = !out.iter().any(|q| q.stage_of_op == p.stage_of_op);
                 if new && p.stages.iter().all(|s| s.memory <= opts.memory.limit) {
                     out.push(p);
                 }
@@ -684,11 +684,6 @@ fn balance_devices(
             })
             .collect()
     })
-}
-
-/// Whether two partitions put every op on the same stage.
-fn same_stages(a: &Partition, b: &Partition) -> bool {
-    a.stage_of_op == b.stage_of_op
 }
 
 /// Turn node groups into a [`Partition`]: number stages topologically, cost them, find the
