@@ -30,7 +30,14 @@ say() { echo "$@" | tee -a "$OUT/summary.txt"; }
 
 say "# ppcc GPU check, $(date -u +%Y-%m-%dT%H:%MZ)"
 if [ -z "${PPCC_CUBLAS_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.1[23] '; then
-  lib=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib", "libcublas.so.12"))' 2>/dev/null)
+  # A pip-installed cuBLAS: nvidia-cublas-cu12 (nvidia/cublas/lib/libcublas.so.12) or
+  # CUDA 13's nvidia-cublas (nvidia/cu13/lib/libcublas.so.13), newest first.
+  lib=$(python3 -c '
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+hits = [h for r in roots for p in ("nvidia/*/lib/libcublas.so.1[23]", "nvidia/cublas/lib/libcublas.so.1[23]")
+        for h in glob.glob(os.path.join(r, p))]
+print(sorted(set(hits), key=lambda h: h[-2:])[-1] if hits else "")' 2>/dev/null)
   [ -n "$lib" ] && [ -e "$lib" ] && export PPCC_CUBLAS_LIB="$lib"
 fi
 say "cuBLAS: ${PPCC_CUBLAS_LIB:-on the loader search path}"
@@ -55,11 +62,12 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
-# The compile flags of a variant: cuda (generated kernels), cublas, cpu.
+# The compile flags of a variant: cuda (generated kernels), cublas, cpu; hostcopy is cublas
+# compiled with PPCC_GPU_COPIES=host (buffer copies left to the host, as before 2026-11-28).
 target_flags() {
   case $1 in
-    cuda) echo "--target cuda" ;;
-    cublas) echo "--target cuda --gpu-gemm cublas" ;;
+    cuda) echo "--target cuda --gpu-gemm kernels" ;;
+    cublas|hostcopy) echo "--target cuda --gpu-gemm cublas" ;;
     *) echo "--target $1" ;;
   esac
 }
@@ -107,19 +115,23 @@ python3 bench/gen_models.py --out "$W/models" --no-check --layers 4 --d-model 25
   || { say "generating the bench models failed"; tail -3 "$OUT/gen.log"; }
 bench() { # name model extra...
   local name=$1 model=$2; shift 2
-  for t in cuda cublas cpu; do
-    timeout 300 "$PPCC" "$model" -o "$W/b_${name}_$t" --stages 2 $(target_flags $t) "$@" \
+  for t in cuda cublas hostcopy cpu; do
+    copies=; [ $t = hostcopy ] && copies=host
+    PPCC_GPU_COPIES=$copies timeout 300 "$PPCC" "$model" -o "$W/b_${name}_$t" --stages 2 $(target_flags $t) "$@" \
       >"$OUT/b_${name}_$t.compile.log" 2>&1 || { say "$name: compile $t failed"; tail -3 "$OUT/b_${name}_$t.compile.log"; continue; }
-    timeout 300 "$PPCC" run "$W/b_${name}_$t" --steps 6 >"$OUT/b_${name}_$t.run.log" 2>&1 \
+    # Each GPU run also times its kernels one by one (PPCC_GPU_PROFILE: a table in the log).
+    PPCC_GPU_PROFILE=1 timeout 300 "$PPCC" run "$W/b_${name}_$t" --steps 6 >"$OUT/b_${name}_$t.run.log" 2>&1 \
       || { say "$name: run $t failed"; tail -3 "$OUT/b_${name}_$t.run.log"; }
   done
-  say "$name: cuda $(step_time "$OUT/b_${name}_cuda.run.log") | cuda+cublas $(step_time "$OUT/b_${name}_cublas.run.log") | cpu $(step_time "$OUT/b_${name}_cpu.run.log") | h100 prediction $(predicted "$OUT/b_${name}_cuda.compile.log")"
+  say "$name: cuda $(step_time "$OUT/b_${name}_cuda.run.log") | cuda+cublas $(step_time "$OUT/b_${name}_cublas.run.log") | cublas, host copies $(step_time "$OUT/b_${name}_hostcopy.run.log") | cpu $(step_time "$OUT/b_${name}_cpu.run.log") | h100 prediction $(predicted "$OUT/b_${name}_cuda.compile.log")"
   compare "$name" "$OUT/b_${name}_cuda.run.log" "$OUT/b_${name}_cpu.run.log" || true
   compare "$name (cublas)" "$OUT/b_${name}_cublas.run.log" "$OUT/b_${name}_cpu.run.log" || true
+  compare "$name (cublas, host copies)" "$OUT/b_${name}_hostcopy.run.log" "$OUT/b_${name}_cpu.run.log" || true
   # Where the GPU time goes: kernels waited for, cuBLAS, allocations (per device, whole run).
-  for t in cuda cublas; do
-    grep -o 'GPU [^;]*cuBLAS products ([0-9.]* s)' "$OUT/b_${name}_$t.run.log" | sed "s/^/   $t: /" | tee -a "$OUT/summary.txt"
+  for t in cuda cublas hostcopy; do
+    grep -o 'GPU [^;]*cuBLAS products ([0-9.]* s)' "$OUT/b_${name}_$t.run.log" | head -1 | sed "s/^/   $t: /" | tee -a "$OUT/summary.txt"
   done
+  grep -A 8 'PPCC_GPU_PROFILE' "$OUT/b_${name}_cublas.run.log" | sed "s/^/   cublas /" | tee -a "$OUT/summary.txt"
 }
 bench gpt4-d256 "$W/models/gpt24.onnx" --batch 16 --microbatches 4
 bench two-tower-1536 "$W/models/two_tower_big.onnx" --batch 256 --microbatches 4 --loss mse

@@ -45,6 +45,10 @@ const USE_LIBRARY: &str = "ppcc-use-library-routines";
 /// Our step that makes the values each function returns pairwise distinct
 /// ([`crate::results`]): named in [`bufferize_passes`], right after `cse`.
 pub(crate) const DISTINCT_RESULTS: &str = "ppcc-distinct-results";
+/// Our step that turns buffer copies into `linalg.copy` on the CUDA target, so that they
+/// become kernels instead of host code ([`crate::copies`]): named in
+/// [`crate::gpu::gpu_loops_passes`], right after bufferization.
+pub(crate) const COPIES_TO_LINALG: &str = "ppcc-copies-to-linalg";
 /// Our step that frees each temporary after its last use ([`crate::free_early`]).
 const FREE_EARLY: &str = "ppcc-free-after-last-use";
 
@@ -237,8 +241,12 @@ fn parse_and_lower<'c>(
         .iter()
         .position(|p| p == "buffer-deallocation-pipeline")
         .filter(|_| cpu);
-    let is_ours =
-        |p: &str| p == USE_LIBRARY || p == DISTINCT_RESULTS || p == crate::tiling::TILE_LOOPS;
+    let is_ours = |p: &str| {
+        p == USE_LIBRARY
+            || p == DISTINCT_RESULTS
+            || p == COPIES_TO_LINALG
+            || p == crate::tiling::TILE_LOOPS
+    };
     let ours = |pass: &str, module: &mut Module<'c>| -> Result<(), CompileError> {
         // A step of ours that failed, with its own message first when it has one.
         let failed = |message: Option<String>| CompileError::Pipeline {
@@ -251,6 +259,12 @@ fn parse_and_lower<'c>(
         if pass == crate::tiling::TILE_LOOPS {
             crate::tiling::tile_parallel_loops(context.to_raw(), module.as_operation().to_raw())
                 .map_err(|e| failed(Some(e)))?;
+        } else if pass == COPIES_TO_LINALG {
+            // `PPCC_GPU_COPIES=host` keeps them host copies (the GPU check's baseline).
+            if std::env::var("PPCC_GPU_COPIES").map_or(true, |v| v != "host") {
+                crate::copies::copies_to_linalg(module.as_operation().to_raw())
+                    .map_err(|e| failed(Some(e)))?;
+            }
         } else if pass == DISTINCT_RESULTS {
             crate::results::distinct_results(module.as_operation().to_raw())
                 .map_err(|e| failed(Some(e)))?;

@@ -125,18 +125,21 @@ impl CudaOptions {
     }
 }
 
-/// Bufferization, then `linalg` → `scf.parallel` loops tiled into thread blocks (ppcc's
+/// Bufferization, buffer copies as `linalg.copy` ([`crate::copies`]), then `linalg` →
+/// `scf.parallel` loops tiled into thread blocks (ppcc's
 /// step [`crate::tiling::TILE_LOOPS`]: each loop's tile sizes by
 /// [`crate::tiling::tiles_for`]) and mapped to blocks and threads: the part of [`cuda_pipeline`] that
 /// [`crate::compile::cpu_gpu_loops_pipeline`] also runs (then as host loops). Ends with a
 /// comma.
 pub fn gpu_loops_passes() -> String {
     format!(
-        "{}convert-linalg-to-parallel-loops,\
+        "{}{},\
+convert-linalg-to-parallel-loops,\
 {},\
 sccp,\
 func.func(gpu-map-parallel-loops),",
         crate::compile::bufferize_passes!(),
+        crate::compile::COPIES_TO_LINALG,
         crate::tiling::TILE_LOOPS
     )
 }

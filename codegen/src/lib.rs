@@ -7,6 +7,7 @@
 //! function (the ABI is described in [`lower`]).
 
 pub mod compile;
+mod copies;
 mod free_early;
 pub mod gpu;
 pub mod library;

@@ -448,6 +448,31 @@ fn fmt_time(s: f64) -> String {
     }
 }
 
+/// `PPCC_GPU_PROFILE`'s table for one GPU: its kernels by the time waited for them, the
+/// 20 slowest, with launches and the mean per launch.
+fn kernel_profile(g: &ppcc_runtime::pipeline::GpuMemory) -> String {
+    let k = &g.stats.kernels;
+    let total: f64 = k.iter().map(|t| t.seconds).sum();
+    let mut out = format!(
+        "GPU {}: {} kernels, {} launches, {:.3} s waited for (PPCC_GPU_PROFILE; the 20 slowest):",
+        g.device,
+        k.len(),
+        k.iter().map(|t| t.launches).sum::<u64>(),
+        total
+    );
+    for t in k.iter().take(20) {
+        out.push_str(&format!(
+            "\n  {:>9.3} ms {:>5.1}% {:>8} launches {:>9.1} us each  {}",
+            t.seconds * 1e3,
+            100.0 * t.seconds / total.max(1e-12),
+            t.launches,
+            t.seconds * 1e6 / t.launches.max(1) as f64,
+            t.name
+        ));
+    }
+    out
+}
+
 /// The process's peak resident set (`VmHWM` in /proc/self/status), where the system says.
 fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -1085,6 +1110,15 @@ pub fn run(a: &RunOptions, events: &mut dyn FnMut(RunEvent)) -> Result<()> {
                     .get(r % plan.devices.max(1))
                     .map_or("?".into(), |p| mib(*p))
             )));
+        }
+        // `PPCC_GPU_PROFILE=1`: where each GPU's time went, kernel by kernel (once per
+        // GPU, which several devices' stages may share).
+        let mut profiled = std::collections::HashSet::new();
+        for g in gpu_memory.iter().flatten() {
+            if g.stats.kernels.is_empty() || !profiled.insert(g.device.clone()) {
+                continue;
+            }
+            events(RunEvent::Note(kernel_profile(g)));
         }
         // The whole process: every device's buffers (one device per process under MPI),
         // the loaded code and the runtime itself.

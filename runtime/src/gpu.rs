@@ -307,6 +307,8 @@ pub struct GpuDevice {
     reserved: AtomicU64,
     reserved_peak: AtomicU64,
     counters: Counters,
+    /// With `PPCC_GPU_PROFILE=1`: launches and seconds waited for, by kernel.
+    profile: Option<Mutex<HashMap<usize, (u64, u64)>>>,
 }
 
 /// What a device has done since it was opened ([`GpuDevice::stats`]).
@@ -334,6 +336,17 @@ pub struct GpuStats {
     pub reused: u64,
     /// Bytes held from the driver at most (in use and kept for reuse).
     pub reserved_peak: u64,
+    /// With `PPCC_GPU_PROFILE=1`: each kernel's launches and the seconds waited for them,
+    /// most time first (empty without).
+    pub kernels: Vec<KernelTime>,
+}
+
+/// One kernel's launches and the seconds the host waited for them (`PPCC_GPU_PROFILE=1`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KernelTime {
+    pub name: String,
+    pub launches: u64,
+    pub seconds: f64,
 }
 
 /// The size class of an allocation of `bytes`: a multiple of 512 up to 1 MiB, above that
@@ -391,6 +404,8 @@ thread_local! {
     /// The first failure of the current call.
     static ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
     static FAILED: Cell<bool> = const { Cell::new(false) };
+    /// The kernel this thread launched last (`PPCC_GPU_PROFILE`: its wait is its time).
+    static LAST_KERNEL: Cell<usize> = const { Cell::new(0) };
 }
 
 fn fail(message: String) {
@@ -463,6 +478,9 @@ impl GpuDevice {
                 reserved: AtomicU64::new(0),
                 reserved_peak: AtomicU64::new(0),
                 counters: Counters::default(),
+                profile: std::env::var("PPCC_GPU_PROFILE")
+                    .is_ok_and(|v| !v.is_empty() && v != "0")
+                    .then(Mutex::default),
             })
         }
     }
@@ -503,7 +521,30 @@ impl GpuDevice {
             driver_allocations: get(&c.driver_allocations),
             reused: get(&c.reused),
             reserved_peak: get(&self.reserved_peak),
+            kernels: self.kernel_times(),
         }
+    }
+
+    /// The profile's kernels by name, most time first.
+    fn kernel_times(&self) -> Vec<KernelTime> {
+        let Some(Ok(profile)) = self.profile.as_ref().map(|p| p.lock()) else {
+            return vec![];
+        };
+        let names: HashMap<usize, String> = self.functions.lock().map_or(HashMap::new(), |fs| {
+            fs.iter()
+                .map(|((_, name), &f)| (f, name.to_string_lossy().into_owned()))
+                .collect()
+        });
+        let mut out: Vec<KernelTime> = profile
+            .iter()
+            .map(|(f, &(launches, ns))| KernelTime {
+                name: names.get(f).cloned().unwrap_or_else(|| format!("{f:#x}")),
+                launches,
+                seconds: ns as f64 * 1e-9,
+            })
+            .collect();
+        out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        out
     }
 
     /// Managed memory of `class` bytes from the driver; when it has none left, the blocks
@@ -787,6 +828,10 @@ extern "C" fn abi_launch(
             ));
         } else if let Some(d) = current() {
             d.counters.launches.fetch_add(1, Ordering::Relaxed);
+            if let Some(Ok(mut p)) = d.profile.as_ref().map(|p| p.lock()) {
+                p.entry(function as usize).or_default().0 += 1;
+                LAST_KERNEL.with(|k| k.set(function as usize));
+            }
         }
     })
 }
@@ -814,6 +859,12 @@ extern "C" fn abi_stream_synchronize(stream: *mut c_void) {
         if let Some(d) = current() {
             let ns = t0.elapsed().as_nanos() as u64;
             d.counters.kernel_ns.fetch_add(ns, Ordering::Relaxed);
+            if let Some(Ok(mut p)) = d.profile.as_ref().map(|p| p.lock()) {
+                let last = LAST_KERNEL.with(|k| k.replace(0));
+                if last != 0 {
+                    p.entry(last).or_default().1 += ns;
+                }
+            }
         }
         if let Err(e) = check("cuStreamSynchronize", r) {
             fail(format!("running a kernel: {e}"));
