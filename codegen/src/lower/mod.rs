@@ -352,6 +352,10 @@ pub struct Emitter<'f> {
     pub library_calls: bool,
     /// [`LowerOptions::gpu_gemm`].
     pub gpu_gemm: bool,
+    /// Whether the `linalg` form is what runs (the CUDA target's kernels, or the CPU
+    /// without its library): then loops are ordered for the GPU's mapping (reductions,
+    /// [`reduce::reduction`]). `false` for the CPU, whose own loop order suits its caches.
+    pub loops_for_gpu: bool,
     /// The MLIR location (`loc("node")`, [`mlir_loc`]) of the op being lowered, appended to
     /// every line that ends an operation, so that MLIR's diagnostics name the ONNX node.
     loc: Option<String>,
@@ -452,6 +456,7 @@ impl<'f> Emitter<'f> {
             profile_ops: false,
             library_calls: true,
             gpu_gemm: false,
+            loops_for_gpu: false,
             loc: None,
         }
     }
@@ -804,6 +809,7 @@ fn lower_func_op(
     e.profile_ops = opts.profile_ops;
     e.library_calls = opts.library_calls;
     e.gpu_gemm = opts.gpu_gemm;
+    e.loops_for_gpu = !opts.library_calls || opts.gpu_gemm;
     let mut params = vec!["%ctx: !llvm.ptr".to_string()];
     let mut inputs = Vec::new();
     for (i, v) in f.arg_values().enumerate() {

@@ -139,7 +139,79 @@ pub(super) fn reduction(
         .collect();
     let mut b = Body::default();
     let ys = f(&mut b);
+    // For the GPU, the kept dimensions are the outer loops and the reduced ones the inner
+    // (see [`kept_first`]); the body must not read loop indices, which that renumbers. The
+    // CPU keeps the reduced loops outer: its inner loop then runs along contiguous memory.
+    if e.loops_for_gpu && !b.lines.iter().any(|l| l.contains("linalg.index")) {
+        if let Some(order) = kept_first(rank, axes) {
+            let ins: Vec<Operand> = inputs.iter().map(|o| renumber(o, &order)).collect();
+            let outs: Vec<Operand> = outs.iter().map(|o| renumber(o, &order)).collect();
+            let iters: Vec<Iter> = order.iter().map(|&d| iters[d]).collect();
+            return e.generic(rank, &iters, &ins, &outs, &b, &ys);
+        }
+    }
     e.generic(rank, &iters, inputs, &outs, &b, &ys)
+}
+
+/// The loop order with the kept dimensions first and the reduced ones after (each group in
+/// its own order), or `None` when a reduced dimension already comes after every kept one.
+///
+/// MLIR's `convert-linalg-to-parallel-loops` makes only the outermost parallel loops an
+/// `scf.parallel`: a reduction over leading dimensions (a bias gradient, summing
+/// `4×128×256` over the first two) became host loops over the reduced elements, each
+/// launching a kernel over the kept ones (512 launches for one bias gradient; on an H100
+/// these launches were most of the GPT's step, BENCHMARKS.md). Kept dimensions first make
+/// it one kernel, a thread per output element looping over its inputs in their row-major
+/// order, so every sum adds in the interpreter's order.
+fn kept_first(rank: usize, axes: &[usize]) -> Option<Vec<usize>> {
+    let keep = kept(rank, axes);
+    let last_kept = *keep.last()?;
+    if axes.iter().all(|&a| a > last_kept) {
+        return None;
+    }
+    let mut reduced: Vec<usize> = axes.to_vec();
+    reduced.sort_unstable();
+    Some(keep.into_iter().chain(reduced).collect())
+}
+
+/// `o` with its map's loop dimensions renumbered for the loop order `order` (loop `i` of
+/// the new order is dimension `order[i]` of the old).
+fn renumber(o: &Operand, order: &[usize]) -> Operand {
+    let mut new_of = vec![0; order.len()];
+    for (i, &d) in order.iter().enumerate() {
+        new_of[d] = i;
+    }
+    let map = o
+        .map
+        .iter()
+        .map(|expr| {
+            let mut out = String::new();
+            let mut chars = expr.chars().peekable();
+            let mut prev_ident = false;
+            while let Some(c) = chars.next() {
+                let digits_follow = chars.peek().is_some_and(|n| n.is_ascii_digit());
+                if c == 'd' && !prev_ident && digits_follow {
+                    let mut n = String::new();
+                    while let Some(&d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                        n.push(d);
+                        chars.next();
+                    }
+                    // A dimension past the loops is left alone (the caller's map is wrong).
+                    let i: usize = n.parse().unwrap_or(usize::MAX);
+                    match new_of.get(i) {
+                        Some(j) => out.push_str(&format!("d{j}")),
+                        None => out.push_str(&format!("d{n}")),
+                    }
+                    prev_ident = true;
+                    continue;
+                }
+                prev_ident = c.is_ascii_alphanumeric() || c == '_';
+                out.push(c);
+            }
+            out
+        })
+        .collect();
+    Operand { map, ..o.clone() }
 }
 
 // ---- the reductions ----
@@ -319,4 +391,38 @@ pub fn lower(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
     } else {
         r
     }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_dimensions_go_first_only_when_a_reduction_is_before_them() {
+        // Bias gradient: 4×128×256 summed over the first two.
+        assert_eq!(kept_first(3, &[0, 1]), Some(vec![2, 0, 1]));
+        assert_eq!(kept_first(4, &[2, 0]), Some(vec![1, 3, 0, 2]));
+        // Rows (layer norm, softmax) already reduce innermost.
+        assert_eq!(kept_first(3, &[2]), None);
+        assert_eq!(kept_first(3, &[1, 2]), None);
+        // Everything reduced: nothing to keep.
+        assert_eq!(kept_first(2, &[0, 1]), None);
+    }
+
+    #[test]
+    fn maps_follow_the_new_loop_order() {
+        let o = Operand::new(
+            "%x",
+            &[4, 8, 16],
+            DType::F32,
+            vec!["d0".into(), "d1 + d12".into(), "0".into()],
+        );
+        // New loop i is old dimension order[i]: d0 → d2, d1 → d0, d12 is past the loops.
+        let r = renumber(&o, &[1, 2, 0]);
+        assert_eq!(r.map, vec!["d2", "d0 + d12", "0"]);
+        assert_eq!(
+            (r.name.as_str(), r.shape.as_slice()),
+            ("%x", &[4u64, 8, 16][..])
+        );
+    }
 }

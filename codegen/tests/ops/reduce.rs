@@ -1,6 +1,6 @@
 //! Tests of `lower::reduce` (see common.rs for the harness).
 
-use ppcc_codegen::lower_function;
+use ppcc_codegen::{lower_function, lower_functions_with, LowerOptions};
 use ppir::interp::{run_function, InterpOptions};
 use ppir::{DType, Tensor};
 
@@ -227,4 +227,21 @@ fn reductions_are_linalg_reductions() {
     ] {
         assert!(mlir.contains(needle), "missing `{needle}` in\n{mlir}");
     }
+    // The GPU's loops: the kept dimensions outer (one kernel, a thread per result), the
+    // reduced one inner, the input's map renumbered to match.
+    let gpu = LowerOptions {
+        library_calls: false,
+        ..Default::default()
+    };
+    let (mlir, _) = lower_functions_with(&[&m.functions[0]], &gpu).unwrap();
+    for needle in [
+        "affine_map<(d0, d1, d2) -> (d0, d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>",
+        "\"parallel\", \"parallel\", \"reduction\"",
+    ] {
+        assert!(mlir.contains(needle), "missing `{needle}` in\n{mlir}");
+    }
+    assert!(
+        !mlir.contains("\"parallel\", \"reduction\", \"parallel\""),
+        "{mlir}"
+    );
 }
