@@ -144,9 +144,10 @@ pub struct CompileArgs {
     #[arg(long, value_name = "sm_NN", default_value = "sm_90")]
     pub cuda_arch: String,
     /// Who multiplies matrices (and the GEMMs of convolutions) under `--target cuda`:
-    /// `kernels` (the default), kernels generated like every other op; `cublas`, NVIDIA's
-    /// cuBLAS, which `ppcc run` loads (PPCC_CUBLAS_LIB, else libcublas.so.13/.12). cuBLAS
-    /// has not yet been measured against the kernels on a GPU (BENCHMARKS.md).
+    /// `cublas` (the default), NVIDIA's cuBLAS, which `ppcc run` loads (PPCC_CUBLAS_LIB,
+    /// else libcublas.so.13/.12) and stops naming it when it is missing; `kernels`, kernels
+    /// generated like every other op, which need no library. On an H100, cuBLAS trained
+    /// 5 of 6 models faster (BENCHMARKS.md).
     #[arg(long, value_name = "kernels|cublas", value_parser = ["kernels", "cublas"])]
     pub gpu_gemm: Option<String>,
     /// Test hook: with --target cpu, make each stage's code from the loops --target cuda

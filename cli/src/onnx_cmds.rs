@@ -183,8 +183,8 @@ pub struct EvalArgs {
     /// Run the model on the reference interpreter or as native code (MLIR → LLVM).
     #[arg(long, value_enum, default_value_t = Target::Interp)]
     target: Target,
-    /// Who multiplies matrices under `--target cuda`: generated `kernels` (the default) or
-    /// `cublas` (see `ppcc --help`).
+    /// Who multiplies matrices under `--target cuda`: `cublas` (the default) or generated
+    /// `kernels` (see `ppcc --help`).
     #[arg(long, value_name = "kernels|cublas", value_parser = ["kernels", "cublas"])]
     gpu_gemm: Option<String>,
     /// After the first run, run the forward pass N more times and print its median and

@@ -45,6 +45,11 @@ classes is refused with the input, row, position and value, on every target.
 A step whose loss is NaN or infinite stops the run with an error (exit status 1) before
 any checkpoint of that step is written; `--allow-nonfinite-loss` continues instead.
 
+CUDA plans (`--target cuda`), environment: PPCC_GPU_PROFILE=1 adds each GPU's 20 slowest
+kernels (launches, time waited for them); PPCC_GPU_CACHE=off gives freed GPU memory back
+to the driver at once instead of reusing it; PPCC_CUBLAS_LIB and PPCC_NCCL_LIB name the
+cuBLAS and NCCL libraries when the loader cannot find them.
+
 Examples:
   ppcc examples/mlp.onnx -o build/ --stages 2 --microbatches 4 && ppcc run build/ --steps 10
   ppcc run build/ --steps 100 --trace run.json --checkpoint-dir ckpt --checkpoint-every 10

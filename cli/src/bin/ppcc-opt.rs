@@ -215,7 +215,11 @@ fn run(args: Args) -> Result<(), OptError> {
                     "builtin.module({})",
                     ppcc_codegen::gpu::kernel_outlining_passes().trim_end_matches(',')
                 ),
-                cuda: Some(ppcc_codegen::CudaOptions::default()),
+                // The kernel form of every op, matrix products included.
+                cuda: Some(ppcc_codegen::CudaOptions {
+                    gemm: ppcc_codegen::GpuGemm::Kernels,
+                    ..Default::default()
+                }),
                 ..Default::default()
             };
             ppcc_codegen::compile::lower_to_llvm_dialect(&text, &copts).map_err(|error| {
