@@ -34,7 +34,8 @@ macro_rules! bufferize_passes {
 ppcc-distinct-results,\
 one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},\
 buffer-results-to-out-params{hoist-static-allocs modify-public-functions},\
-buffer-deallocation-pipeline,"
+buffer-deallocation-pipeline,\
+scf-forall-to-parallel,"
     };
 }
 pub(crate) use bufferize_passes;

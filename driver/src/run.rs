@@ -1308,3 +1308,40 @@ fn trace_json(events: &[(u64, f64, Timed)]) -> String {
     out.push_str("\n],\"displayTimeUnit\":\"ms\"}\n");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ppcc_runtime::gpu::{GpuStats, KernelTime};
+
+    #[test]
+    fn the_kernel_table_lists_the_slowest_first_with_shares_and_means() {
+        let kernel = |name: &str, launches, seconds| KernelTime {
+            name: name.to_string(),
+            launches,
+            seconds,
+        };
+        let mut kernels = vec![kernel("slow", 512, 0.003)];
+        kernels.extend((0..25).map(|i| kernel(&format!("k{i}"), 1, 0.000_04)));
+        let g = ppcc_runtime::pipeline::GpuMemory {
+            device: "0 (test GPU)".to_string(),
+            peak_bytes: 0,
+            stats: GpuStats {
+                kernels,
+                ..Default::default()
+            },
+        };
+        let table = kernel_profile(&g);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "GPU 0 (test GPU): 26 kernels, 537 launches, 0.004 s waited for (PPCC_GPU_PROFILE; the 20 slowest):"
+        );
+        // 3 ms of 4 ms in all; 512 launches of 5.9 µs.
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            ["3.000", "ms", "75.0%", "512", "launches", "5.9", "us", "each", "slow"]
+        );
+        assert_eq!(lines.len(), 21, "{table}");
+    }
+}

@@ -798,6 +798,26 @@ fn gather_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> 
     let ck = index_const(e, k as i64);
     let acc_ty = tensor_type(&acc_shape, acc_t);
     let slab_ty = tensor_type(&slab, acc_t);
+    if e.loops_for_gpu {
+        let r = gather_grad_columns(
+            e,
+            &GatherGradColumns {
+                dy3: &dy3,
+                dy3_shape: &dy3_shape,
+                indices: &idx1,
+                index_dtype: op.in_dtypes[0],
+                ity,
+                zeros: &zeros,
+                acc_shape: &acc_shape,
+                acc_t,
+            },
+        );
+        let mut out = e.reshape(&r, &acc_shape, &data, acc_t);
+        if acc_t != d {
+            out = convert_float(e, &out, &data, acc_t, d);
+        }
+        return Ok(vec![out]);
+    }
     let (iv, acc) = (e.fresh(), e.fresh());
     let r = e.fresh();
     e.line(format!(
@@ -849,6 +869,77 @@ fn gather_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> 
         out = convert_float(e, &out, &data, acc_t, d);
     }
     Ok(vec![out])
+}
+
+/// What [`gather_grad_columns`] sums: `dy3` (`[outer, k, inner]`) into rows `indices[n]`
+/// of a `[outer, rows, inner]` accumulator that starts as `zeros`.
+struct GatherGradColumns<'a> {
+    dy3: &'a str,
+    dy3_shape: &'a [u64; 3],
+    indices: &'a str,
+    index_dtype: DType,
+    ity: &'a str,
+    zeros: &'a str,
+    acc_shape: &'a [u64; 3],
+    acc_t: DType,
+}
+
+/// `gather_grad` for the GPU: one parallel loop over the accumulator's columns
+/// `(outer, inner)` (`scf.forall`, bufferized in place into the result), each summing its
+/// column over the indices in order, so every element adds in the order the host loop
+/// does (the same bits). The CPU's form is a host loop over the indices around a loop
+/// over the slab, which on the GPU is a launch per index (512 a call for the embedding of
+/// a GPT's 4×128 tokens).
+fn gather_grad_columns(e: &mut Emitter, g: &GatherGradColumns) -> String {
+    let [outer, k, inner] = *g.dy3_shape;
+    let rows = g.acc_shape[1];
+    let acc_ty = tensor_type(g.acc_shape, g.acc_t);
+    let col_ty = tensor_type(&[rows], g.acc_t);
+    let elem = super::elem_type(g.acc_t);
+    let c0 = index_const(e, 0);
+    let c1 = index_const(e, 1);
+    let ck = index_const(e, k as i64);
+    let (o, i, acc, r) = (e.fresh(), e.fresh(), e.fresh(), e.fresh());
+    e.line(format!(
+        "{r} = scf.forall ({o}, {i}) in ({outer}, {inner}) shared_outs({acc} = {}) -> ({acc_ty}) {{",
+        g.zeros
+    ));
+    let col = e.op(format!(
+        "tensor.extract_slice {acc}[{o}, 0, {i}] [1, {rows}, 1] [1, 1, 1] : {acc_ty} to {col_ty}"
+    ));
+    let (n, c, summed) = (e.fresh(), e.fresh(), e.fresh());
+    e.line(format!(
+        "{summed} = scf.for {n} = {c0} to {ck} step {c1} iter_args({c} = {col}) -> ({col_ty}) {{"
+    ));
+    let raw = e.op(format!(
+        "tensor.extract {}[{n}] : {}",
+        g.indices,
+        tensor_type(&[k], g.index_dtype)
+    ));
+    let (j, ok) = wrap_index(|s| e.op(s), &raw, g.ity, rows);
+    let next = e.fresh();
+    e.line(format!("{next} = scf.if {ok} -> ({col_ty}) {{"));
+    let dy = e.op(format!(
+        "tensor.extract {}[{o}, {n}, {i}] : {}",
+        g.dy3,
+        tensor_type(g.dy3_shape, g.acc_t)
+    ));
+    let x = e.op(format!("tensor.extract {c}[{j}] : {col_ty}"));
+    let sum = e.op(format!("arith.addf {x}, {dy} : {elem}"));
+    let put = e.op(format!("tensor.insert {sum} into {c}[{j}] : {col_ty}"));
+    e.line(format!("scf.yield {put} : {col_ty}"));
+    e.line("} else {");
+    e.line(format!("scf.yield {c} : {col_ty}"));
+    e.line("}");
+    e.line(format!("scf.yield {next} : {col_ty}"));
+    e.line("}");
+    e.line("scf.forall.in_parallel {");
+    e.line(format!(
+        "tensor.parallel_insert_slice {summed} into {acc}[{o}, 0, {i}] [1, {rows}, 1] [1, 1, 1] : {col_ty} into {acc_ty}"
+    ));
+    e.line("}");
+    e.line("}");
+    r
 }
 
 fn expand(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> {
