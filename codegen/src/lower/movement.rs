@@ -786,38 +786,45 @@ fn gather_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> 
     let indices = e.name(op.op.operands()[0]);
     let dy3_shape = [outer, k, inner];
     let acc_shape = [outer, data[axis], inner];
-    let slab = [outer, 1, inner];
     let mut dy3 = e.reshape(&dy, dy_shape, &dy3_shape, d);
     if acc_t != d {
         dy3 = convert_float(e, &dy3, &dy3_shape, d, acc_t);
     }
     let idx1 = e.reshape(&indices, q, &[k], op.in_dtypes[0]);
     let zeros = zeros(e, &acc_shape, acc_t);
+    let parts = GatherGradParts {
+        dy3: &dy3,
+        dy3_shape: &dy3_shape,
+        indices: &idx1,
+        index_dtype: op.in_dtypes[0],
+        ity,
+        zeros: &zeros,
+        acc_shape: &acc_shape,
+        acc_t,
+    };
+    let r = if e.loops_for_gpu {
+        gather_grad_columns(e, &parts)
+    } else {
+        gather_grad_rows(e, &parts)
+    };
+    let mut out = e.reshape(&r, &acc_shape, &data, acc_t);
+    if acc_t != d {
+        out = convert_float(e, &out, &data, acc_t, d);
+    }
+    Ok(vec![out])
+}
+
+/// `gather_grad` for the CPU: a loop over the indices adding each `dy` slab
+/// (`[outer, 1, inner]`) into its row of the accumulator, in order.
+fn gather_grad_rows(e: &mut Emitter, g: &GatherGradParts) -> String {
+    let [outer, k, inner] = *g.dy3_shape;
+    let (dy3, dy3_shape, idx1, zeros, acc_t) = (g.dy3, g.dy3_shape, g.indices, g.zeros, g.acc_t);
+    let slab = [outer, 1, inner];
     let c0 = index_const(e, 0);
     let c1 = index_const(e, 1);
     let ck = index_const(e, k as i64);
-    let acc_ty = tensor_type(&acc_shape, acc_t);
+    let acc_ty = tensor_type(g.acc_shape, acc_t);
     let slab_ty = tensor_type(&slab, acc_t);
-    if e.loops_for_gpu {
-        let r = gather_grad_columns(
-            e,
-            &GatherGradColumns {
-                dy3: &dy3,
-                dy3_shape: &dy3_shape,
-                indices: &idx1,
-                index_dtype: op.in_dtypes[0],
-                ity,
-                zeros: &zeros,
-                acc_shape: &acc_shape,
-                acc_t,
-            },
-        );
-        let mut out = e.reshape(&r, &acc_shape, &data, acc_t);
-        if acc_t != d {
-            out = convert_float(e, &out, &data, acc_t, d);
-        }
-        return Ok(vec![out]);
-    }
     let (iv, acc) = (e.fresh(), e.fresh());
     let r = e.fresh();
     e.line(format!(
@@ -825,15 +832,15 @@ fn gather_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> 
     ));
     let raw = e.op(format!(
         "tensor.extract {idx1}[{iv}] : {}",
-        tensor_type(&[k], op.in_dtypes[0])
+        tensor_type(&[k], g.index_dtype)
     ));
-    let (j, ok) = wrap_index(|s| e.op(s), &raw, ity, data[axis]);
+    let (j, ok) = wrap_index(|s| e.op(s), &raw, g.ity, g.acc_shape[1]);
     let next = e.fresh();
     e.line(format!("{next} = scf.if {ok} -> ({acc_ty}) {{"));
     let src = e.op(format!(
         "tensor.extract_slice {dy3}[0, {iv}, 0] [{}] [1, 1, 1] : {} to {slab_ty}",
         list(&slab),
-        tensor_type(&dy3_shape, acc_t)
+        tensor_type(dy3_shape, acc_t)
     ));
     let dst = e.op(format!(
         "tensor.extract_slice {acc}[0, {j}, 0] [{}] [1, 1, 1] : {acc_ty} to {slab_ty}",
@@ -864,16 +871,12 @@ fn gather_grad(e: &mut Emitter, op: &OpView) -> Result<Vec<String>, LowerError> 
     e.line("}");
     e.line(format!("scf.yield {next} : {acc_ty}"));
     e.line("}");
-    let mut out = e.reshape(&r, &acc_shape, &data, acc_t);
-    if acc_t != d {
-        out = convert_float(e, &out, &data, acc_t, d);
-    }
-    Ok(vec![out])
+    r
 }
 
-/// What [`gather_grad_columns`] sums: `dy3` (`[outer, k, inner]`) into rows `indices[n]`
-/// of a `[outer, rows, inner]` accumulator that starts as `zeros`.
-struct GatherGradColumns<'a> {
+/// What [`gather_grad_rows`] and [`gather_grad_columns`] sum: `dy3` (`[outer, k, inner]`)
+/// into rows `indices[n]` of a `[outer, rows, inner]` accumulator that starts as `zeros`.
+struct GatherGradParts<'a> {
     dy3: &'a str,
     dy3_shape: &'a [u64; 3],
     indices: &'a str,
@@ -890,7 +893,7 @@ struct GatherGradColumns<'a> {
 /// does (the same bits). The CPU's form is a host loop over the indices around a loop
 /// over the slab, which on the GPU is a launch per index (512 a call for the embedding of
 /// a GPT's 4×128 tokens).
-fn gather_grad_columns(e: &mut Emitter, g: &GatherGradColumns) -> String {
+fn gather_grad_columns(e: &mut Emitter, g: &GatherGradParts) -> String {
     let [outer, k, inner] = *g.dy3_shape;
     let rows = g.acc_shape[1];
     let acc_ty = tensor_type(g.acc_shape, g.acc_t);
