@@ -17,9 +17,13 @@
 # 4. With 2 GPUs or more: the 2-stage GPT again with its tensors over NCCL (--nccl), whose
 #    losses must equal the CPU run's too.
 #
-# Sections 1 and 3 also run every model with its matrix products on cuBLAS
-# (--gpu-gemm cublas, "cublas" below); cuBLAS is looked for in PPCC_CUBLAS_LIB, the loader's
-# paths, then a pip-installed nvidia-cublas-cu12 (which torch brings).
+# Sections 1 and 3 run every model twice on the GPU: "cuda", its matrix products in
+# generated kernels (--gpu-gemm kernels), and "cublas", on cuBLAS (--gpu-gemm cublas, the
+# default); section 3 adds "hostcopy" (cuBLAS, compiled with PPCC_GPU_COPIES=host: buffer
+# copies on the host, the baseline of copies as kernels) and prints the cuBLAS run's
+# slowest kernels (PPCC_GPU_PROFILE=1). cuBLAS is looked for in PPCC_CUBLAS_LIB, the
+# loader's paths, then a pip-installed nvidia-cublas-cu12 or CUDA 13 nvidia-cublas (torch
+# brings one).
 set -u
 PPCC=${1:-target/release/ppcc}
 OUT=${2:-target/gpu-check}
