@@ -5,15 +5,16 @@
 //! caller's buffer, a tensor that is written while still read elsewhere). Outside a kernel
 //! that copy is host code: the CPU reads and writes managed memory that the GPU has just
 //! written and is about to read again, so every page of both buffers migrates to the host
-//! and back, at a fault per page. On an H100 the host time this took dominated every step
-//! (BENCHMARKS.md, "CUDA target on an NVIDIA H100 ... 2026-11-28").
+//! and back, at a fault per page. On an H100 that cost the GPT a fifth of its step
+//! (BENCHMARKS.md, "Second GPU session (2026-11-28)").
 //!
 //! Here every `memref.copy` of ranked buffers of rank ≥ 1 becomes `linalg.copy`, which
 //! the GPU pipeline turns into parallel loops, tiles and maps like any other op: a kernel.
 //! Two kinds stay on the host: rank-0 copies (one element), and copies from or to a
 //! `memref.global` (a constant of the module, in the host's memory, which a kernel cannot
-//! address: on an H100 such a copy as a kernel stopped with CUDA_ERROR_ILLEGAL_ADDRESS). `PPCC_GPU_COPIES=host` at compile time
-//! leaves every copy on the host (the baseline `scripts/gpu-check.sh` measures against).
+//! address: on an H100 such a copy as a kernel stopped with CUDA_ERROR_ILLEGAL_ADDRESS).
+//! `PPCC_GPU_COPIES=host` at compile time leaves every copy on the host (the baseline
+//! `scripts/gpu-check.sh` measures against).
 
 use mlir_sys::{
     mlirBlockAppendOwnedOperation, mlirBlockCreate, mlirBlockGetArgument,

@@ -352,9 +352,10 @@ pub struct Emitter<'f> {
     pub library_calls: bool,
     /// [`LowerOptions::gpu_gemm`].
     pub gpu_gemm: bool,
-    /// Whether the `linalg` form is what runs (the CUDA target's kernels, or the CPU
-    /// without its library): then loops are ordered for the GPU's mapping (reductions,
-    /// [`reduce::reduction`]). `false` for the CPU, whose own loop order suits its caches.
+    /// Whether the code is for the CUDA target's kernels (or those loops run on the CPU,
+    /// `--gpu-loops-on-cpu`): then loops are ordered for the GPU's mapping (reductions,
+    /// [`reduce::reduction`]; `gather_grad`). `false` for the CPU target, whose own loop
+    /// order suits its caches.
     pub loops_for_gpu: bool,
     /// The MLIR location (`loc("node")`, [`mlir_loc`]) of the op being lowered, appended to
     /// every line that ends an operation, so that MLIR's diagnostics name the ONNX node.
