@@ -13,7 +13,9 @@
 //! where each rank's idle time lies (before its first action, between actions, after its
 //! last) and the busiest rank's work against the mean, to attribute the gap to the lower
 //! bound, and the fill bound ([`ppcc_passes::simulate::fill_bound`]) within the plan's
-//! own peak memory and within each `--bound-mib=N` given.
+//! own peak memory and within each `--bound-mib=N` given. `--limit=BYTES` plans under that
+//! memory limit (`--memory-limit`, with recomputation off); `PLAN_BENCH_TRACE=PREFIX`
+//! writes each plan's simulated timeline to `PREFIX.SCHEDULE.json` (Chrome trace format).
 
 use std::time::Instant;
 
@@ -219,6 +221,15 @@ fn run() -> Result<(), String> {
             limits.push(v * MIB);
         }
     }
+    let mut memory_limit = None;
+    for a in &args[4..] {
+        if let Some(v) = a.strip_prefix("--limit=") {
+            memory_limit = Some(
+                v.parse::<f64>()
+                    .map_err(|_| format!("--limit takes bytes, got `{v}`"))?,
+            );
+        }
+    }
     let names: Vec<&String> = args[4..].iter().filter(|a| !a.starts_with("--")).collect();
     println!("| schedule | partition | plan (s) | baseline (s) | total (s) | total CPU (s) |");
     println!("| --- | --- | --- | --- | --- | --- |");
@@ -244,7 +255,7 @@ fn run() -> Result<(), String> {
             chunks: if name == "interleaved-1f1b" { 2 } else { 1 },
             partition: kind,
             profile: profile.clone(),
-            memory_limit: None,
+            memory_limit,
             pinned: vec![],
             autodiff: Default::default(),
             optimizer_state: 1.0,
@@ -284,6 +295,12 @@ fn run() -> Result<(), String> {
             (t2 - t0).as_secs_f64()
         );
         digests.push(format!("{name}: {}", digest(&best)));
+        if let Ok(path) = std::env::var("PLAN_BENCH_TRACE") {
+            let _ = std::fs::write(
+                format!("{path}.{name}.json"),
+                ppcc_passes::simulate::to_trace_json_seconds(&best.report),
+            );
+        }
         if idle {
             let mut r = idle_report(name, &best, &limits);
             if !best.search.is_empty() {

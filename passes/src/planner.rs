@@ -34,6 +34,7 @@ use crate::partition::{
 use crate::recompute::{
     analyze, choose_all, choose_within, evaluate, Budget, RecomputeMode, StageChoice,
 };
+use crate::schedule::reorder::improve;
 use crate::schedule::search::{search_ranked, Trial};
 use crate::schedule::{
     builtin_on, insert_communication, validate, zb_v_measured_within, ActionKind, Layout, Schedule,
@@ -634,7 +635,55 @@ fn plan_auto(
     };
     plan.search = trials;
     plan.search_failures = failures;
+    let limit = o.memory_limit.unwrap_or(o.profile.memory_bytes);
+    reorder_plan(&mut plan, limit);
     Ok(plan)
+}
+
+/// Evaluations `auto`'s last step, the order search, may spend (about 0.1 ms each for a
+/// schedule of 6,000 actions).
+pub const REORDER_EVALUATIONS: usize = 6000;
+
+/// `auto`'s last step: the critical-path local search over the chosen schedule's per-rank
+/// orders ([`crate::schedule::reorder::improve`]), at the plan's own costs (its training
+/// program's stash, and what it recomputes), each rank held to the plan's peak memory, or
+/// to `limit` when that is lower. The plan keeps the reordered schedule only when it
+/// simulates faster within that memory.
+fn reorder_plan(plan: &mut Plan, limit: f64) {
+    let peak_of = |r: &SimReport| r.peak_memory.iter().copied().fold(0.0, f64::max);
+    let cap = peak_of(&plan.report).min(limit);
+    let Some((compute, _)) = improve(&plan.schedule, &plan.costs, cap, REORDER_EVALUATIONS) else {
+        return;
+    };
+    let schedule = insert_communication(&compute);
+    if validate(&schedule).is_err() {
+        return;
+    }
+    let Ok(report) = simulate(&schedule, &plan.costs) else {
+        return;
+    };
+    if report.makespan >= plan.report.makespan || peak_of(&report) > cap {
+        return;
+    }
+    let layout = ScheduleSpec::search_for(&plan.layout).name();
+    let partition = plan
+        .search
+        .iter()
+        .find(|t| t.layout == layout && t.trial.name == plan.schedule_name)
+        .map_or(0, |t| t.partition);
+    plan.schedule_name = format!("{} +reordered", plan.schedule_name);
+    plan.search.push(SearchTrial {
+        layout,
+        partition,
+        trial: Trial {
+            name: plan.schedule_name.clone(),
+            makespan: report.makespan,
+            peak_memory: peak_of(&report),
+            fits: true,
+        },
+    });
+    plan.schedule = schedule;
+    plan.report = report;
 }
 
 /// What `auto` tried and why it chose its plan: per layout and schedule, the best

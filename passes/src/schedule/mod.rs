@@ -18,6 +18,7 @@
 pub mod csv;
 pub mod generators;
 pub mod pps;
+pub mod reorder;
 pub mod search;
 pub mod v_greedy;
 pub(crate) mod validate;
