@@ -260,7 +260,11 @@ fn run() -> Result<(), String> {
             autodiff: Default::default(),
             optimizer_state: 1.0,
             op_timer: None,
-            recompute: ppcc_passes::recompute::RecomputeMode::Off,
+            recompute: if args.iter().any(|a| a == "--recompute-auto") {
+                ppcc_passes::recompute::RecomputeMode::Auto
+            } else {
+                ppcc_passes::recompute::RecomputeMode::Off
+            },
         };
         let c0 = thread_cpu_seconds();
         let t0 = Instant::now();

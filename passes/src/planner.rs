@@ -343,7 +343,11 @@ pub fn plan_with(
             let fastest = fitting
                 .iter()
                 .min_by(|a, b| a.0.report.makespan.total_cmp(&b.0.report.makespan));
-            let needed = fastest.is_none_or(|(_, analyzed)| *analyzed);
+            let needed = fastest.is_none_or(|(p, analyzed)| {
+                *analyzed
+                    || p.report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b))
+                        > ROUGH_MARGIN * limit
+            });
             if round > 0 || o.recompute == RecomputeMode::Off || !needed {
                 break;
             }
@@ -427,8 +431,6 @@ pub fn plan_with(
             }
             // With recomputation: the stash from the training program itself, and what to
             // recompute (without, the partitioner's estimate until a plan is chosen).
-            // (Under `auto`, a candidate far below the limit by the partitioner's estimate is
-            // analysed only if it is chosen.)
             let rough = match simulate(&schedule, &costs) {
                 Ok(r) => r,
                 Err(e) => {
@@ -436,10 +438,11 @@ pub fn plan_with(
                     continue;
                 }
             };
-            let rough_peak = rough.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
-            let (choices, report, model) = if o.recompute == RecomputeMode::Off
-                || (o.recompute == RecomputeMode::Auto && rough_peak <= ROUGH_MARGIN * limit)
-            {
+            // Under `--recompute auto` every candidate is analysed only when its turn comes
+            // (`fastest_fitting`, fastest first): recomputation only adds time, so the
+            // slower candidates behind the first that fits need no analysis at all.
+            let lazy = o.recompute == RecomputeMode::Auto;
+            let (choices, report, model) = if o.recompute == RecomputeMode::Off || lazy {
                 (vec![], rough, None)
             } else {
                 let model = models.get(m, o, &part)?;
@@ -467,7 +470,7 @@ pub fn plan_with(
                 search: vec![],
                 search_failures: vec![],
             };
-            if over > 0.0 {
+            if over > 0.0 && !lazy {
                 let closer = least_over.as_ref().is_none_or(|b| {
                     over < b.report.peak_memory.iter().fold(0.0, |a: f64, &x| a.max(x)) - limit
                 });
@@ -773,9 +776,9 @@ pub fn search_report(plan: &Plan, memory_limit: f64) -> String {
     out
 }
 
-/// Under `auto`, a candidate whose estimated peak is at most this share of the limit is
-/// taken to need no recomputation until it is chosen (the estimate leaves out received
-/// values and the functions' temporaries).
+/// Under `--recompute auto`, when the fastest candidate's estimated peak is above this
+/// share of the limit, the partitions that fit only with recomputation are tried too (the
+/// estimate leaves out received values and the functions' temporaries).
 const ROUGH_MARGIN: f64 = 0.8;
 
 /// What each stage of a plan recomputes, by `@grad` value name.
