@@ -12,7 +12,7 @@
 //!   the best of those that fit, hill climbing on each stage's warm-up count and `W`
 //!   deferral ([`local_search`]);
 //! - the V (two chunks per device): ZB-V and DualPipeV, and ZB-V built at the measured
-//!   costs with 2p, 2p+2 and 2p+4 chunk activations per rank and with each rank's stash
+//!   costs with 2p, 2p+2, 2p+4 and 2p+6 chunk activations per rank and with each rank's stash
 //!   held to the bytes of the construction's peak and of the limit (when that is within
 //!   twice the construction's);
 //! - an interleaved chain of `v` chunks: interleaved 1F1B.
@@ -310,7 +310,7 @@ pub fn search_ranked(
                 .min_by(|a, b| a.0.total_cmp(&b.0))
                 .map(|(_, s)| s)
         };
-        for cap in [2 * ranks, 2 * ranks + 2, 2 * ranks + 4] {
+        for cap in [2 * ranks, 2 * ranks + 2, 2 * ranks + 4, 2 * ranks + 6] {
             let caps = vec![cap; ranks];
             if let Some(s) = fastest(zb_v_greedy_variants(ranks, m, &even, &caps, None)) {
                 consider(
