@@ -149,3 +149,39 @@ fn auto_schedule_trains_like_one_device() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A schedule the order search changed (`+reordered`) trains like one device: the GPT at 4
+/// devices, where `auto` chooses interleaved 1F1B with its actions reordered.
+#[test]
+fn a_reordered_schedule_trains_like_one_device() {
+    let model = "examples/gpt.onnx";
+    let opts = ["--batch", "16", "--microbatches", "4", "--target", "interp"];
+    let mut targs = vec!["train", model, "--steps", "3"];
+    targs.extend_from_slice(&opts);
+    let reference = ppcc(&targs);
+    assert!(reference.ok, "{}", reference.stderr);
+    let want = losses(&reference.stdout);
+    let dir = tmp("run-reordered");
+    let mut all = vec![
+        model,
+        "-o",
+        dir.to_str().unwrap(),
+        "--stages",
+        "4",
+        "--schedule",
+        "auto",
+    ];
+    all.extend_from_slice(&opts);
+    let out = ppcc(&all);
+    assert!(out.ok, "{}", out.stderr);
+    let chose = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("chose "))
+        .unwrap_or_default();
+    assert!(chose.contains("+reordered"), "{chose}");
+    let run = ppcc(&["run", dir.to_str().unwrap(), "--steps", "3"]);
+    assert!(run.ok, "{}", run.stderr);
+    close(&losses(&run.stdout), &want, "gpt auto +reordered");
+    let _ = std::fs::remove_dir_all(&dir);
+}
