@@ -5,7 +5,8 @@ For a 48-layer GPT (d_model 128) and the two-tower model at 4, 8 and 16 devices 
 h100 profile, runs `ppcc MODEL -o DIR --plan-only --stages P --schedule S` with the
 default partition of each schedule (graph for one stage per device, sequential for
 interleaved-1f1b, zb-v and dualpipe-v), `auto` (with the profile's memory limit, and as
-`auto@1.1` with the limit at 1.1 × 1F1B's peak and `--recompute off`) and prints one Markdown table per model: predicted
+`auto@1.1` with the limit at 1.1 × 1F1B's peak and `--recompute off`, and as `auto@1.1+rc` with
+that limit and recomputation allowed, ppcc's default) and prints one Markdown table per model: predicted
 iteration time, lower bound / iteration (1.0 = no bubble), bubble, the largest peak memory
 of a device against 1F1B's, and the planner's own time from plan.json.
 
@@ -26,7 +27,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "auto",
-             "auto@1.1"]
+             "auto@1.1", "auto@1.1+rc"]
 
 
 def models(model_dir):
@@ -39,12 +40,14 @@ def models(model_dir):
     ]
 
 
-def run(ppcc, path, extra, devices, schedule, out, limit=None):
+def run(ppcc, path, extra, devices, schedule, out, limit=None, recompute=False):
     cmd = [ppcc, path, "-o", out, "--plan-only", "--stages", str(devices),
            "--schedule", schedule, "--device-profile", "h100"] + extra
     if limit is not None:
-        # Which schedule fits, not what recomputation could make fit.
-        cmd += ["--memory-limit", str(int(limit)), "--recompute", "off"]
+        cmd += ["--memory-limit", str(int(limit))]
+        if not recompute:
+            # Which schedule fits, not what recomputation could make fit.
+            cmd += ["--recompute", "off"]
     if schedule == "interleaved-1f1b":
         cmd += ["--chunks", "2"]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -77,15 +80,17 @@ def main():
                 rows, base_peak = [], None
                 for schedule in args.schedules:
                     out = os.path.join(tmp, f"{p}-{schedule}")
-                    # `auto@F`: auto with the memory limit at F × 1F1B's peak.
+                    # `auto@F`: auto with the memory limit at F × 1F1B's peak; `auto@F+rc`
+                    # the same with recomputation at ppcc's default (`--recompute auto`).
                     limit = None
+                    recompute = schedule.endswith("+rc")
                     if "@" in schedule:
                         if base_peak is None:
                             rows.append(f"| {schedule} | — | — | — | — | — | no 1f1b peak |")
                             continue
-                        limit = float(schedule.split("@")[1]) * base_peak
+                        limit = float(schedule.split("@")[1].removesuffix("+rc")) * base_peak
                     plan, err = run(args.ppcc, path, extra, p, schedule.split("@")[0], out,
-                                    limit)
+                                    limit, recompute)
                     if plan is None:
                         rows.append(f"| {schedule} | — | — | — | — | — | {err} |")
                         continue
@@ -98,7 +103,9 @@ def main():
                     label = schedule
                     if schedule.startswith("auto"):
                         chosen = plan["schedule"]["name"].split(": ", 1)[-1]
-                        label = (f"{schedule.replace('@', ' ≤ ')}{'× 1F1B' if '@' in schedule else ''}"
+                        bound = schedule.removesuffix("+rc").replace("@", " ≤ ")
+                        label = (f"{bound}{'× 1F1B' if '@' in schedule else ''}"
+                                 f"{' (--recompute auto)' if recompute else ''}"
                                  f" → {chosen}, {plan['partition']}")
                     rows.append(
                         f"| {label} | {it * 1e3:.3f} | {lb / it:.3f} | "

@@ -17,7 +17,8 @@
 //! functions (values made and read within one of them, by liveness). With [`RecomputeMode::Auto`] the devices over the limit recompute activations
 //! (the least extra time within their budget, [`crate::recompute::choose_within`]), and the
 //! partitions that fit only thanks to that (weights fit, activations do not) are candidates
-//! too; [`RecomputeMode::All`] recomputes everything on every stage. The recomputation
+//! too, as is, per partition, the fastest schedule of a search up to 1.25× over the limit
+//! (candidates are analysed lazily, fastest first); [`RecomputeMode::All`] recomputes everything on every stage. The recomputation
 //! time is added to each stage's input-gradient time, and [`Plan::recompute`] lists, by
 //! `@grad` value name, what each stage makes again, for the driver to apply
 //! ([`crate::recompute::apply_named`]).
@@ -35,7 +36,7 @@ use crate::recompute::{
     analyze, choose_all, choose_within, evaluate, Budget, RecomputeMode, StageChoice,
 };
 use crate::schedule::reorder::improve;
-use crate::schedule::search::{search_ranked, Trial};
+use crate::schedule::search::{search_ranked_over, Trial};
 use crate::schedule::{
     builtin_on, insert_communication, validate, zb_v_measured_within, ActionKind, Layout, Schedule,
 };
@@ -395,12 +396,21 @@ pub fn plan_with(
             // The runners-up too: the chosen one may not fit with its training program's
             // stash after all.
             ScheduleSpec::Search { .. } => {
-                let (ranked, tried) = search_ranked(
+                // With recomputation allowed, also the fastest schedules that fit only by
+                // recomputing (analysed fastest first, like every candidate then).
+                let keep_over = if o.recompute == RecomputeMode::Auto {
+                    SEARCH_OVER_LIMIT
+                } else {
+                    0
+                };
+                let (ranked, tried) = search_ranked_over(
                     &layout,
                     o.microbatches,
                     &costs0,
                     limit,
                     SEARCH_RUNNERS_UP + 1,
+                    keep_over,
+                    OVER_LIMIT_FACTOR,
                 );
                 let layout_name = o.schedule.name();
                 trials.extend(tried.into_iter().map(|trial| SearchTrial {
@@ -570,6 +580,13 @@ fn fastest_fitting<T, E>(
 /// How many schedules besides its choice the search hands the planner per partition, to
 /// fall back on when the choice does not fit with its training program's stash.
 const SEARCH_RUNNERS_UP: usize = 2;
+
+/// Under `--recompute auto`, how many schedules over the memory limit (by the partitioner's
+/// estimate) the search also hands the planner per partition, to fit by recomputation.
+const SEARCH_OVER_LIMIT: usize = 1;
+
+/// ... and how far over the limit they may be.
+const OVER_LIMIT_FACTOR: f64 = 1.25;
 
 /// The most virtual stages `auto` partitions for an interleaved chain of more than 2 chunks.
 pub const AUTO_MAX_STAGES: usize = 16;

@@ -816,3 +816,67 @@ fn search_ranked_keeps_the_fastest_that_fit() {
         }
     }
 }
+
+/// Forwards run in the wait for an input gradient (the `fill_fwd` builds among the
+/// variants): at a transformer block's costs and a few more chunk activations than 2p, the
+/// V's bottom ranks no longer idle until their first input gradient comes back, so the
+/// fastest variant beats every build without it; every variant stays valid and within
+/// its cap.
+#[test]
+fn zb_v_variants_fill_the_wait_for_an_input_gradient_with_forwards() {
+    use ppcc_passes::schedule::v_greedy::zb_v_greedy_variants;
+    use ppcc_passes::schedule::zb_v_greedy;
+    for &(p, m) in &[(8, 32), (16, 64)] {
+        let costs = CostTable::uniform(2 * p, 0.43, 0.75, 0.27, 0.005);
+        let cap = 2 * p + 8;
+        let time = |s: &Schedule| simulate(&insert_communication(s), &costs).unwrap();
+        let without = [(true, true), (true, false), (false, true), (false, false)]
+            .into_iter()
+            .filter_map(|(b, f)| zb_v_greedy(p, m, &costs, cap, b, f))
+            .map(|s| time(&s).makespan)
+            .fold(f64::INFINITY, f64::min);
+        let variants = zb_v_greedy_variants(p, m, &costs, &vec![cap; p], None);
+        let mut fastest = f64::INFINITY;
+        for s in &variants {
+            validate(&insert_communication(s)).unwrap_or_else(|e| panic!("p={p}: {e}"));
+            assert_eq!(action_sets(s), action_sets(&zb_v(p, m)), "p={p}");
+            let r = time(s);
+            assert!(
+                r.peak_stash.iter().all(|&n| n <= cap),
+                "p={p}: {:?}",
+                r.peak_stash
+            );
+            fastest = fastest.min(r.makespan);
+        }
+        eprintln!("p={p} m={m} cap {cap}: {without:.3} without, {fastest:.3} with forwards");
+        assert!(fastest < 0.99 * without, "p={p}: {fastest} vs {without}");
+    }
+}
+
+/// `search_ranked_over` hands over, after the schedules that fit, the fastest that need at
+/// most the factor more memory (for the planner to fit by recomputation).
+#[test]
+fn search_ranked_over_adds_the_fastest_near_the_limit() {
+    use ppcc_passes::schedule::search::{evaluate, search_ranked, search_ranked_over};
+    use ppcc_passes::schedule::Layout;
+    let p = 4;
+    let m = 12;
+    let costs = CostTable::uniform(p, 1.0, 1.6, 0.6, 0.02);
+    let layout = Layout::chain(p);
+    // Between 1F1B's peak and GPipe's: the zero-bubble schedules that stash more do not fit.
+    let limit = 6.0;
+    let (fit, _) = search_ranked(&layout, m, &costs, limit, 3);
+    let (all, _) = search_ranked_over(&layout, m, &costs, limit, 3, 2, 1.5);
+    assert_eq!(&all[..fit.len()], &fit[..]);
+    let over: Vec<(f64, f64)> = all[fit.len()..]
+        .iter()
+        .map(|(s, _)| evaluate(s, &costs).unwrap())
+        .collect();
+    assert!(!over.is_empty() && over.len() <= 2, "{over:?}");
+    let best_fit = evaluate(&fit[0].0, &costs).unwrap();
+    for r in &over {
+        assert!(r.1 > limit && r.1 <= 1.5 * limit, "{r:?}");
+        assert!(r.0 < best_fit.0, "{r:?} vs {best_fit:?}");
+    }
+    assert!(over.windows(2).all(|w| w[0].0 <= w[1].0), "{over:?}");
+}

@@ -12,7 +12,9 @@
 //!   the best of those that fit, hill climbing on each stage's warm-up count and `W`
 //!   deferral ([`local_search`]);
 //! - the V (two chunks per device): ZB-V and DualPipeV, and ZB-V built at the measured
-//!   costs with 2p, 2p+2, 2p+4 and 2p+6 chunk activations per rank and with each rank's stash
+//!   costs with 2p, 2p+2, 2p+4, 2p+6, 2p+8, 2p+12 and 2p+16 chunk activations per rank (more
+//!   in flight lets the V's bottom ranks fill the wait for their first input gradient with
+//!   forwards; the memory limit decides) and with each rank's stash
 //!   held to the bytes of the construction's peak and of the limit (when that is within
 //!   twice the construction's);
 //! - an interleaved chain of `v` chunks: interleaved 1F1B.
@@ -255,10 +257,27 @@ pub fn search_ranked(
     limit: f64,
     keep: usize,
 ) -> (Vec<(Schedule, String)>, Vec<Trial>) {
+    search_ranked_over(layout, m, costs, limit, keep, 0, 0.0)
+}
+
+/// [`search_ranked`], and after the schedules that fit, the `keep_over` fastest of those
+/// that do not but need at most `over_factor` × `limit` (for a planner that can fit them
+/// by recomputing activations), fastest first.
+pub fn search_ranked_over(
+    layout: &Layout,
+    m: usize,
+    costs: &CostTable,
+    limit: f64,
+    keep: usize,
+    keep_over: usize,
+    over_factor: f64,
+) -> (Vec<(Schedule, String)>, Vec<Trial>) {
     let keep = keep.max(1);
     let mut trials = vec![];
     // Best first by `better`.
     let mut ranked: Vec<(Schedule, String, (f64, f64))> = vec![];
+    // Fastest first, over the limit but within `over_factor` of it.
+    let mut over: Vec<(Schedule, String, (f64, f64))> = vec![];
     let mut consider = |name: String, s: Schedule, trials: &mut Vec<Trial>| {
         let Some(r) = evaluate(&s, costs) else {
             return;
@@ -269,6 +288,14 @@ pub fn search_ranked(
             peak_memory: r.1,
             fits: r.1 <= limit,
         });
+        let near = r.1 > limit && r.1 <= over_factor * limit && keep_over > 0;
+        if near && !over.iter().any(|x| x.0.per_rank == s.per_rank) {
+            let at = over.iter().position(|x| r.0 < x.2 .0).unwrap_or(over.len());
+            if at < keep_over {
+                over.insert(at, (s.clone(), name.clone(), r));
+                over.truncate(keep_over);
+            }
+        }
         if ranked.iter().any(|x| x.0.per_rank == s.per_rank) {
             return;
         }
@@ -310,7 +337,15 @@ pub fn search_ranked(
                 .min_by(|a, b| a.0.total_cmp(&b.0))
                 .map(|(_, s)| s)
         };
-        for cap in [2 * ranks, 2 * ranks + 2, 2 * ranks + 4, 2 * ranks + 6] {
+        for cap in [
+            2 * ranks,
+            2 * ranks + 2,
+            2 * ranks + 4,
+            2 * ranks + 6,
+            2 * ranks + 8,
+            2 * ranks + 12,
+            2 * ranks + 16,
+        ] {
             let caps = vec![cap; ranks];
             if let Some(s) = fastest(zb_v_greedy_variants(ranks, m, &even, &caps, None)) {
                 consider(
@@ -383,12 +418,17 @@ pub fn search_ranked(
         }
     }
     let fits = ranked.first().is_some_and(|x| x.2 .1 <= limit);
-    let out = ranked
+    let mut out: Vec<(Schedule, String)> = ranked
         .into_iter()
         .filter(|x| !fits || x.2 .1 <= limit)
         .take(if fits { keep } else { 1 })
         .map(|(s, name, _)| (s, name))
         .collect();
+    for (s, name, _) in over {
+        if !out.iter().any(|x| x.0.per_rank == s.per_rank) {
+            out.push((s, name));
+        }
+    }
     (out, trials)
 }
 

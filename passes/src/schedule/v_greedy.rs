@@ -20,7 +20,11 @@
 //!    for both are not there yet sits the round out. Before each, deferred `W`s run while one fits
 //!    entirely in the wait for that action's input, and one more when the wait would
 //!    leave this rank with more idle time than the most idle rank so far (`fill_b` and
-//!    `fill_f` say whether chunk-1 input gradients and forwards may take it).
+//!    `fill_f` say whether chunk-1 input gradients and forwards may take it). With
+//!    `fill_fwd`, forwards whose input is there run first in the wait for an input
+//!    gradient, as many as end before it arrives and fit the rank's memory: without it, a
+//!    rank at the V's bottom that has run its warm-up idles until the first input gradient
+//!    comes back, although the rank above keeps sending it forwards.
 //! 3. A rank never holds more than `cap` chunk activations, nor (when it is given an
 //!    allowance in bytes, [`zb_v_greedy_bytes`]) more stashed bytes than that: a forward
 //!    that would exceed either runs a deferred `W` first.
@@ -28,7 +32,7 @@
 //! The idle time each rank has accrued is the measure. A second pass repeats the build
 //! with each rank allowed the idle of the most idle rank of the first pass (so ranks that
 //! idle less hold back their `W`s less), for as long as that lowers the worst rank's idle.
-//! [`zb_v_measured`] builds the four `fill_b × fill_f` variants at the stages' mean costs
+//! [`zb_v_measured`] builds the eight `fill_b × fill_f × fill_fwd` variants at the stages' mean costs
 //! ([`even_costs`]) and keeps the one the simulator finds fastest at the real costs, or the
 //! construction if none beats it, then the same with every rank held to the bytes of the
 //! construction's largest peak instead of a count: on a V the stages' stashes differ
@@ -78,6 +82,8 @@ struct Build<'a> {
     bytes: Option<(Vec<f64>, Vec<f64>)>,
     /// Stashed bytes per rank (with `bytes`).
     stash_bytes: Vec<f64>,
+    /// Whether forwards may run in the wait for an input gradient.
+    fill_fwd: bool,
 }
 
 /// The build cannot go on (an input that is not there, the stash over its cap).
@@ -100,6 +106,7 @@ impl<'a> Build<'a> {
             approved: None,
             bytes: None,
             stash_bytes: vec![0.0; p],
+            fill_fwd: false,
         }
     }
 
@@ -272,6 +279,39 @@ impl<'a> Build<'a> {
         Ok(())
     }
 
+    /// The chunk of the next forward on `r` whose input is there (chunk 1 first when it
+    /// lags chunk 0), if any.
+    fn next_forward(&self, r: usize) -> Option<usize> {
+        let d = self.done[r][F];
+        let order = if d[1] < d[0] { [1, 0] } else { [0, 1] };
+        order.into_iter().find(|&c| {
+            d[c] < self.m && (c == 0 || d[1] < d[0]) && self.can(F, c, r) && !self.full(c, r)
+        })
+    }
+
+    /// Forwards that fit entirely in the wait for the input of the next (kind, chunk) on
+    /// `r`, while there is room for their stash.
+    fn fill_forwards(&mut self, kind: usize, chunk: usize, r: usize) -> Result<(), Stuck> {
+        if !self.fill_fwd {
+            return Ok(());
+        }
+        let Some(Some(t)) = self.arrival(kind, chunk, r) else {
+            return Ok(());
+        };
+        while let Some(c) = self.next_forward(r) {
+            let ready = match self.arrival(F, c, r) {
+                Some(Some(x)) => x,
+                Some(None) => break,
+                None => 0.0,
+            };
+            if self.free[r].max(ready) + self.duration(F, c, r) > t {
+                break;
+            }
+            self.put(F, c, r)?;
+        }
+        Ok(())
+    }
+
     /// Whether the next (kind, chunk) on `r` has its inputs (`W`: always, it is queued).
     fn can(&self, kind: usize, chunk: usize, r: usize) -> bool {
         let mb = self.done[r][kind][chunk];
@@ -375,6 +415,7 @@ impl<'a> Build<'a> {
                 else {
                     continue;
                 };
+                self.fill_forwards(I, chunk, r)?;
                 self.fill(I, chunk, r, chunk == 0 || fill_b)?;
                 self.put(I, chunk, r)?;
                 progress = true;
@@ -460,6 +501,31 @@ pub fn zb_v_greedy_bytes(
     fill_b: bool,
     fill_f: bool,
 ) -> Option<Schedule> {
+    let flags = Flags {
+        fill_b,
+        fill_f,
+        fill_fwd: false,
+    };
+    greedy(ranks, microbatches, costs, caps, bytes, flags)
+}
+
+/// Which waits a build fills: with deferred `W`s before input gradients (`fill_b`) and
+/// before forwards (`fill_f`), and with forwards before input gradients (`fill_fwd`).
+#[derive(Clone, Copy)]
+struct Flags {
+    fill_b: bool,
+    fill_f: bool,
+    fill_fwd: bool,
+}
+
+fn greedy(
+    ranks: usize,
+    microbatches: usize,
+    costs: &CostTable,
+    caps: &[usize],
+    bytes: Option<(&[f64], &[f64])>,
+    flags: Flags,
+) -> Option<Schedule> {
     let (p, m) = (ranks, microbatches);
     if p == 0 || m == 0 || costs.stages.len() != 2 * p || caps.len() != p {
         return None;
@@ -471,8 +537,9 @@ pub fn zb_v_greedy_bytes(
         let mut b = Build::new(p, m, costs, caps.to_vec());
         b.approved = approved;
         b.bytes = bytes.map(|(a, c)| (a.to_vec(), c.to_vec()));
+        b.fill_fwd = flags.fill_fwd;
         b.warm_up().ok()?;
-        b.steady(fill_b, fill_f).ok()?;
+        b.steady(flags.fill_b, flags.fill_f).ok()?;
         let complete = b
             .done
             .iter()
@@ -604,8 +671,8 @@ pub fn zb_v_measured_within(
     best.1
 }
 
-/// The distinct schedules of the four `fill_b × fill_f` builds ([`zb_v_greedy_bytes`];
-/// they often come out the same: the flags only matter where a wait is left to fill).
+/// The distinct schedules of the eight `fill_b × fill_f × fill_fwd` builds (see the module
+/// docs; they often come out the same: the flags only matter where a wait is left to fill).
 pub fn zb_v_greedy_variants(
     ranks: usize,
     microbatches: usize,
@@ -614,11 +681,17 @@ pub fn zb_v_greedy_variants(
     bytes: Option<(&[f64], &[f64])>,
 ) -> Vec<Schedule> {
     let mut out: Vec<Schedule> = vec![];
-    for (fill_b, fill_f) in [(true, true), (true, false), (false, true), (false, false)] {
-        if let Some(s) = zb_v_greedy_bytes(ranks, microbatches, costs, caps, bytes, fill_b, fill_f)
-        {
-            if !out.iter().any(|o| o.per_rank == s.per_rank) {
-                out.push(s);
+    for fill_fwd in [false, true] {
+        for (fill_b, fill_f) in [(true, true), (true, false), (false, true), (false, false)] {
+            let flags = Flags {
+                fill_b,
+                fill_f,
+                fill_fwd,
+            };
+            if let Some(s) = greedy(ranks, microbatches, costs, caps, bytes, flags) {
+                if !out.iter().any(|o| o.per_rank == s.per_rank) {
+                    out.push(s);
+                }
             }
         }
     }
