@@ -25,9 +25,10 @@
 //! unfinished, and that order is rejected).
 //!
 //! `--schedule auto` runs it last, on the schedule it chose (`+reordered` in its report):
-//! on the 48-layer GPT of BENCHMARKS.md at 16 devices it takes the iteration from 200.09
-//! to 199.61 ms, and within 1.1× 1F1B's memory from 203.44 to 202.46 ms. It stops at a
-//! local optimum: more evaluations or longer jumps found nothing further there.
+//! on the 48-layer GPT of BENCHMARKS.md at 16 devices it takes the chosen ZB-V from 197.69
+//! to 196.63 ms, and within 1.1× 1F1B's memory (recomputation off) from 203.44 to
+//! 202.46 ms. It stops at a local optimum: more evaluations, longer jumps or random moves
+//! (simulated annealing) found nothing further there.
 
 use std::collections::HashMap;
 
