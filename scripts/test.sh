@@ -54,7 +54,7 @@ if [[ $lit_rc -ne 0 && ${l_fail:-0} -eq 0 ]]; then failed=$((failed + 1)); failu
 # Fuzz the readers (ONNX, npz, plan.json, CSV schedules; also through the ppcc binary) for a
 # bounded time from a fixed seed, after replaying every saved finding in tests/fuzz-findings/.
 # PPCC_FUZZ_SECONDS=3600 scripts/test.sh (or target/debug/ppcc-fuzz --seconds 3600) runs longer.
-check fuzz target/debug/ppcc-fuzz --seconds "${PPCC_FUZZ_SECONDS:-90}"
+check fuzz target/debug/ppcc-fuzz --seconds "${PPCC_FUZZ_SECONDS:-60}"
 
 echo
 [[ ${#failures[@]} -gt 0 ]] && echo "failing steps: ${failures[*]}"
