@@ -18,8 +18,8 @@
 //! (the least extra time within their budget, [`crate::recompute::choose_within`]), and the
 //! partitions that fit only thanks to that (weights fit, activations do not) are candidates
 //! too, as is, per partition, the fastest schedule of a search up to 1.25× over the limit
-//! (candidates are analysed lazily, fastest first); [`RecomputeMode::All`] recomputes everything on every stage. The recomputation
-//! time is added to each stage's input-gradient time, and [`Plan::recompute`] lists, by
+//! (candidates are analysed lazily, fastest first); [`RecomputeMode::All`] recomputes
+//! everything on every stage. The recomputation time is added to each stage's input-gradient time, and [`Plan::recompute`] lists, by
 //! `@grad` value name, what each stage makes again, for the driver to apply
 //! ([`crate::recompute::apply_named`]).
 
@@ -345,9 +345,7 @@ pub fn plan_with(
                 .iter()
                 .min_by(|a, b| a.0.report.makespan.total_cmp(&b.0.report.makespan));
             let needed = fastest.is_none_or(|(p, analyzed)| {
-                *analyzed
-                    || p.report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b))
-                        > ROUGH_MARGIN * limit
+                *analyzed || max_peak(&p.report) > ROUGH_MARGIN * limit
             });
             if round > 0 || o.recompute == RecomputeMode::Off || !needed {
                 break;
@@ -463,7 +461,7 @@ pub fn plan_with(
             if runner_up == 0 {
                 simulated.push((part.is_chain(), report.makespan));
             }
-            let over = report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b)) - limit;
+            let over = max_peak(&report) - limit;
             let total: f64 = part.stages.iter().map(|s| s.cost.time()).sum();
             let candidate = Plan {
                 lower_bound: o.microbatches as f64 * total / o.ranks as f64,
@@ -481,9 +479,9 @@ pub fn plan_with(
                 search_failures: vec![],
             };
             if over > 0.0 && !lazy {
-                let closer = least_over.as_ref().is_none_or(|b| {
-                    over < b.report.peak_memory.iter().fold(0.0, |a: f64, &x| a.max(x)) - limit
-                });
+                let closer = least_over
+                    .as_ref()
+                    .is_none_or(|b| over < max_peak(&b.report) - limit);
                 if closer {
                     least_over_analyzed = model.is_some();
                     least_over = Some(candidate);
@@ -504,7 +502,7 @@ pub fn plan_with(
     };
     // The fastest candidate that still fits with its training program's stash; one that
     // does not fit after all competes for "closest to the limit".
-    let peak_of = |p: &Plan| p.report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
+    let peak_of = |p: &Plan| max_peak(&p.report);
     let mut refined_over: Vec<Plan> = vec![];
     let best = fastest_fitting(
         fitting,
@@ -660,6 +658,11 @@ fn plan_auto(
     Ok(plan)
 }
 
+/// The largest peak memory of any device in `r`.
+fn max_peak(r: &SimReport) -> f64 {
+    r.peak_memory.iter().copied().fold(0.0, f64::max)
+}
+
 /// Evaluations `auto`'s last step, the order search, may spend (about 0.1 ms each for a
 /// schedule of 6,000 actions).
 pub const REORDER_EVALUATIONS: usize = 6000;
@@ -670,8 +673,7 @@ pub const REORDER_EVALUATIONS: usize = 6000;
 /// to `limit` when that is lower. The plan keeps the reordered schedule only when it
 /// simulates faster within that memory.
 fn reorder_plan(plan: &mut Plan, limit: f64) {
-    let peak_of = |r: &SimReport| r.peak_memory.iter().copied().fold(0.0, f64::max);
-    let cap = peak_of(&plan.report).min(limit);
+    let cap = max_peak(&plan.report).min(limit);
     let Some((compute, _)) = improve(&plan.schedule, &plan.costs, cap, REORDER_EVALUATIONS) else {
         return;
     };
@@ -682,7 +684,7 @@ fn reorder_plan(plan: &mut Plan, limit: f64) {
     let Ok(report) = simulate(&schedule, &plan.costs) else {
         return;
     };
-    if report.makespan >= plan.report.makespan || peak_of(&report) > cap {
+    if report.makespan >= plan.report.makespan || max_peak(&report) > cap {
         return;
     }
     let layout = ScheduleSpec::search_for(&plan.layout).name();
@@ -698,7 +700,7 @@ fn reorder_plan(plan: &mut Plan, limit: f64) {
         trial: Trial {
             name: plan.schedule_name.clone(),
             makespan: report.makespan,
-            peak_memory: peak_of(&report),
+            peak_memory: max_peak(&report),
             fits: true,
         },
     });
@@ -767,7 +769,7 @@ pub fn search_report(plan: &Plan, memory_limit: f64) -> String {
     for f in &plan.search_failures {
         let _ = writeln!(out, "not planned: {f}");
     }
-    let peak = plan.report.peak_memory.iter().copied().fold(0.0, f64::max);
+    let peak = max_peak(&plan.report);
     let faster_over = rows
         .iter()
         .find(|r| !r.trial.fits && r.trial.makespan < plan.report.makespan);
@@ -1003,7 +1005,7 @@ fn over_limit(m: &ppir::Module, o: &PlannerOptions, p: &Plan, limit: f64) -> Pas
             ..o.clone()
         };
         if let Ok(q) = plan(m, &all) {
-            let need = q.report.peak_memory.iter().fold(0.0, |a: f64, &b| a.max(b));
+            let need = max_peak(&q.report);
             hint = format!(
                 "; recomputing activations (--recompute auto) needs {} at least",
                 human_bytes(need)

@@ -835,7 +835,7 @@ fn zb_v_variants_fill_the_wait_for_an_input_gradient_with_forwards() {
             .filter_map(|(b, f)| zb_v_greedy(p, m, &costs, cap, b, f))
             .map(|s| time(&s).makespan)
             .fold(f64::INFINITY, f64::min);
-        let variants = zb_v_greedy_variants(p, m, &costs, &vec![cap; p], None);
+        let variants = zb_v_greedy_variants(p, m, &costs, &vec![cap; p], None, true);
         let mut fastest = f64::INFINITY;
         for s in &variants {
             validate(&insert_communication(s)).unwrap_or_else(|e| panic!("p={p}: {e}"));

@@ -347,7 +347,7 @@ pub fn search_ranked_over(
             2 * ranks + 16,
         ] {
             let caps = vec![cap; ranks];
-            if let Some(s) = fastest(zb_v_greedy_variants(ranks, m, &even, &caps, None)) {
+            if let Some(s) = fastest(zb_v_greedy_variants(ranks, m, &even, &caps, None, true)) {
                 consider(
                     format!("zb-v (measured, {cap} chunk activations)"),
                     s,
@@ -378,7 +378,7 @@ pub fn search_ranked_over(
         for (label, peak) in peaks {
             let allowance = v_stash_allowance(ranks, costs, peak);
             let bytes = Some((act.as_slice(), allowance.as_slice()));
-            if let Some(s) = fastest(zb_v_greedy_variants(ranks, m, &even, &counts, bytes)) {
+            if let Some(s) = fastest(zb_v_greedy_variants(ranks, m, &even, &counts, bytes, true)) {
                 consider(
                     format!("zb-v (measured, each rank's stash within {label})"),
                     s,
